@@ -1,0 +1,88 @@
+#pragma once
+// Custom ops with a hand-written backward, as with PyTorch's torch.autograd.Function:
+//
+//   struct Cube : ag::Function<Cube> {
+//     static constexpr const char* name = "cube";
+//     static ag::Tensor forward(ag::FunctionCtx& ctx, const ag::Tensor& x) {
+//       ctx.save_for_backward({x});
+//       return x * x * x;                      // runs with grad mode off
+//     }
+//     static ag::TensorList backward(ag::FunctionCtx& ctx, const ag::TensorList& grad_out) {
+//       ag::Tensor x = ctx.saved_tensors()[0];
+//       return {grad_out[0] * 3.0 * x * x};    // one gradient per Tensor argument of forward
+//     }
+//   };
+//   ag::Tensor y = Cube::apply(x);
+//
+// forward may return a Tensor or a TensorList; backward gets one gradient per output (zeros
+// where none arrived) and returns one per Tensor argument (undefined where none is needed).
+// Check it with gradcheck.
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "autograd/grad_mode.hpp"
+#include "autograd/graph.hpp"
+
+namespace autograd {
+
+class FunctionCtx {
+ public:
+  void save_for_backward(const TensorList& tensors);
+  // Throws if a saved tensor was changed in place after it was saved.
+  TensorList saved_tensors() const;
+  bool needs_input_grad(std::size_t i) const { return i < needs_input_grad_.size() && needs_input_grad_[i]; }
+
+  std::map<std::string, double> saved_data;  // scalars the backward needs
+  std::string op_name = "custom";
+  std::vector<bool> needs_input_grad_;
+
+ private:
+  std::vector<SavedTensor> saved_;
+};
+
+template <class Derived>
+struct Function {
+  template <class... Args>
+  static auto apply(Args&&... args) {
+    TensorList inputs;
+    (collect(inputs, args), ...);
+    auto ctx = std::make_shared<FunctionCtx>();
+    if constexpr (requires { Derived::name; }) ctx->op_name = Derived::name;
+    using Result = decltype(Derived::forward(*ctx, args...));
+    static_assert(std::is_same_v<Result, Tensor> || std::is_same_v<Result, TensorList>,
+                  "forward must return Tensor or TensorList");
+    Result result;
+    {
+      NoGradGuard no_grad;
+      result = Derived::forward(*ctx, args...);
+    }
+    if constexpr (std::is_same_v<Result, Tensor>) {
+      result = result.detach();
+    } else {
+      for (auto& r : result) r = r.detach();
+    }
+    if (needs_grad(inputs)) {
+      for (const auto& in : inputs) ctx->needs_input_grad_.push_back(in.requires_grad());
+      TensorList outputs;
+      if constexpr (std::is_same_v<Result, Tensor>) {
+        outputs.push_back(result);
+      } else {
+        outputs = result;
+      }
+      record(ctx->op_name, inputs, outputs,
+             [ctx](const TensorList& grad_outputs, const Node&) { return Derived::backward(*ctx, grad_outputs); });
+    }
+    return result;
+  }
+
+ private:
+  template <class A>
+  static void collect(TensorList& inputs, const A& arg) {
+    if constexpr (std::is_same_v<std::decay_t<A>, Tensor>) inputs.push_back(arg);
+  }
+};
+
+}  // namespace autograd

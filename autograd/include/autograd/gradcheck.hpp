@@ -1,0 +1,55 @@
+#pragma once
+// Numerical gradient checking: the analytic gradients that backward() computes against
+// central differences (f(x + eps) - f(x - eps)) / 2eps, in float64.
+//
+// gradcheck perturbs the given input tensors in place (and restores them exactly), so a
+// function that reads a module's parameters directly is checked through those parameters when
+// they are passed as inputs. Only inputs that require grad are checked.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "autograd/tensor.hpp"
+
+namespace autograd {
+
+struct GradcheckOptions {
+  double eps = 1e-6;
+  double atol = 1e-8;   // an element passes when |analytic - numeric| <= atol + rtol * |numeric|
+  double rtol = 1e-6;
+  // Full Jacobian while outputs x inputs stays below this; above, random projections.
+  std::int64_t max_full_jacobian = 1 << 18;
+  int num_projections = 16;
+  std::uint64_t seed = 0;
+};
+
+struct GradcheckResult {
+  bool ok = true;
+  bool projected = false;        // random projections were used instead of the full Jacobian
+  double max_abs_error = 0.0;
+  double max_rel_error = 0.0;    // |a - n| / max(|n|, tiny)
+  std::int64_t elements_checked = 0;
+  // The worst element (largest violation of the tolerance), or the worst projection.
+  std::int64_t worst_input = -1;
+  std::int64_t worst_element = -1;  // flat index into that input (projection index if projected)
+  std::int64_t worst_output = -1;   // flat index into the output
+  Shape worst_index;                // multi-index of worst_element in its input
+  double analytic = 0.0;
+  double numeric = 0.0;
+  std::string message;              // why it failed, when it did
+};
+
+using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
+                          const GradcheckOptions& options = {});
+
+}  // namespace autograd
+
+template <>
+struct fmt::formatter<autograd::GradcheckResult> : fmt::formatter<std::string_view> {
+  fmt::format_context::iterator format(const autograd::GradcheckResult& r, fmt::format_context& ctx) const;
+};

@@ -1,0 +1,132 @@
+#pragma once
+// The graph that backward() walks.
+//
+// Each differentiable op that sees an input requiring grad creates one Node. The node points
+// backwards, at the nodes that made its inputs (Edges); leaves that require grad are reached
+// through an AccumulateGrad node that adds into their .grad. Output tensors point at their node,
+// nodes never point at their outputs, so there are no reference cycles: a graph lives as long
+// as some tensor computed from it (or a retained backward) holds it.
+//
+// Backward rules receive the gradients of the node's outputs as arguments and return the
+// gradients of its inputs (flashlight's style); what a rule needs from the forward pass it
+// keeps in SavedTensors, which remember the version of the data they saved.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/tensor.hpp"
+
+namespace autograd {
+
+using TensorList = std::vector<Tensor>;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null: that input needs no gradient
+  std::uint32_t input_nr = 0;  // which output of `node` the input was
+  bool valid() const { return node != nullptr; }
+};
+
+// Shape and dtype of a tensor the node consumed or produced; used to check the gradients that
+// flow through it and to stand in zeros for outputs that received no gradient.
+struct TensorMeta {
+  Shape shape;
+  Dtype dtype = Dtype::Float32;
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  explicit Node(std::string name);
+  virtual ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // grad_outputs has one defined tensor per output (zeros where none arrived); returns one
+  // gradient per input edge (undefined where that input needs none).
+  virtual TensorList apply(const TensorList& grad_outputs) = 0;
+  // Drops what was saved for backward; the node can no longer be applied.
+  virtual void release_saved() {}
+
+  const std::string& name() const { return name_; }
+  bool released() const { return released_; }
+  void mark_released();
+  bool needs_input_grad(std::size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
+
+  std::vector<Edge> next_edges;        // one per input
+  std::vector<TensorMeta> input_meta;  // one per input
+  std::vector<TensorMeta> output_meta; // one per output
+  std::vector<std::vector<TensorHook>> output_hooks;  // per output, run before apply
+  std::uint64_t sequence_nr;           // creation order; later nodes run first
+  std::string creation_context;        // where it was made (filled under anomaly detection)
+
+ private:
+  std::string name_;
+  bool released_ = false;
+};
+
+// Backward rule given as a function: grads of outputs -> grads of inputs.
+using BackwardFn = std::function<TensorList(const TensorList& grad_outputs, const Node& node)>;
+
+class FunctionNode : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn fn) : Node(std::move(name)), fn_(std::move(fn)) {}
+  TensorList apply(const TensorList& grad_outputs) override { return fn_(grad_outputs, *this); }
+  void release_saved() override { fn_ = nullptr; }
+
+ private:
+  BackwardFn fn_;
+};
+
+// Adds the gradient into a leaf's .grad (in place once .grad exists).
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
+  TensorList apply(const TensorList& grad_outputs) override;
+  const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// A tensor kept for backward. It holds the data outside the graph (no cycles) and the
+// version it had; get() throws if the data was changed in place in between.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t);
+  // `op` names the backward that needs it, for the error message.
+  Tensor get(std::string_view op) const;
+  bool defined() const { return data_.defined(); }
+
+ private:
+  Tensor data_;
+  std::uint64_t version_ = 0;
+};
+
+// True when grad mode is on and some input requires grad: the op must record a node.
+bool needs_grad(const Tensor& a);
+bool needs_grad(const Tensor& a, const Tensor& b);
+bool needs_grad(const TensorList& inputs);
+
+// The edge that carries a gradient into t (its grad_fn, or its leaf accumulator); an invalid
+// edge when t needs no gradient.
+Edge gradient_edge(const Tensor& t);
+// The AccumulateGrad node of a leaf that requires grad (made on first use, shared after).
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
+
+// Makes a node with backward rule `fn` that consumes `inputs` and produces `outputs`, and
+// points each output at it. Call only when needs_grad(inputs).
+void record(std::string name, const TensorList& inputs, const TensorList& outputs, BackwardFn fn);
+// Single-output shorthand that returns the output.
+Tensor record(std::string name, const TensorList& inputs, Tensor output, BackwardFn fn);
+// Connects an already built node (custom Node subclasses).
+void connect(const std::shared_ptr<Node>& node, const TensorList& inputs, const TensorList& outputs);
+
+// Runs backward from `roots` seeded with `grads` (same shapes). Used by Tensor::backward.
+void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph);
+
+// Sums a broadcast gradient back to `shape` (NumPy broadcasting rules in reverse).
+Tensor sum_to(const Tensor& grad, const Shape& shape);
+
+}  // namespace autograd

@@ -1,0 +1,116 @@
+#pragma once
+// The op set. Names and semantics follow PyTorch. Every op checks its arguments and throws
+// std::invalid_argument naming itself and the shapes at fault; every op is differentiable in
+// every tensor argument except masks, conditions and indices.
+//
+// Binary ops broadcast like NumPy; their gradients are summed back to each input's shape.
+// Mixing Float32 and Float64 tensors in one op is an error (convert with .to()).
+#include <cstdint>
+#include <vector>
+
+#include "autograd/random.hpp"
+#include "autograd/tensor.hpp"
+
+namespace autograd {
+
+using TensorList = std::vector<Tensor>;
+
+// ---- elementwise, binary (broadcasting) — src/ops/elementwise.cpp ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);  // a > 0 where b is not an integer
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, double b);
+Tensor rsub(const Tensor& a, double b);  // b - a
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+Tensor rdiv(const Tensor& a, double b);  // b / a
+Tensor pow(const Tensor& a, double exponent);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+
+// ---- elementwise, unary ----
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor abs(const Tensor& x);  // gradient sign(x), 0 at 0
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);  // gradient 0 at 0
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);  // exact: x·Φ(x)
+Tensor clamp(const Tensor& x, double min, double max);  // gradient passes where min < x < max
+
+// ---- selection by mask — src/ops/elementwise.cpp ----
+// mask broadcasts to x's shape; where mask != 0, the result is `value` (gradient 0 there).
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// cond, a and b broadcast together; result = cond != 0 ? a : b.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+// ---- reductions — src/ops/reduce.cpp ----
+Tensor sum(const Tensor& x);  // all elements -> shape []
+Tensor sum(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim = false);
+Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim = false);
+Tensor max(const Tensor& x);  // gradient split evenly among tied maxima
+Tensor max(const Tensor& x, std::int64_t dim, bool keepdim = false);  // gradient to the first maximum
+Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim = false);  // indices as values; no gradient
+
+// ---- linear algebra — src/ops/matmul.cpp ----
+// 1-D·1-D, 2-D·2-D, and batched N-D with broadcast batch dims (PyTorch's torch.matmul).
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- shape — src/ops/shape.cpp ----
+Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 may be inferred; shares storage
+Tensor flatten(const Tensor& x, std::int64_t start_dim = 0, std::int64_t end_dim = -1);
+Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1);
+Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims);
+Tensor squeeze(const Tensor& x);  // all size-1 dims
+Tensor squeeze(const Tensor& x, std::int64_t dim);
+Tensor unsqueeze(const Tensor& x, std::int64_t dim);
+Tensor expand(const Tensor& x, const Shape& shape);  // broadcast to shape (copies)
+Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t length);
+Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t end, std::int64_t step = 1);
+Tensor cat(const TensorList& xs, std::int64_t dim = 0);
+Tensor stack(const TensorList& xs, std::int64_t dim = 0);
+TensorList split(const Tensor& x, std::int64_t split_size, std::int64_t dim = 0);
+TensorList split(const Tensor& x, const std::vector<std::int64_t>& sizes, std::int64_t dim = 0);
+TensorList chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim = 0);
+
+// ---- indexing — src/ops/indexing.cpp ----
+// Rows (or slices along dim) picked by index; gradient scattered (added) back.
+Tensor index_select(const Tensor& x, std::int64_t dim, const std::vector<std::int64_t>& index);
+Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index);  // integral values
+// Embedding lookup: weight (V, D), indices of any shape -> indices.shape + [D].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+// ---- softmax — src/ops/softmax.cpp (numerically stable: max subtracted) ----
+Tensor softmax(const Tensor& x, std::int64_t dim);
+Tensor log_softmax(const Tensor& x, std::int64_t dim);
+
+// ---- dropout — src/ops/dropout.cpp ----
+// In training, zeroes each element with probability p and scales the rest by 1/(1-p).
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+Tensor dropout(const Tensor& x, double p, bool training = true);  // default generator
+
+}  // namespace autograd

@@ -1,0 +1,176 @@
+#pragma once
+// A Tensor is a cheap handle: copying one copies a shared pointer, not the data.
+//
+//   Tensor ──> TensorImpl { shape, dtype, Storage (shared, contiguous, row-major),
+//                           grad_fn (the graph node that made it, if any),
+//                           requires_grad / grad (for leaves and retain_grad) }
+//
+// Two handles to the same TensorImpl are the same tensor (in-place changes and .grad are
+// shared). detach() makes a new TensorImpl over the same Storage, outside the graph.
+// Every kernel sees the data as a contiguous row-major buffer, through Eigen::Map.
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "autograd/dtype.hpp"
+#include "autograd/shape.hpp"
+
+namespace autograd {
+
+class Node;
+class Tensor;
+
+// A contiguous, 64-byte aligned buffer. `version` counts in-place writes, so that a backward
+// rule can tell that a tensor it saved was changed after it was saved.
+struct Storage {
+  Storage(Dtype dtype, std::int64_t numel);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  Dtype dtype;
+  std::int64_t numel;
+  void* data;
+  std::uint64_t version = 0;
+};
+
+using TensorHook = std::function<Tensor(const Tensor& grad)>;
+
+struct TensorImpl {
+  Shape shape;
+  Dtype dtype = Dtype::Float32;
+  std::shared_ptr<Storage> storage;
+
+  // Graph: a non-leaf knows the node that made it and which of that node's outputs it is.
+  std::shared_ptr<Node> grad_fn;
+  std::uint32_t output_nr = 0;
+  bool requires_grad = false;                 // leaves only; non-leaves require grad via grad_fn
+  std::weak_ptr<Node> grad_accumulator;        // leaves: the node that adds into .grad
+  std::shared_ptr<TensorImpl> grad;            // leaves, and non-leaves after retain_grad()
+  bool retains_grad = false;
+  std::string name;                            // optional label, shown by to_dot
+};
+
+template <class T>
+using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using MatrixMap = Eigen::Map<RowMatrix<T>, Eigen::Aligned64>;
+template <class T>
+using ConstMatrixMap = Eigen::Map<const RowMatrix<T>, Eigen::Aligned64>;
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: "no tensor" (e.g. no mask)
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // Fresh, uninitialised storage of the given shape (kernels fill it).
+  static Tensor empty(const Shape& shape, Dtype dtype = Dtype::Float32);
+
+  bool defined() const { return impl_ != nullptr; }
+  explicit operator bool() const = delete;  // ambiguous: use defined()
+
+  const Shape& shape() const;
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape().size()); }
+  std::int64_t size(std::int64_t d) const;  // negative d counts from the end
+  std::int64_t numel() const;
+  Dtype dtype() const;
+
+  // Raw data, row-major. T must match dtype() (checked).
+  template <class T>
+  T* data() const;
+  void* raw_data() const;
+
+  // A 2-D tensor seen as an Eigen matrix, no copy. Writing through the map does not bump the
+  // version counter; call mark_modified() if it is done to a tensor a graph may have saved.
+  template <class T>
+  MatrixMap<T> as_matrix() const;
+
+  std::vector<double> to_vector() const;
+  double item() const;  // one-element tensors only
+
+  Tensor to(Dtype dtype) const;  // differentiable; returns *this when dtype already matches
+  Tensor detach() const;         // same storage, no graph
+  Tensor clone() const;          // new storage, differentiable
+
+  // ---- autograd ----
+  bool requires_grad() const;  // leaf flag, or has a grad_fn
+  Tensor& requires_grad_(bool on = true);
+  bool is_leaf() const;
+  Tensor grad() const;              // undefined until a backward reached this tensor
+  void set_grad(const Tensor& g);   // replace (undefined clears)
+  const std::shared_ptr<Node>& grad_fn() const;
+  std::uint32_t output_nr() const;
+
+  void backward(bool retain_graph = false) const;  // one-element tensors
+  void backward(const Tensor& grad, bool retain_graph = false) const;
+  Tensor& retain_grad();  // keep .grad on a non-leaf
+  // The hook sees the gradient arriving at this tensor; returning a defined tensor replaces it.
+  void register_hook(TensorHook hook);
+
+  Tensor& set_name(std::string name);
+  const std::string& name() const;
+
+  // ---- in place (bump the version counter) ----
+  Tensor& copy_(const Tensor& src);  // same shape; dtype converted
+  Tensor& fill_(double value);
+  Tensor& zero_() { return fill_(0.0); }
+  Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape
+  Tensor& mul_(double value);
+  // Replaces this tensor's data, shape and dtype by other's (sharing other's storage), keeping
+  // the handle: every copy of this handle sees the change (PyTorch's `t.data = other`).
+  // Clears .grad. Not recorded in any graph.
+  Tensor& set_data(const Tensor& other);
+  void mark_modified();
+  std::uint64_t version() const;
+
+  const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+
+ private:
+  void check_defined(std::string_view op) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+template <class T>
+T* Tensor::data() const {
+  if (!impl_) fail("data", "tensor is undefined");
+  if (dtype() != dtype_of<T>())
+    fail("data", "tensor holds {} but {} was asked for", dtype_name(dtype()), dtype_name(dtype_of<T>()));
+  return static_cast<T*>(impl_->storage->data);
+}
+
+template <class T>
+MatrixMap<T> Tensor::as_matrix() const {
+  if (dim() != 2) fail("as_matrix", "needs a 2-D tensor, got shape {}", shape_str(shape()));
+  return MatrixMap<T>(data<T>(), shape()[0], shape()[1]);
+}
+
+// ---- factories ----
+// values are row-major; their count must equal the product of shape.
+Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype = Dtype::Float32);
+Tensor tensor(const std::vector<double>& values, std::initializer_list<std::int64_t> shape,
+              Dtype dtype = Dtype::Float32);
+Tensor scalar_tensor(double value, Dtype dtype = Dtype::Float32);  // shape []
+Tensor zeros(const Shape& shape, Dtype dtype = Dtype::Float32);
+Tensor ones(const Shape& shape, Dtype dtype = Dtype::Float32);
+Tensor full(const Shape& shape, double value, Dtype dtype = Dtype::Float32);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor arange(double end, Dtype dtype = Dtype::Float32);
+Tensor arange(double start, double end, double step = 1.0, Dtype dtype = Dtype::Float32);
+
+// Copies an Eigen matrix (any storage order) into a new 2-D tensor.
+template <class Derived>
+Tensor from_eigen(const Eigen::MatrixBase<Derived>& m) {
+  using T = typename Derived::Scalar;
+  Tensor t = Tensor::empty({m.rows(), m.cols()}, dtype_of<T>());
+  t.as_matrix<T>() = m;
+  return t;
+}
+
+}  // namespace autograd

@@ -1,0 +1,255 @@
+// The backward walk: dependency counting, gradient accumulation with shape checks, hooks,
+// and release of the graph after use.
+#include "autograd/graph.hpp"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/grad_mode.hpp"
+#include "autograd/ops.hpp"
+
+namespace autograd {
+
+namespace {
+std::atomic<std::uint64_t> next_sequence_nr{0};
+}
+
+Node::Node(std::string name) : sequence_nr(next_sequence_nr++), name_(std::move(name)) {}
+Node::~Node() = default;
+
+void Node::mark_released() {
+  released_ = true;
+  release_saved();
+  // Dropping the edges lets the rest of the graph (and what it saved) be freed now, while
+  // the tensors that point at this node may live on.
+  next_edges.clear();
+}
+
+// ---- AccumulateGrad ----
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
+    : Node("AccumulateGrad"), leaf_(std::move(leaf)) {
+  output_meta.push_back({leaf_->shape, leaf_->dtype});
+  output_hooks.resize(1);
+}
+
+TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
+  const Tensor& g = grad_outputs[0];
+  if (leaf_->grad) {
+    Tensor(leaf_->grad).add_(g);  // in place: no allocation once .grad exists
+  } else {
+    leaf_->grad = g.detach().clone().impl();  // own copy: g may be shared with other edges
+  }
+  return {};
+}
+
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
+  const auto& impl = leaf.impl();
+  if (!impl || !impl->requires_grad || impl->grad_fn)
+    fail("grad_accumulator", "only leaves that require grad have one");
+  if (auto existing = impl->grad_accumulator.lock()) return existing;
+  auto node = std::make_shared<AccumulateGrad>(impl);
+  impl->grad_accumulator = node;
+  return node;
+}
+
+// ---- SavedTensor ----
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (t.defined()) {
+    data_ = t.detach();
+    version_ = t.version();
+  }
+}
+
+Tensor SavedTensor::get(std::string_view op) const {
+  if (data_.defined() && data_.version() != version_)
+    throw std::runtime_error(fmt::format(
+        "{}: a tensor of shape {} saved for backward was changed in place after it was saved "
+        "(version {} when saved, {} now), so its backward would use the wrong values",
+        op, shape_str(data_.shape()), version_, data_.version()));
+  return data_;
+}
+
+// ---- recording ----
+
+bool needs_grad(const Tensor& a) { return is_grad_enabled() && a.requires_grad(); }
+bool needs_grad(const Tensor& a, const Tensor& b) {
+  return is_grad_enabled() && (a.requires_grad() || b.requires_grad());
+}
+bool needs_grad(const TensorList& inputs) {
+  if (!is_grad_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.requires_grad()) return true;
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
+  return {grad_accumulator(t), 0};
+}
+
+void connect(const std::shared_ptr<Node>& node, const TensorList& inputs, const TensorList& outputs) {
+  node->next_edges.reserve(inputs.size());
+  node->input_meta.reserve(inputs.size());
+  for (const auto& in : inputs) {
+    node->next_edges.push_back(gradient_edge(in));
+    if (in.defined()) {
+      node->input_meta.push_back({in.shape(), in.dtype()});
+    } else {
+      node->input_meta.push_back({});
+    }
+  }
+  node->output_meta.reserve(outputs.size());
+  node->output_hooks.resize(outputs.size());
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const auto& impl = outputs[i].impl();
+    node->output_meta.push_back({impl->shape, impl->dtype});
+    impl->grad_fn = node;
+    impl->output_nr = static_cast<std::uint32_t>(i);
+    impl->requires_grad = false;
+  }
+}
+
+void record(std::string name, const TensorList& inputs, const TensorList& outputs, BackwardFn fn) {
+  connect(std::make_shared<FunctionNode>(std::move(name), std::move(fn)), inputs, outputs);
+}
+
+Tensor record(std::string name, const TensorList& inputs, Tensor output, BackwardFn fn) {
+  record(std::move(name), inputs, TensorList{output}, std::move(fn));
+  return output;
+}
+
+// ---- the walk ----
+
+namespace {
+
+struct LaterFirst {
+  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+    return a->sequence_nr < b->sequence_nr;
+  }
+};
+
+[[noreturn]] void freed_graph_error(const Node& node) {
+  throw std::runtime_error(fmt::format(
+      "backward: the graph through '{}' was already freed by an earlier backward(); "
+      "call the first backward with retain_graph = true to walk it twice",
+      node.name()));
+}
+
+void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slot, g) : g; }
+
+}  // namespace
+
+void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
+  if (roots.size() != grads.size())
+    fail("backward", "{} roots but {} gradients", roots.size(), grads.size());
+  NoGradGuard no_grad;  // backward rules compute with plain ops; no graph of the graph
+
+  std::unordered_map<Node*, TensorList> buffers;
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<std::shared_ptr<Node>> nodes;  // keeps every node alive during the walk
+
+  // 1. Seed the roots' gradients and find every node reachable from them.
+  std::vector<std::shared_ptr<Node>> stack;
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    const Edge edge = gradient_edge(roots[r]);
+    if (!edge.valid())
+      throw std::runtime_error(fmt::format(
+          "backward: the tensor of shape {} does not require grad and has no grad_fn (was it computed "
+          "under NoGradGuard, or only from tensors that do not require grad?)",
+          shape_str(roots[r].shape())));
+    auto& buffer = buffers[edge.node.get()];
+    buffer.resize(edge.node->output_meta.size());
+    accumulate(buffer[edge.input_nr], grads[r]);
+    if (dependencies.emplace(edge.node.get(), 0).second) {
+      stack.push_back(edge.node);
+      nodes.push_back(edge.node);
+    }
+  }
+  while (!stack.empty()) {
+    auto node = std::move(stack.back());
+    stack.pop_back();
+    if (node->released()) freed_graph_error(*node);
+    for (const auto& e : node->next_edges) {
+      if (!e.valid()) continue;
+      auto [it, inserted] = dependencies.emplace(e.node.get(), 0);
+      ++it->second;
+      if (inserted) {
+        stack.push_back(e.node);
+        nodes.push_back(e.node);
+      }
+    }
+  }
+
+  // 2. Run nodes once all their consumers have run (Kahn's order, later-created first).
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
+  for (const auto& n : nodes)
+    if (dependencies[n.get()] == 0) ready.push(n);
+
+  while (!ready.empty()) {
+    auto node = ready.top();
+    ready.pop();
+    TensorList grad_outputs = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+    grad_outputs.resize(node->output_meta.size());
+
+    bool any_grad = false;
+    for (const auto& g : grad_outputs) any_grad = any_grad || g.defined();
+    TensorList grad_inputs;
+    if (any_grad) {
+      for (std::size_t i = 0; i < grad_outputs.size(); ++i) {
+        const auto& meta = node->output_meta[i];
+        if (!grad_outputs[i].defined()) grad_outputs[i] = zeros(meta.shape, meta.dtype);
+        for (const auto& hook : node->output_hooks[i]) {
+          Tensor replaced = hook(grad_outputs[i]);
+          if (!replaced.defined()) continue;
+          if (replaced.shape() != meta.shape || replaced.dtype() != meta.dtype)
+            throw std::runtime_error(fmt::format(
+                "backward: a hook on an output of '{}' returned a gradient {} {}, expected {} {}", node->name(),
+                shape_str(replaced.shape()), dtype_name(replaced.dtype()), shape_str(meta.shape),
+                dtype_name(meta.dtype)));
+          grad_outputs[i] = replaced;
+        }
+      }
+      grad_inputs = node->apply(grad_outputs);
+      if (!grad_inputs.empty() && grad_inputs.size() != node->next_edges.size())
+        throw std::runtime_error(fmt::format("backward of '{}' returned {} gradients for {} inputs", node->name(),
+                                             grad_inputs.size(), node->next_edges.size()));
+    }
+
+    for (std::size_t j = 0; j < node->next_edges.size(); ++j) {
+      const Edge& e = node->next_edges[j];
+      if (!e.valid()) continue;
+      if (j < grad_inputs.size() && grad_inputs[j].defined()) {
+        const Tensor& g = grad_inputs[j];
+        const auto& meta = node->input_meta[j];
+        if (g.shape() != meta.shape || g.dtype() != meta.dtype)
+          throw std::runtime_error(fmt::format(
+              "backward of '{}' returned a gradient {} {} for input {} of shape {} {}", node->name(),
+              shape_str(g.shape()), dtype_name(g.dtype()), j, shape_str(meta.shape), dtype_name(meta.dtype)));
+        auto& buffer = buffers[e.node.get()];
+        buffer.resize(e.node->output_meta.size());
+        accumulate(buffer[e.input_nr], g);
+      }
+      if (--dependencies[e.node.get()] == 0) ready.push(e.node);
+    }
+    if (!retain_graph && !dynamic_cast<AccumulateGrad*>(node.get())) node->mark_released();
+  }
+}
+
+Tensor sum_to(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  const auto lead = static_cast<std::int64_t>(grad.dim()) - static_cast<std::int64_t>(shape.size());
+  if (lead < 0) fail("sum_to", "cannot reduce {} to the larger rank of {}", shape_str(grad.shape()), shape_str(shape));
+  std::vector<std::int64_t> dims;
+  for (std::int64_t i = 0; i < lead; ++i) dims.push_back(i);
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] == 1 && grad.shape()[lead + i] != 1) dims.push_back(lead + static_cast<std::int64_t>(i));
+  Tensor reduced = dims.empty() ? grad : sum(grad, dims, /*keepdim=*/true);
+  return reshape(reduced, shape);
+}
+
+}  // namespace autograd

@@ -1,0 +1,67 @@
+#include "autograd/random.hpp"
+
+#include <cmath>
+#include <numbers>
+
+namespace autograd {
+
+std::uint64_t Generator::next_u64() {
+  // SplitMix64 (Steele, Lea, Flood 2014): a full-period 64-bit generator.
+  std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+double Generator::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+
+double Generator::normal() {
+  if (has_spare_) {
+    has_spare_ = false;
+    return spare_;
+  }
+  // Box–Muller: two uniforms give two independent standard normals.
+  double u1 = uniform();
+  while (u1 <= 0.0) u1 = uniform();
+  const double u2 = uniform();
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double theta = 2.0 * std::numbers::pi * u2;
+  spare_ = r * std::sin(theta);
+  has_spare_ = true;
+  return r * std::cos(theta);
+}
+
+Generator& default_generator() {
+  static Generator gen(0x5eed);
+  return gen;
+}
+
+void manual_seed(std::uint64_t seed) { default_generator().manual_seed(seed); }
+
+namespace {
+template <class Draw>
+Tensor fill_with(const Shape& shape, Dtype dtype, Draw draw) {
+  Tensor t = Tensor::empty(shape, dtype);
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(draw());
+  });
+  return t;
+}
+}  // namespace
+
+Tensor rand(const Shape& shape, Dtype dtype, Generator& gen) {
+  return fill_with(shape, dtype, [&] { return gen.uniform(); });
+}
+Tensor rand(const Shape& shape, Dtype dtype) { return rand(shape, dtype, default_generator()); }
+Tensor randn(const Shape& shape, Dtype dtype, Generator& gen) {
+  return fill_with(shape, dtype, [&] { return gen.normal(); });
+}
+Tensor randn(const Shape& shape, Dtype dtype) { return randn(shape, dtype, default_generator()); }
+Tensor uniform(const Shape& shape, double low, double high, Dtype dtype, Generator& gen) {
+  if (!(low <= high)) fail("uniform", "low {} is greater than high {}", low, high);
+  return fill_with(shape, dtype, [&] { return low + (high - low) * gen.uniform(); });
+}
+
+}  // namespace autograd

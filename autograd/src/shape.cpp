@@ -1,0 +1,41 @@
+#include "autograd/shape.hpp"
+
+#include <algorithm>
+
+namespace autograd {
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::int64_t shape_numel(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape strides(s.size(), 1);
+  for (std::int64_t i = static_cast<std::int64_t>(s.size()) - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * s[i + 1];
+  return strides;
+}
+
+std::int64_t normalize_dim(std::string_view op, std::int64_t dim, std::int64_t rank) {
+  const std::int64_t lo = -std::max<std::int64_t>(rank, 1), hi = std::max<std::int64_t>(rank, 1) - 1;
+  if (dim < lo || dim > hi) fail(op, "dim {} is out of range for a tensor of rank {}", dim, rank);
+  return dim < 0 ? dim + std::max<std::int64_t>(rank, 1) : dim;
+}
+
+Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b) {
+  const std::size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const std::int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (da != db && da != 1 && db != 1)
+      fail(op, "shapes cannot be broadcast: {} and {}", shape_str(a), shape_str(b));
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+}  // namespace autograd

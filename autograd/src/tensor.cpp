@@ -1,0 +1,370 @@
+#include "autograd/tensor.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "autograd/grad_mode.hpp"
+#include "autograd/graph.hpp"
+
+namespace autograd {
+
+// ---- Storage ----
+
+Storage::Storage(Dtype dt, std::int64_t n) : dtype(dt), numel(n) {
+  if (n < 0) fail("Storage", "negative element count {}", n);
+  std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dt);
+  bytes = (bytes + 63) / 64 * 64;
+  if (bytes == 0) bytes = 64;
+  data = std::aligned_alloc(64, bytes);
+  if (data == nullptr) throw std::bad_alloc();
+}
+
+Storage::~Storage() { std::free(data); }
+
+// ---- construction ----
+
+Tensor Tensor::empty(const Shape& shape, Dtype dtype) {
+  for (auto d : shape)
+    if (d < 0) fail("empty", "negative dimension in shape {}", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->dtype = dtype;
+  impl->storage = std::make_shared<Storage>(dtype, shape_numel(shape));
+  return Tensor(std::move(impl));
+}
+
+void Tensor::check_defined(std::string_view op) const {
+  if (!impl_) fail(op, "tensor is undefined");
+}
+
+const Shape& Tensor::shape() const {
+  check_defined("shape");
+  return impl_->shape;
+}
+
+std::int64_t Tensor::size(std::int64_t d) const { return shape()[normalize_dim("size", d, dim())]; }
+
+std::int64_t Tensor::numel() const {
+  check_defined("numel");
+  return impl_->storage->numel;
+}
+
+Dtype Tensor::dtype() const {
+  check_defined("dtype");
+  return impl_->dtype;
+}
+
+void* Tensor::raw_data() const {
+  check_defined("raw_data");
+  return impl_->storage->data;
+}
+
+std::vector<double> Tensor::to_vector() const {
+  check_defined("to_vector");
+  std::vector<double> out(static_cast<std::size_t>(numel()));
+  dispatch(dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* p = data<T>();
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(p[i]);
+  });
+  return out;
+}
+
+double Tensor::item() const {
+  check_defined("item");
+  if (numel() != 1) fail("item", "needs a tensor with one element, got shape {}", shape_str(shape()));
+  return to_vector()[0];
+}
+
+Tensor Tensor::to(Dtype target) const {
+  check_defined("to");
+  if (dtype() == target) return *this;
+  Tensor out = Tensor::empty(shape(), target);
+  dispatch(dtype(), [&](auto src_zero) {
+    using S = decltype(src_zero);
+    dispatch(target, [&](auto dst_zero) {
+      using D = decltype(dst_zero);
+      const S* s = data<S>();
+      D* d = out.data<D>();
+      for (std::int64_t i = 0; i < numel(); ++i) d[i] = static_cast<D>(s[i]);
+    });
+  });
+  if (needs_grad(*this)) {
+    const Dtype source = dtype();
+    // y = convert(x)  =>  dx = convert_back(dy)
+    return record("to", {*this}, out,
+                  [source](const TensorList& g, const Node&) { return TensorList{g[0].to(source)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::detach() const {
+  check_defined("detach");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = impl_->shape;
+  impl->dtype = impl_->dtype;
+  impl->storage = impl_->storage;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::clone() const {
+  check_defined("clone");
+  Tensor out = Tensor::empty(shape(), dtype());
+  std::memcpy(out.raw_data(), raw_data(), static_cast<std::size_t>(numel()) * dtype_size(dtype()));
+  if (needs_grad(*this)) {
+    // y = x  =>  dx = dy
+    return record("clone", {*this}, out, [](const TensorList& g, const Node&) { return TensorList{g[0]}; });
+  }
+  return out;
+}
+
+// ---- autograd ----
+
+bool Tensor::requires_grad() const { return impl_ && (impl_->requires_grad || impl_->grad_fn); }
+
+Tensor& Tensor::requires_grad_(bool on) {
+  check_defined("requires_grad_");
+  if (impl_->grad_fn)
+    fail("requires_grad_", "only leaf tensors can change requires_grad; this one was made by '{}' "
+         "(use detach() to get a leaf)", impl_->grad_fn->name());
+  impl_->requires_grad = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const { return impl_ && !impl_->grad_fn; }
+
+Tensor Tensor::grad() const {
+  check_defined("grad");
+  return Tensor(impl_->grad);
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  check_defined("set_grad");
+  if (g.defined() && (g.shape() != shape() || g.dtype() != dtype()))
+    fail("set_grad", "gradient {} {} does not match tensor {} {}", shape_str(g.shape()), dtype_name(g.dtype()),
+         shape_str(shape()), dtype_name(dtype()));
+  impl_->grad = g.impl();
+}
+
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
+  check_defined("grad_fn");
+  return impl_->grad_fn;
+}
+
+std::uint32_t Tensor::output_nr() const {
+  check_defined("output_nr");
+  return impl_->output_nr;
+}
+
+void Tensor::backward(bool retain_graph) const {
+  check_defined("backward");
+  if (numel() != 1)
+    throw std::runtime_error(fmt::format(
+        "backward: a gradient can be created implicitly only for a one-element tensor, got shape {}; "
+        "pass a gradient: t.backward(grad)", shape_str(shape())));
+  run_backward({*this}, {ones(shape(), dtype())}, retain_graph);
+}
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  check_defined("backward");
+  if (!grad.defined()) {
+    backward(retain_graph);
+    return;
+  }
+  if (grad.shape() != shape() || grad.dtype() != dtype())
+    fail("backward", "gradient {} {} does not match tensor {} {}", shape_str(grad.shape()),
+         dtype_name(grad.dtype()), shape_str(shape()), dtype_name(dtype()));
+  run_backward({*this}, {grad}, retain_graph);
+}
+
+Tensor& Tensor::retain_grad() {
+  check_defined("retain_grad");
+  if (!requires_grad()) fail("retain_grad", "tensor does not require grad");
+  if (is_leaf() || impl_->retains_grad) return *this;
+  impl_->retains_grad = true;
+  std::weak_ptr<TensorImpl> weak = impl_;
+  register_hook([weak](const Tensor& g) {
+    if (auto impl = weak.lock()) {
+      if (impl->grad) {
+        Tensor(impl->grad).add_(g);
+      } else {
+        impl->grad = g.detach().clone().impl();
+      }
+    }
+    return Tensor();
+  });
+  return *this;
+}
+
+void Tensor::register_hook(TensorHook hook) {
+  check_defined("register_hook");
+  if (!requires_grad()) fail("register_hook", "tensor does not require grad, so no gradient will reach it");
+  if (impl_->grad_fn) {
+    impl_->grad_fn->output_hooks[impl_->output_nr].push_back(std::move(hook));
+  } else {
+    grad_accumulator(*this)->output_hooks[0].push_back(std::move(hook));
+  }
+}
+
+Tensor& Tensor::set_name(std::string name) {
+  check_defined("set_name");
+  impl_->name = std::move(name);
+  return *this;
+}
+
+const std::string& Tensor::name() const {
+  check_defined("name");
+  return impl_->name;
+}
+
+// ---- in place ----
+
+namespace {
+void check_in_place(std::string_view op, const Tensor& t) {
+  if (is_grad_enabled() && t.requires_grad())
+    fail(op, "in-place change of a tensor that requires grad {}; do it under NoGradGuard",
+         shape_str(t.shape()));
+}
+}  // namespace
+
+void Tensor::mark_modified() {
+  check_defined("mark_modified");
+  ++impl_->storage->version;
+}
+
+std::uint64_t Tensor::version() const {
+  check_defined("version");
+  return impl_->storage->version;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_defined("copy_");
+  if (!src.defined()) fail("copy_", "source tensor is undefined");
+  if (src.shape() != shape())
+    fail("copy_", "shapes differ: destination {} and source {}", shape_str(shape()), shape_str(src.shape()));
+  check_in_place("copy_", *this);
+  dispatch(src.dtype(), [&](auto src_zero) {
+    using S = decltype(src_zero);
+    dispatch(dtype(), [&](auto dst_zero) {
+      using D = decltype(dst_zero);
+      const S* s = src.data<S>();
+      D* d = data<D>();
+      if (static_cast<const void*>(s) == static_cast<const void*>(d)) return;
+      for (std::int64_t i = 0; i < numel(); ++i) d[i] = static_cast<D>(s[i]);
+    });
+  });
+  mark_modified();
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  check_defined("fill_");
+  check_in_place("fill_", *this);
+  dispatch(dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* d = data<T>();
+    std::fill(d, d + numel(), static_cast<T>(value));
+  });
+  mark_modified();
+  return *this;
+}
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  check_defined("add_");
+  if (!other.defined()) fail("add_", "other tensor is undefined");
+  if (other.shape() != shape())
+    fail("add_", "shapes differ: {} and {}", shape_str(shape()), shape_str(other.shape()));
+  if (other.dtype() != dtype())
+    fail("add_", "dtypes differ: {} and {}", dtype_name(dtype()), dtype_name(other.dtype()));
+  check_in_place("add_", *this);
+  dispatch(dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* d = data<T>();
+    const T* s = other.data<T>();
+    const T a = static_cast<T>(alpha);
+    for (std::int64_t i = 0; i < numel(); ++i) d[i] += a * s[i];
+  });
+  mark_modified();
+  return *this;
+}
+
+Tensor& Tensor::mul_(double value) {
+  check_defined("mul_");
+  check_in_place("mul_", *this);
+  dispatch(dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* d = data<T>();
+    for (std::int64_t i = 0; i < numel(); ++i) d[i] *= static_cast<T>(value);
+  });
+  mark_modified();
+  return *this;
+}
+
+Tensor& Tensor::set_data(const Tensor& other) {
+  check_defined("set_data");
+  if (!other.defined()) fail("set_data", "source tensor is undefined");
+  impl_->shape = other.shape();
+  impl_->dtype = other.dtype();
+  impl_->storage = other.impl()->storage;
+  impl_->grad.reset();
+  impl_->grad_accumulator.reset();
+  return *this;
+}
+
+// ---- factories ----
+
+Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype) {
+  for (auto d : shape)
+    if (d < 0) fail("tensor", "negative dimension in shape {}", shape_str(shape));
+  if (static_cast<std::int64_t>(values.size()) != shape_numel(shape))
+    fail("tensor", "{} values given for shape {} ({} elements)", values.size(), shape_str(shape),
+         shape_numel(shape));
+  Tensor t = Tensor::empty(shape, dtype);
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* d = t.data<T>();
+    for (std::size_t i = 0; i < values.size(); ++i) d[i] = static_cast<T>(values[i]);
+  });
+  return t;
+}
+
+Tensor tensor(const std::vector<double>& values, std::initializer_list<std::int64_t> shape, Dtype dtype) {
+  return tensor(values, Shape(shape), dtype);
+}
+
+Tensor scalar_tensor(double value, Dtype dtype) { return full({}, value, dtype); }
+
+Tensor full(const Shape& shape, double value, Dtype dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* d = t.data<T>();
+    std::fill(d, d + t.numel(), static_cast<T>(value));
+  });
+  return t;
+}
+
+Tensor zeros(const Shape& shape, Dtype dtype) { return full(shape, 0.0, dtype); }
+Tensor ones(const Shape& shape, Dtype dtype) { return full(shape, 1.0, dtype); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
+
+Tensor arange(double end, Dtype dtype) { return arange(0.0, end, 1.0, dtype); }
+
+Tensor arange(double start, double end, double step, Dtype dtype) {
+  if (step == 0.0 || !std::isfinite(step)) fail("arange", "step must be finite and nonzero, got {}", step);
+  if (!std::isfinite(start) || !std::isfinite(end)) fail("arange", "bounds must be finite, got {} and {}", start, end);
+  const double count = std::ceil((end - start) / step);
+  const auto n = static_cast<std::int64_t>(std::max(0.0, count));
+  Tensor t = Tensor::empty({n}, dtype);
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* d = t.data<T>();
+    for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(start + static_cast<double>(i) * step);
+  });
+  return t;
+}
+
+}  // namespace autograd

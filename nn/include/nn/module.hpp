@@ -1,0 +1,79 @@
+#pragma once
+// nn::Module: a tree of modules, each owning named parameters (PyTorch's register_parameter /
+// register_module). named_parameters() walks the tree and names children's parameters with
+// dots ("block.attn.W_Q"). Parameters are tensor handles: the module and anyone holding a copy
+// of the handle see the same data.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <autograd/autograd.hpp>
+#include <fmt/format.h>
+
+namespace nn {
+
+namespace ag = autograd;
+
+using NamedTensors = std::vector<std::pair<std::string, ag::Tensor>>;
+
+class Module {
+ public:
+  explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  Module(Module&&) = default;
+  Module& operator=(Module&&) = default;
+
+  // Registers t as a parameter (a leaf that requires grad) and returns the handle.
+  ag::Tensor register_parameter(std::string name, ag::Tensor t, bool requires_grad = true);
+  template <class M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    register_child(std::move(name), module);
+    return module;
+  }
+
+  NamedTensors named_parameters(bool recurse = true) const;
+  std::vector<ag::Tensor> parameters(bool recurse = true) const;
+  std::int64_t num_parameters() const;  // total element count
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
+  ag::Tensor parameter(const std::string& dotted_name) const;  // throws if absent
+
+  // Sets every parameter's .grad to zero (kept allocated), or to none.
+  void zero_grad(bool set_to_none = false);
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Converts every parameter to dtype in place: handles and names stay valid.
+  Module& to(ag::Dtype dtype);
+
+  const std::string& type_name() const { return type_name_; }
+  // One line for this module's own settings, e.g. "embed_dim=4, num_heads=2".
+  virtual std::string extra_repr() const { return {}; }
+  // A readable tree with shapes and parameter counts.
+  std::string to_string() const;
+
+ protected:
+  void register_child(std::string name, std::shared_ptr<Module> module);
+
+ private:
+  void collect(const std::string& prefix, bool recurse, NamedTensors& out) const;
+  void print(std::string& out, const std::string& name, int indent) const;
+
+  std::string type_name_;
+  NamedTensors params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+}  // namespace nn
+
+template <class M>
+  requires std::is_base_of_v<nn::Module, M>
+struct fmt::formatter<M> : fmt::formatter<std::string_view> {
+  fmt::format_context::iterator format(const M& m, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(m.to_string(), ctx);
+  }
+};
