@@ -1,0 +1,305 @@
+// Reductions: sum, mean, max, argmax — over all elements or along dims.
+//
+// A reduction over a set of dims runs on a compact view of the input: size-1 dims are dropped
+// and neighbouring dims of the same kind (reduced / kept) are merged, so [B, T, C] summed over
+// {0, 1} becomes [B·T reduced][C kept]. One recursive walk visits the input in storage order
+// and accumulates into the output, so every pattern runs without temporaries and with a
+// contiguous, vectorised innermost loop. Backward is the same walk in the other direction: the
+// output gradient is broadcast back over the reduced groups.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+
+namespace autograd {
+namespace {
+
+template <class T>
+using VecMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using ConstVecMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+void check_input(std::string_view op, const Tensor& x) {
+  if (!x.defined()) fail(op, "the input tensor is undefined");
+}
+
+// Which dims of x a reduction over `dims` removes. An empty list means every dim (as in
+// PyTorch). On a 0-d tensor, dim 0 / -1 is accepted and reduces nothing.
+std::vector<bool> reduced_mask(std::string_view op, const Tensor& x, const std::vector<std::int64_t>& dims) {
+  const std::int64_t rank = x.dim();
+  std::vector<bool> mask(static_cast<std::size_t>(rank), dims.empty());
+  for (std::int64_t d : dims) {
+    const std::int64_t nd = normalize_dim(op, d, rank);
+    if (rank == 0) continue;
+    if (mask[static_cast<std::size_t>(nd)])
+      fail(op, "dim {} appears more than once in [{}]", nd, fmt::join(dims, ", "));
+    mask[static_cast<std::size_t>(nd)] = true;
+  }
+  return mask;
+}
+
+Shape reduced_shape(const Shape& s, const std::vector<bool>& mask, bool keepdim) {
+  Shape out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (!mask[i]) out.push_back(s[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+// The compact view of a reduction, and the two walks over it.
+class ReduceWalk {
+ public:
+  ReduceWalk(const Shape& s, const std::vector<bool>& mask) {
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == 1) continue;
+      if (!groups_.empty() && groups_.back().reduced == mask[i]) groups_.back().size *= s[i];
+      else groups_.push_back({s[i], mask[i]});
+    }
+    if (groups_.empty()) groups_.push_back({1, false});  // one element: a copy
+    const std::size_t n = groups_.size();
+    in_stride_.assign(n, 1);
+    out_stride_.assign(n, 1);
+    for (std::size_t k = n - 1; k > 0; --k) {
+      in_stride_[k - 1] = in_stride_[k] * groups_[k].size;
+      out_stride_[k - 1] = out_stride_[k] * (groups_[k].reduced ? 1 : groups_[k].size);
+    }
+  }
+
+  // out = scale · (sum of in over the reduced groups); out has the kept elements, in order.
+  template <class T>
+  void sum(const T* in, T* out, std::int64_t out_numel, T scale) const {
+    std::fill(out, out + out_numel, T(0));
+    const Group& g = groups_[0];
+    if (!g.reduced && groups_.size() > 1 && out_numel * in_stride_[0] >= (1 << 16)) {
+      // Outermost group kept: its slices write disjoint outputs.
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < g.size; ++i) sum_at(in + i * in_stride_[0], out + i * out_stride_[0], 1);
+    } else {
+      sum_at(in, out, 0);
+    }
+    if (scale != T(1)) VecMap<T>(out, out_numel) *= scale;
+  }
+
+  // in_grad = scale · out_grad broadcast over the reduced groups.
+  template <class T>
+  void broadcast(const T* out_grad, T* in_grad, T scale) const {
+    broadcast_at(out_grad, in_grad, scale, 0);
+  }
+
+ private:
+  struct Group {
+    std::int64_t size;
+    bool reduced;
+  };
+
+  template <class T>
+  void sum_at(const T* in, T* out, std::size_t k) const {
+    const Group& g = groups_[k];
+    if (k + 1 == groups_.size()) {
+      if (g.reduced) *out += ConstVecMap<T>(in, g.size).sum();
+      else VecMap<T>(out, g.size) += ConstVecMap<T>(in, g.size);
+      return;
+    }
+    for (std::int64_t i = 0; i < g.size; ++i)
+      sum_at(in + i * in_stride_[k], out + (g.reduced ? 0 : i * out_stride_[k]), k + 1);
+  }
+
+  template <class T>
+  void broadcast_at(const T* out_grad, T* in_grad, T scale, std::size_t k) const {
+    const Group& g = groups_[k];
+    if (k + 1 == groups_.size()) {
+      if (g.reduced) VecMap<T>(in_grad, g.size).setConstant(*out_grad * scale);
+      else VecMap<T>(in_grad, g.size) = ConstVecMap<T>(out_grad, g.size) * scale;
+      return;
+    }
+    for (std::int64_t i = 0; i < g.size; ++i)
+      broadcast_at(out_grad + (g.reduced ? 0 : i * out_stride_[k]), in_grad + i * in_stride_[k], scale, k + 1);
+  }
+
+  std::vector<Group> groups_;
+  std::vector<std::int64_t> in_stride_, out_stride_;
+};
+
+// sum (scale 1) and mean (scale 1/count) share everything but the scale.
+Tensor scaled_sum(std::string_view op, const Tensor& x, const std::vector<bool>& mask, bool keepdim, bool mean) {
+  std::int64_t count = 1;
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) count *= x.shape()[i];
+  const double scale = mean ? 1.0 / static_cast<double>(count) : 1.0;  // mean of nothing: NaN, as in PyTorch
+  Tensor y = Tensor::empty(reduced_shape(x.shape(), mask, keepdim), x.dtype());
+  ReduceWalk walk(x.shape(), mask);
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if (mean && count == 0) {
+      std::fill(y.data<T>(), y.data<T>() + y.numel(), std::numeric_limits<T>::quiet_NaN());
+      return;
+    }
+    walk.sum(x.data<T>(), y.data<T>(), y.numel(), static_cast<T>(scale));
+  });
+  if (needs_grad(x)) {
+    // y = s · Σ_reduced x  =>  dx = s · dy broadcast back over the reduced dims
+    return record(std::string(op), {x}, y,
+                  [walk, scale, shape = x.shape()](const TensorList& g, const Node&) {
+                    Tensor dx = Tensor::empty(shape, g[0].dtype());
+                    dispatch(dx.dtype(), [&](auto zero) {
+                      using T = decltype(zero);
+                      walk.broadcast(g[0].data<T>(), dx.data<T>(), static_cast<T>(scale));
+                    });
+                    return TensorList{dx};
+                  });
+  }
+  return y;
+}
+
+// NaN counts as larger than everything (max propagates NaN, as in PyTorch).
+template <class T>
+bool beats(T v, T best) {
+  return v > best || (std::isnan(v) && !std::isnan(best));
+}
+
+// max along one dim of x seen as [outer, n, inner]: values and the index of the first maximum.
+struct DimMax {
+  Tensor values;
+  std::shared_ptr<std::vector<std::int64_t>> index;
+  std::int64_t outer, n, inner;
+};
+
+DimMax dim_max(std::string_view op, const Tensor& x, std::int64_t dim, bool keepdim) {
+  check_input(op, x);
+  const std::int64_t rank = x.dim();
+  const std::int64_t d = normalize_dim(op, dim, rank);
+  DimMax r;
+  r.outer = 1;
+  r.inner = 1;
+  r.n = rank == 0 ? 1 : x.shape()[d];
+  for (std::int64_t i = 0; i < d && i < rank; ++i) r.outer *= x.shape()[i];
+  for (std::int64_t i = d + 1; i < rank; ++i) r.inner *= x.shape()[i];
+  if (r.n == 0) fail(op, "cannot reduce dim {} of size 0 (shape {})", d, shape_str(x.shape()));
+  std::vector<bool> mask(static_cast<std::size_t>(rank), false);
+  if (rank > 0) mask[d] = true;
+  r.values = Tensor::empty(reduced_shape(x.shape(), mask, keepdim), x.dtype());
+  r.index = std::make_shared<std::vector<std::int64_t>>(static_cast<std::size_t>(r.outer * r.inner), 0);
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = x.data<T>();
+    T* best = r.values.data<T>();
+    std::int64_t* idx = r.index->data();
+    for (std::int64_t o = 0; o < r.outer; ++o) {
+      const T* slab = in + o * r.n * r.inner;
+      T* bo = best + o * r.inner;
+      std::int64_t* io = idx + o * r.inner;
+      std::copy(slab, slab + r.inner, bo);  // row 0; io is already 0
+      for (std::int64_t k = 1; k < r.n; ++k) {
+        const T* row = slab + k * r.inner;
+        for (std::int64_t i = 0; i < r.inner; ++i)
+          if (beats(row[i], bo[i])) {
+            bo[i] = row[i];
+            io[i] = k;
+          }
+      }
+    }
+  });
+  return r;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x) {
+  check_input("sum", x);
+  return scaled_sum("sum", x, std::vector<bool>(static_cast<std::size_t>(x.dim()), true), false, false);
+}
+
+Tensor sum(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim) {
+  check_input("sum", x);
+  return scaled_sum("sum", x, reduced_mask("sum", x, dims), keepdim, false);
+}
+
+Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim) {
+  return sum(x, std::vector<std::int64_t>{dim}, keepdim);
+}
+
+Tensor mean(const Tensor& x) {
+  check_input("mean", x);
+  return scaled_sum("mean", x, std::vector<bool>(static_cast<std::size_t>(x.dim()), true), false, true);
+}
+
+Tensor mean(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim) {
+  check_input("mean", x);
+  return scaled_sum("mean", x, reduced_mask("mean", x, dims), keepdim, true);
+}
+
+Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim) {
+  return mean(x, std::vector<std::int64_t>{dim}, keepdim);
+}
+
+Tensor max(const Tensor& x) {
+  check_input("max", x);
+  if (x.numel() == 0) fail("max", "cannot take the max of an empty tensor of shape {}", shape_str(x.shape()));
+  Tensor y = Tensor::empty({}, x.dtype());
+  double m = 0;
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    ConstVecMap<T> xs(x.data<T>(), x.numel());
+    const T best = xs.template maxCoeff<Eigen::PropagateNaN>();
+    *y.data<T>() = best;
+    m = static_cast<double>(best);
+  });
+  if (needs_grad(x)) {
+    // y = max_i x_i  =>  dx_i = dy / k where x_i ties for the maximum (k of them), else 0
+    return record("max", {x}, y, [saved_x = SavedTensor(x), m](const TensorList& g, const Node&) {
+      Tensor xv = saved_x.get("max");
+      Tensor dx = Tensor::empty(xv.shape(), xv.dtype());
+      dispatch(xv.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        const T top = static_cast<T>(m);
+        ConstVecMap<T> xs(xv.data<T>(), xv.numel());
+        VecMap<T> d(dx.data<T>(), dx.numel());
+        if (std::isnan(top)) d = xs.isNaN().template cast<T>();
+        else d = (xs == top).template cast<T>();
+        d *= *g[0].data<T>() / d.sum();
+      });
+      return TensorList{dx};
+    });
+  }
+  return y;
+}
+
+Tensor max(const Tensor& x, std::int64_t dim, bool keepdim) {
+  DimMax r = dim_max("max", x, dim, keepdim);
+  if (needs_grad(x)) {
+    // y = x[argmax]  =>  dx = dy at the first maximum of each slice, 0 elsewhere
+    return record("max", {x}, r.values,
+                  [index = r.index, outer = r.outer, n = r.n, inner = r.inner, shape = x.shape()](
+                      const TensorList& g, const Node&) {
+                    Tensor dx = zeros(shape, g[0].dtype());
+                    dispatch(dx.dtype(), [&](auto zero) {
+                      using T = decltype(zero);
+                      const T* dy = g[0].data<T>();
+                      T* d = dx.data<T>();
+                      const std::int64_t* idx = index->data();
+                      for (std::int64_t o = 0; o < outer; ++o)
+                        for (std::int64_t i = 0; i < inner; ++i)
+                          d[(o * n + idx[o * inner + i]) * inner + i] = dy[o * inner + i];
+                    });
+                    return TensorList{dx};
+                  });
+  }
+  return r.values;
+}
+
+Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim) {
+  DimMax r = dim_max("argmax", x, dim, keepdim);
+  Tensor out = Tensor::empty(r.values.shape(), x.dtype());
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* o = out.data<T>();
+    for (std::size_t i = 0; i < r.index->size(); ++i) o[i] = static_cast<T>((*r.index)[i]);
+  });
+  return out;
+}
+
+}  // namespace autograd
