@@ -1,6 +1,14 @@
 #pragma once
 // The fused attention core: scaled dot-product attention over (batch, head) slices, with a
 // hand-derived backward (see docs/attention_backward.md). src/ops/attention.cpp.
+//
+// Per slice (b, h), with M the additive mask and Z the dropout factors (0 or 1/(1-p)):
+//   S = scale·Q·Kᵀ + M        [T, S]
+//   P = softmax(S) by rows    [T, S]   <- `weights`
+//   O = (P ⊙ Z)·V             [T, d_v] <- `output`
+// Forward and backward are hand-written kernels (Eigen GEMMs on each slice, slices in parallel
+// with OpenMP). Each slice is computed by one thread alone, so results do not depend on the
+// thread count.
 #include "autograd/random.hpp"
 #include "autograd/tensor.hpp"
 
@@ -12,11 +20,21 @@ struct SdpaResult {
 };
 
 // q (B, H, T, d_k), k (B, H, S, d_k), v (B, H, S, d_v), all one dtype.
-// attn_mask: undefined, or an additive float mask that broadcasts to (B, H, T, S); -inf blocks.
-// is_causal: query i sees keys 0..i only (needs T == S).
+// attn_mask: undefined, or an additive float mask of the same dtype that broadcasts to
+//   (B, H, T, S) (e.g. (T, S), (B, 1, 1, S), (B, H, T, S)); -inf blocks. It is differentiable
+//   (a learned score bias works): its gradient is dL/dS summed back to the mask's shape.
+// is_causal: query i sees keys 0..i only (needs T == S); combines with attn_mask if both given.
 // scale: multiplies q·kᵀ; 0 means 1/sqrt(d_k).
-// A query row whose keys are all blocked gets zero weights, zero output and zero gradients.
-// dropout_p > 0 drops weights (scaling the kept ones by 1/(1-p)) using gen.
+// A query row whose keys are all blocked gets zero weights, zero output and zero gradients
+// (to q, k, v and the mask) — never NaN.
+// dropout_p in [0, 1]: > 0 drops weights (scaling the kept ones by 1/(1-p)), drawing one
+//   uniform number per weight, in row-major (B, H, T, S) order, from gen (the default
+//   generator when null); a weight is dropped when its draw is < p. Pass 0 in eval mode.
+// Both results are differentiable outputs of one graph node: gradients may reach the output,
+// the weights, or both.
+// Throws std::invalid_argument naming the op and the shapes for: undefined or non-4-D q, k, v;
+// dtype mismatch; B/H, sequence-length or head-dim disagreement; a mask that does not
+// broadcast; is_causal with T != S; a non-finite scale; dropout_p outside [0, 1].
 SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& attn_mask = Tensor(), bool is_causal = false,
                                         double scale = 0.0, double dropout_p = 0.0,
