@@ -140,7 +140,7 @@ Tensor Tensor::grad() const {
   return Tensor(impl_->grad);
 }
 
-void Tensor::set_grad(const Tensor& g) {
+void Tensor::set_grad(const Tensor& g) const {
   check_defined("set_grad");
   if (g.defined() && (g.shape() != shape() || g.dtype() != dtype()))
     fail("set_grad", "gradient {} {} does not match tensor {} {}", shape_str(g.shape()), dtype_name(g.dtype()),
@@ -229,7 +229,7 @@ void check_in_place(std::string_view op, const Tensor& t) {
 }
 }  // namespace
 
-void Tensor::mark_modified() {
+void Tensor::mark_modified() const {
   check_defined("mark_modified");
   ++impl_->storage->version;
 }

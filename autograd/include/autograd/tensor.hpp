@@ -102,7 +102,7 @@ class Tensor {
   Tensor& requires_grad_(bool on = true);
   bool is_leaf() const;
   Tensor grad() const;              // undefined until a backward reached this tensor
-  void set_grad(const Tensor& g);   // replace (undefined clears)
+  void set_grad(const Tensor& g) const;  // replace (undefined clears)
   const std::shared_ptr<Node>& grad_fn() const;
   std::uint32_t output_nr() const;
 
@@ -125,7 +125,7 @@ class Tensor {
   // the handle: every copy of this handle sees the change (PyTorch's `t.data = other`).
   // Clears .grad. Not recorded in any graph.
   Tensor& set_data(const Tensor& other);
-  void mark_modified();
+  void mark_modified() const;
   std::uint64_t version() const;
 
   const std::shared_ptr<TensorImpl>& impl() const { return impl_; }

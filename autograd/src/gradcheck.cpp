@@ -1,0 +1,221 @@
+// gradcheck: analytic gradients (from backward) against central differences, in float64.
+#include "autograd/gradcheck.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/grad_mode.hpp"
+#include "autograd/graph.hpp"
+#include "autograd/random.hpp"
+
+namespace autograd {
+
+namespace {
+
+// Restores the inputs' values and .grad when gradcheck ends, also on an exception.
+class InputState {
+ public:
+  explicit InputState(const std::vector<Tensor>& inputs) : inputs_(inputs) {
+    for (const auto& t : inputs) {
+      values_.push_back(t.to_vector());
+      grads_.push_back(t.grad());
+    }
+  }
+  ~InputState() {
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      restore_values(i);
+      inputs_[i].set_grad(grads_[i]);
+    }
+  }
+  InputState(const InputState&) = delete;
+  InputState& operator=(const InputState&) = delete;
+
+  void restore_values(std::size_t i) const {
+    double* d = inputs_[i].data<double>();
+    for (std::size_t k = 0; k < values_[i].size(); ++k) d[k] = values_[i][k];
+    inputs_[i].mark_modified();
+  }
+  double original(std::size_t i, std::size_t k) const { return values_[i][k]; }
+
+ private:
+  std::vector<Tensor> inputs_;
+  std::vector<std::vector<double>> values_;
+  std::vector<Tensor> grads_;
+};
+
+Tensor evaluate(const GradcheckFn& fn, const std::vector<Tensor>& inputs) {
+  Tensor y = fn(inputs);
+  if (!y.defined()) fail("gradcheck", "the function returned an undefined tensor");
+  if (y.dtype() != Dtype::Float64)
+    fail("gradcheck", "the function returned a {} tensor; gradcheck needs Float64 throughout", dtype_name(y.dtype()));
+  return y;
+}
+
+Shape unravel(std::int64_t flat, const Shape& shape) {
+  Shape idx(shape.size());
+  for (std::int64_t d = static_cast<std::int64_t>(shape.size()) - 1; d >= 0; --d) {
+    idx[d] = shape[d] == 0 ? 0 : flat % shape[d];
+    flat = shape[d] == 0 ? 0 : flat / shape[d];
+  }
+  return idx;
+}
+
+// Compares one analytic/numeric pair and keeps the worst one (largest tolerance ratio).
+struct Tally {
+  const GradcheckOptions& opt;
+  GradcheckResult& r;
+  double worst_ratio = -1.0;
+
+  void add(double analytic, double numeric, std::int64_t input, std::int64_t element, std::int64_t output) {
+    ++r.elements_checked;
+    const double err = std::abs(analytic - numeric);
+    const double scale = std::max(std::abs(analytic), std::abs(numeric));
+    const double rel = scale > 0 ? err / scale : 0.0;
+    const double allowed = opt.atol + opt.rtol * std::abs(numeric);
+    const double ratio = std::isfinite(err) ? err / allowed : std::numeric_limits<double>::infinity();
+    r.max_abs_error = std::max(r.max_abs_error, std::isnan(err) ? std::numeric_limits<double>::infinity() : err);
+    r.max_rel_error = std::max(r.max_rel_error, std::isnan(rel) ? std::numeric_limits<double>::infinity() : rel);
+    if (!(err <= allowed)) r.ok = false;
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      r.worst_input = input;
+      r.worst_element = element;
+      r.worst_output = output;
+      r.analytic = analytic;
+      r.numeric = numeric;
+    }
+  }
+};
+
+}  // namespace
+
+GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const GradcheckOptions& opt) {
+  if (!fn) fail("gradcheck", "no function given");
+  if (!(opt.eps > 0)) fail("gradcheck", "eps must be positive, got {}", opt.eps);
+  std::vector<std::size_t> checked;
+  std::int64_t n_total = 0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) fail("gradcheck", "input {} is undefined", i);
+    if (!t.requires_grad()) continue;
+    if (t.dtype() != Dtype::Float64)
+      fail("gradcheck", "input {} {} is {}; gradcheck needs Float64 inputs", i, shape_str(t.shape()),
+           dtype_name(t.dtype()));
+    if (!t.is_leaf()) fail("gradcheck", "input {} is not a leaf (it was made by '{}')", i, t.grad_fn()->name());
+    checked.push_back(i);
+    n_total += t.numel();
+  }
+  if (checked.empty()) fail("gradcheck", "no input requires grad, so there is nothing to check");
+
+  GradcheckResult r;
+  Tally tally{opt, r};
+  InputState state(inputs);
+  EnableGradGuard grad_on;
+
+  Tensor y = evaluate(fn, inputs);
+  const std::int64_t m = y.numel();
+  r.projected = m * n_total > opt.max_full_jacobian;
+
+  // Analytic vector-Jacobian product vᵀJ for every checked input (zeros where unconnected).
+  auto vjp = [&](const Tensor& v) {
+    for (auto i : checked) inputs[i].set_grad(Tensor());
+    if (y.requires_grad()) y.backward(v, /*retain_graph=*/true);
+    std::vector<std::vector<double>> out;
+    for (auto i : checked) {
+      Tensor g = inputs[i].grad();
+      out.push_back(g.defined() ? g.to_vector() : std::vector<double>(static_cast<std::size_t>(inputs[i].numel()), 0.0));
+    }
+    return out;
+  };
+
+  if (!r.projected) {
+    // Full Jacobian: m backward passes for the analytic rows, 2n forward passes for the numeric columns.
+    std::vector<std::vector<std::vector<double>>> analytic;  // [output][checked input][element]
+    for (std::int64_t j = 0; j < m; ++j) {
+      Tensor onehot = zeros(y.shape(), Dtype::Float64);
+      onehot.data<double>()[j] = 1.0;
+      analytic.push_back(vjp(onehot));
+    }
+    y = Tensor();  // free the graph before perturbing its inputs
+    NoGradGuard no_grad;
+    for (std::size_t c = 0; c < checked.size(); ++c) {
+      const std::size_t i = checked[c];
+      double* x = inputs[i].data<double>();
+      for (std::int64_t k = 0; k < inputs[i].numel(); ++k) {
+        const double x0 = state.original(i, static_cast<std::size_t>(k));
+        x[k] = x0 + opt.eps;
+        inputs[i].mark_modified();
+        const auto plus = evaluate(fn, inputs).to_vector();
+        x[k] = x0 - opt.eps;
+        inputs[i].mark_modified();
+        const auto minus = evaluate(fn, inputs).to_vector();
+        x[k] = x0;
+        inputs[i].mark_modified();
+        if (static_cast<std::int64_t>(plus.size()) != m || static_cast<std::int64_t>(minus.size()) != m)
+          fail("gradcheck", "the function's output size changed between evaluations");
+        for (std::int64_t j = 0; j < m; ++j) {
+          const double numeric = (plus[j] - minus[j]) / (2.0 * opt.eps);
+          tally.add(analytic[j][c][k], numeric, static_cast<std::int64_t>(i), k, j);
+        }
+      }
+    }
+  } else {
+    // Random projections: compare vᵀJu, analytic (one backward) against numeric (two forwards).
+    Generator gen(opt.seed);
+    for (int p = 0; p < opt.num_projections; ++p) {
+      Tensor v = randn(y.shape(), Dtype::Float64, gen);
+      const auto g = vjp(v);
+      std::vector<std::vector<double>> u;
+      double analytic = 0.0;
+      for (std::size_t c = 0; c < checked.size(); ++c) {
+        u.push_back(randn({inputs[checked[c]].numel()}, Dtype::Float64, gen).to_vector());
+        for (std::size_t k = 0; k < u[c].size(); ++k) analytic += g[c][k] * u[c][k];
+      }
+      const auto vv = v.to_vector();
+      auto directional = [&](double step) {
+        NoGradGuard no_grad;
+        for (std::size_t c = 0; c < checked.size(); ++c) {
+          const std::size_t i = checked[c];
+          double* x = inputs[i].data<double>();
+          for (std::size_t k = 0; k < u[c].size(); ++k) x[k] = state.original(i, k) + step * u[c][k];
+          inputs[i].mark_modified();
+        }
+        const auto out = evaluate(fn, inputs).to_vector();
+        double dot = 0.0;
+        for (std::size_t j = 0; j < out.size(); ++j) dot += vv[j] * out[j];
+        return dot;
+      };
+      const double numeric = (directional(opt.eps) - directional(-opt.eps)) / (2.0 * opt.eps);
+      for (auto i : checked) state.restore_values(i);
+      tally.add(analytic, numeric, -1, p, -1);
+    }
+  }
+
+  if (r.worst_input >= 0) r.worst_index = unravel(r.worst_element, inputs[static_cast<std::size_t>(r.worst_input)].shape());
+  if (!r.ok) {
+    r.message = r.projected
+        ? fmt::format("projection {}: analytic {:.10g} vs numeric {:.10g}", r.worst_element, r.analytic, r.numeric)
+        : fmt::format("input {} element {} {} (output element {}): analytic {:.10g} vs numeric {:.10g}",
+                      r.worst_input, r.worst_element, shape_str(r.worst_index), r.worst_output, r.analytic,
+                      r.numeric);
+  }
+  return r;
+}
+
+}  // namespace autograd
+
+fmt::format_context::iterator fmt::formatter<autograd::GradcheckResult>::format(const autograd::GradcheckResult& r,
+                                                                              fmt::format_context& ctx) const {
+  std::string text = fmt::format(
+      "gradcheck {}: {} {} checked, max abs error {:.3e}, max rel error {:.3e}", r.ok ? "ok" : "FAILED",
+      r.elements_checked, r.projected ? "random projections" : "Jacobian elements", r.max_abs_error, r.max_rel_error);
+  if (r.worst_input >= 0 || r.projected) {
+    text += r.projected
+        ? fmt::format("; worst: projection {}, analytic {:.10g}, numeric {:.10g}", r.worst_element, r.analytic,
+                      r.numeric)
+        : fmt::format("; worst: input {} element {} {} (output element {}), analytic {:.10g}, numeric {:.10g}",
+                      r.worst_input, r.worst_element, autograd::shape_str(r.worst_index), r.worst_output,
+                      r.analytic, r.numeric);
+  }
+  return fmt::formatter<std::string_view>::format(text, ctx);
+}
