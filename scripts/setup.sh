@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages headgrad needs (when missing), configures and builds it.
+# Usage: scripts/setup.sh [build-dir] [extra cmake args...]   (default build dir: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake make g++ libeigen3-dev libfmt-dev libboost-test-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+build_dir=${1:-build}
+shift || true
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake --build "$build_dir" -j"$(nproc)"
