@@ -1,0 +1,328 @@
+// Binary elementwise ops with NumPy broadcasting, their scalar forms, the operators, and the
+// selections by mask (masked_fill, where). Gradients of broadcast inputs are summed back to
+// each input's shape with sum_to.
+#include <cmath>
+#include <string_view>
+
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+#include "ops/kernels.hpp"
+
+namespace autograd {
+
+using kernels::scalar_t;
+
+namespace {
+
+void check_defined_args(std::string_view op, const Tensor& a, const Tensor& b) {
+  if (!a.defined()) fail(op, "first argument is an undefined tensor");
+  if (!b.defined()) fail(op, "second argument is an undefined tensor");
+}
+
+// Both defined, same dtype; returns the broadcast shape (or throws naming both shapes).
+Shape check_binary(std::string_view op, const Tensor& a, const Tensor& b) {
+  check_defined_args(op, a, b);
+  if (a.dtype() != b.dtype()) fail(op, "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
+  return broadcast_shapes(op, a.shape(), b.shape());
+}
+
+void check_defined_arg(std::string_view op, const Tensor& x) {
+  if (!x.defined()) fail(op, "argument is an undefined tensor");
+}
+
+// The gradient of input i, or an undefined tensor when nobody needs it.
+template <class F>
+Tensor grad_if(const Node& node, std::size_t i, F&& f) {
+  return node.needs_input_grad(i) ? f() : Tensor();
+}
+
+// A mask or condition in the dtype of the data it selects (masks carry no gradient).
+Tensor as_selector(const Tensor& m, Dtype dtype) { return m.dtype() == dtype ? m.detach() : m.detach().to(dtype); }
+
+}  // namespace
+
+// ---- tensor ∘ tensor ----
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  const Shape shape = check_binary("add", a, b);
+  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x + z; });
+  if (!needs_grad(a, b)) return y;
+  // y = a + b  =>  da = sum_to(dy), db = sum_to(dy)
+  return record("add", {a, b}, y, [](const TensorList& g, const Node& n) {
+    return TensorList{grad_if(n, 0, [&] { return sum_to(g[0], n.input_meta[0].shape); }),
+                      grad_if(n, 1, [&] { return sum_to(g[0], n.input_meta[1].shape); })};
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  const Shape shape = check_binary("sub", a, b);
+  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x - z; });
+  if (!needs_grad(a, b)) return y;
+  // y = a - b  =>  da = sum_to(dy), db = -sum_to(dy)
+  return record("sub", {a, b}, y, [](const TensorList& g, const Node& n) {
+    return TensorList{grad_if(n, 0, [&] { return sum_to(g[0], n.input_meta[0].shape); }),
+                      grad_if(n, 1, [&] { return neg(sum_to(g[0], n.input_meta[1].shape)); })};
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  const Shape shape = check_binary("mul", a, b);
+  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x * z; });
+  if (!needs_grad(a, b)) return y;
+  // y = a·b  =>  da = sum_to(dy·b), db = sum_to(dy·a)
+  SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(a.requires_grad() ? b : Tensor());
+  return record("mul", {a, b}, y, [saved_a, saved_b](const TensorList& g, const Node& n) {
+    return TensorList{grad_if(n, 0, [&] { return sum_to(mul(g[0], saved_b.get("mul")), n.input_meta[0].shape); }),
+                      grad_if(n, 1, [&] { return sum_to(mul(g[0], saved_a.get("mul")), n.input_meta[1].shape); })};
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  const Shape shape = check_binary("div", a, b);
+  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x / z; });
+  if (!needs_grad(a, b)) return y;
+  // y = a / b  =>  da = sum_to(dy / b), db = sum_to(-dy·a / b²)
+  SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(b);
+  return record("div", {a, b}, y, [saved_a, saved_b](const TensorList& g, const Node& n) {
+    const Tensor bv = saved_b.get("div");
+    return TensorList{
+        grad_if(n, 0, [&] { return sum_to(div(g[0], bv), n.input_meta[0].shape); }),
+        grad_if(n, 1, [&] {
+          const Tensor av = saved_a.get("div");
+          return sum_to(kernels::map<3>(g[0].shape(), {g[0], av, bv},
+                                        [](const auto& dy, const auto& x, const auto& z) { return -dy * x / (z * z); }),
+                        n.input_meta[1].shape);
+        })};
+  });
+}
+
+Tensor pow(const Tensor& a, const Tensor& b) {
+  const Shape shape = check_binary("pow", a, b);
+  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x.pow(z); });
+  if (!needs_grad(a, b)) return y;
+  // y = a^b  =>  da = sum_to(dy·b·a^(b-1)),  db = sum_to(dy·y·ln a)
+  // (PyTorch's conventions: da = 0 where b == 0, db = 0 where a == 0 and b >= 0.)
+  SavedTensor saved_a(a), saved_b(b), saved_y(b.requires_grad() ? y : Tensor());
+  return record("pow", {a, b}, y, [saved_a, saved_b, saved_y](const TensorList& g, const Node& n) {
+    const Tensor av = saved_a.get("pow"), bv = saved_b.get("pow");
+    return TensorList{
+        grad_if(n, 0, [&] {
+          return sum_to(kernels::map<3>(g[0].shape(), {g[0], av, bv},
+                                        [](const auto& dy, const auto& x, const auto& z) {
+                                          using T = scalar_t<decltype(dy)>;
+                                          return (z == T(0)).select(T(0), dy * z * x.pow(z - T(1)));
+                                        }),
+                        n.input_meta[0].shape);
+        }),
+        grad_if(n, 1, [&] {
+          const Tensor yv = saved_y.get("pow");
+          return sum_to(kernels::map<4>(g[0].shape(), {g[0], yv, av, bv},
+                                        [](const auto& dy, const auto& out, const auto& x, const auto& z) {
+                                          using T = scalar_t<decltype(dy)>;
+                                          return (x == T(0) && z >= T(0)).select(T(0), dy * out * x.log());
+                                        }),
+                        n.input_meta[1].shape);
+        })};
+  });
+}
+
+namespace {
+
+// maximum/minimum: the gradient goes to the input that won, split evenly on ties (PyTorch).
+template <bool IsMax>
+Tensor extremum(std::string_view op, const Tensor& a, const Tensor& b) {
+  const Shape shape = check_binary(op, a, b);
+  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) {
+    using T = scalar_t<decltype(x)>;
+    // NaN in either input gives NaN, like PyTorch.
+    if constexpr (IsMax) {
+      return x.binaryExpr(z, Eigen::internal::scalar_max_op<T, T, Eigen::PropagateNaN>());
+    } else {
+      return x.binaryExpr(z, Eigen::internal::scalar_min_op<T, T, Eigen::PropagateNaN>());
+    }
+  });
+  if (!needs_grad(a, b)) return y;
+  // y = max(a, b)  =>  da = sum_to(dy·[a > b] + dy/2·[a == b]), db likewise with a and b swapped
+  SavedTensor saved_a(a), saved_b(b);
+  return record(std::string(op), {a, b}, y, [saved_a, saved_b, op](const TensorList& g, const Node& n) {
+    const Tensor av = saved_a.get(op), bv = saved_b.get(op);
+    auto share = [&](const Tensor& self, const Tensor& other, std::size_t i) {
+      return sum_to(kernels::map<3>(g[0].shape(), {g[0], self, other},
+                                    [](const auto& dy, const auto& s, const auto& o) {
+                                      using T = scalar_t<decltype(dy)>;
+                                      if constexpr (IsMax) {
+                                        return (s > o).select(dy, (s == o).select(dy * T(0.5), T(0)));
+                                      } else {
+                                        return (s < o).select(dy, (s == o).select(dy * T(0.5), T(0)));
+                                      }
+                                    }),
+                    n.input_meta[i].shape);
+    };
+    return TensorList{grad_if(n, 0, [&] { return share(av, bv, 0); }), grad_if(n, 1, [&] { return share(bv, av, 1); })};
+  });
+}
+
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return extremum<true>("maximum", a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extremum<false>("minimum", a, b); }
+
+// ---- tensor ∘ scalar ----
+
+Tensor add(const Tensor& a, double b) {
+  check_defined_arg("add", a);
+  Tensor y = kernels::map1(a, [b](const auto& x) { return x + scalar_t<decltype(x)>(b); });
+  if (!needs_grad(a)) return y;
+  // y = a + c  =>  da = dy
+  return record("add", {a}, y, [](const TensorList& g, const Node&) { return TensorList{g[0]}; });
+}
+
+Tensor sub(const Tensor& a, double b) {
+  check_defined_arg("sub", a);
+  Tensor y = kernels::map1(a, [b](const auto& x) { return x - scalar_t<decltype(x)>(b); });
+  if (!needs_grad(a)) return y;
+  // y = a - c  =>  da = dy
+  return record("sub", {a}, y, [](const TensorList& g, const Node&) { return TensorList{g[0]}; });
+}
+
+Tensor rsub(const Tensor& a, double b) {
+  check_defined_arg("rsub", a);
+  Tensor y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) - x; });
+  if (!needs_grad(a)) return y;
+  // y = c - a  =>  da = -dy
+  return record("rsub", {a}, y, [](const TensorList& g, const Node&) { return TensorList{neg(g[0])}; });
+}
+
+Tensor mul(const Tensor& a, double b) {
+  check_defined_arg("mul", a);
+  Tensor y = kernels::map1(a, [b](const auto& x) { return x * scalar_t<decltype(x)>(b); });
+  if (!needs_grad(a)) return y;
+  // y = a·c  =>  da = dy·c
+  return record("mul", {a}, y, [b](const TensorList& g, const Node&) { return TensorList{mul(g[0], b)}; });
+}
+
+Tensor div(const Tensor& a, double b) {
+  check_defined_arg("div", a);
+  Tensor y = kernels::map1(a, [b](const auto& x) { return x / scalar_t<decltype(x)>(b); });
+  if (!needs_grad(a)) return y;
+  // y = a / c  =>  da = dy / c
+  return record("div", {a}, y, [b](const TensorList& g, const Node&) { return TensorList{div(g[0], b)}; });
+}
+
+Tensor rdiv(const Tensor& a, double b) {
+  check_defined_arg("rdiv", a);
+  Tensor y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) / x; });
+  if (!needs_grad(a)) return y;
+  // y = c / a  =>  da = -dy·c / a² = -dy·y / a
+  SavedTensor saved_a(a), saved_y(y);
+  return record("rdiv", {a}, y, [saved_a, saved_y](const TensorList& g, const Node&) {
+    return TensorList{kernels::map<3>(g[0].shape(), {g[0], saved_y.get("rdiv"), saved_a.get("rdiv")},
+                                      [](const auto& dy, const auto& out, const auto& x) { return -dy * out / x; })};
+  });
+}
+
+Tensor pow(const Tensor& a, double exponent) {
+  check_defined_arg("pow", a);
+  Tensor y;
+  if (exponent == 2.0) {
+    y = kernels::map1(a, [](const auto& x) { return x.square(); });
+  } else if (exponent == 1.0) {
+    y = kernels::map1(a, [](const auto& x) { return x; });
+  } else if (exponent == 0.5) {
+    y = kernels::map1(a, [](const auto& x) { return x.sqrt(); });
+  } else if (exponent == -1.0) {
+    y = kernels::map1(a, [](const auto& x) { return x.inverse(); });
+  } else {
+    y = kernels::map1(a, [exponent](const auto& x) { return x.pow(scalar_t<decltype(x)>(exponent)); });
+  }
+  if (!needs_grad(a)) return y;
+  // y = a^e  =>  da = dy·e·a^(e-1)   (0 when e == 0)
+  SavedTensor saved_a(a);
+  return record("pow", {a}, y, [saved_a, exponent](const TensorList& g, const Node&) {
+    if (exponent == 0.0) return TensorList{zeros_like(g[0])};
+    const Tensor av = saved_a.get("pow");
+    if (exponent == 2.0)
+      return TensorList{kernels::map<2>(g[0].shape(), {g[0], av}, [](const auto& dy, const auto& x) {
+        return dy * x * scalar_t<decltype(dy)>(2);
+      })};
+    return TensorList{kernels::map<2>(g[0].shape(), {g[0], av}, [exponent](const auto& dy, const auto& x) {
+      using T = scalar_t<decltype(dy)>;
+      return dy * T(exponent) * x.pow(T(exponent - 1.0));
+    })};
+  });
+}
+
+// ---- operators ----
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, double b) { return div(a, b); }
+Tensor operator+(double a, const Tensor& b) { return add(b, a); }
+Tensor operator-(double a, const Tensor& b) { return rsub(b, a); }
+Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+Tensor operator/(double a, const Tensor& b) { return rdiv(b, a); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+
+// ---- selection by mask ----
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  check_defined_args("masked_fill", x, mask);
+  if (broadcast_shapes("masked_fill", x.shape(), mask.shape()) != x.shape())
+    fail("masked_fill", "mask of shape {} cannot be broadcast to the input's shape {}", shape_str(mask.shape()),
+         shape_str(x.shape()));
+  const Tensor m = as_selector(mask, x.dtype());
+  Tensor y = kernels::map<2>(x.shape(), {x, m}, [value](const auto& v, const auto& keep_out) {
+    using T = scalar_t<decltype(v)>;
+    return (keep_out != T(0)).select(T(value), v);
+  });
+  if (!needs_grad(x)) return y;
+  // y = mask ? c : x  =>  dx = mask ? 0 : dy
+  SavedTensor saved_mask(m);
+  return record("masked_fill", {x}, y, [saved_mask](const TensorList& g, const Node&) {
+    return TensorList{kernels::map<2>(g[0].shape(), {g[0], saved_mask.get("masked_fill")},
+                                      [](const auto& dy, const auto& keep_out) {
+                                        using T = scalar_t<decltype(dy)>;
+                                        return (keep_out != T(0)).select(T(0), dy);
+                                      })};
+  });
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (!cond.defined()) fail("where", "condition is an undefined tensor");
+  const Shape ab = check_binary("where", a, b);
+  const Shape shape = broadcast_shapes("where", cond.shape(), ab);
+  const Tensor c = as_selector(cond, a.dtype());
+  Tensor y = kernels::map<3>(shape, {c, a, b}, [](const auto& take_a, const auto& x, const auto& z) {
+    using T = scalar_t<decltype(x)>;
+    return (take_a != T(0)).select(x, z);
+  });
+  if (!needs_grad(a, b)) return y;
+  // y = cond ? a : b  =>  da = sum_to(cond ? dy : 0), db = sum_to(cond ? 0 : dy)
+  SavedTensor saved_cond(c);
+  return record("where", {a, b}, y, [saved_cond](const TensorList& g, const Node& n) {
+    const Tensor cv = saved_cond.get("where");
+    return TensorList{grad_if(n, 0, [&] {
+                        return sum_to(kernels::map<2>(g[0].shape(), {g[0], cv},
+                                                      [](const auto& dy, const auto& take_a) {
+                                                        using T = scalar_t<decltype(dy)>;
+                                                        return (take_a != T(0)).select(dy, T(0));
+                                                      }),
+                                      n.input_meta[0].shape);
+                      }),
+                      grad_if(n, 1, [&] {
+                        return sum_to(kernels::map<2>(g[0].shape(), {g[0], cv},
+                                                      [](const auto& dy, const auto& take_a) {
+                                                        using T = scalar_t<decltype(dy)>;
+                                                        return (take_a != T(0)).select(T(0), dy);
+                                                      }),
+                                      n.input_meta[1].shape);
+                      })};
+  });
+}
+
+}  // namespace autograd

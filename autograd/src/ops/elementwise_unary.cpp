@@ -1,0 +1,177 @@
+// Unary elementwise ops. Each forward is one vectorised Eigen array expression over the whole
+// buffer (split across threads when large); each backward is one more.
+#include <cmath>
+#include <string_view>
+
+#include <unsupported/Eigen/SpecialFunctions>  // erf, for the exact gelu
+
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+#include "ops/kernels.hpp"
+
+namespace autograd {
+
+using kernels::scalar_t;
+
+namespace {
+
+void check_defined_arg(std::string_view op, const Tensor& x) {
+  if (!x.defined()) fail(op, "argument is an undefined tensor");
+}
+
+// dx = f(dy, saved) elementwise, as the whole backward of a one-input op.
+template <class F>
+BackwardFn backward_with(std::string_view op, const Tensor& saved, F f) {
+  return [op, saved_t = SavedTensor(saved), f](const TensorList& g, const Node&) {
+    return TensorList{kernels::map<2>(g[0].shape(), {g[0], saved_t.get(op)}, f)};
+  };
+}
+
+constexpr double kSqrt1_2 = 0.70710678118654752440;     // 1/√2
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/√(2π)
+constexpr double kSqrt2OverPi = 0.79788456080286535588; // √(2/π)
+constexpr double kGeluCubic = 0.044715;
+
+}  // namespace
+
+Tensor neg(const Tensor& x) {
+  check_defined_arg("neg", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return -v; });
+  if (!needs_grad(x)) return y;
+  // y = -x  =>  dx = -dy
+  return record("neg", {x}, y, [](const TensorList& g, const Node&) { return TensorList{neg(g[0])}; });
+}
+
+Tensor exp(const Tensor& x) {
+  check_defined_arg("exp", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.exp(); });
+  if (!needs_grad(x)) return y;
+  // y = eˣ  =>  dx = dy·y
+  return record("exp", {x}, y, backward_with("exp", y, [](const auto& dy, const auto& out) { return dy * out; }));
+}
+
+Tensor log(const Tensor& x) {
+  check_defined_arg("log", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.log(); });
+  if (!needs_grad(x)) return y;
+  // y = ln x  =>  dx = dy / x
+  return record("log", {x}, y, backward_with("log", x, [](const auto& dy, const auto& v) { return dy / v; }));
+}
+
+Tensor sqrt(const Tensor& x) {
+  check_defined_arg("sqrt", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.sqrt(); });
+  if (!needs_grad(x)) return y;
+  // y = √x  =>  dx = dy / (2y)
+  return record("sqrt", {x}, y, backward_with("sqrt", y, [](const auto& dy, const auto& out) {
+                  return dy * scalar_t<decltype(dy)>(0.5) / out;
+                }));
+}
+
+Tensor rsqrt(const Tensor& x) {
+  check_defined_arg("rsqrt", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.rsqrt(); });
+  if (!needs_grad(x)) return y;
+  // y = x^(-1/2)  =>  dx = -dy·y³/2
+  return record("rsqrt", {x}, y, backward_with("rsqrt", y, [](const auto& dy, const auto& out) {
+                  return dy * scalar_t<decltype(dy)>(-0.5) * out.cube();
+                }));
+}
+
+Tensor square(const Tensor& x) {
+  check_defined_arg("square", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.square(); });
+  if (!needs_grad(x)) return y;
+  // y = x²  =>  dx = 2x·dy
+  return record("square", {x}, y, backward_with("square", x, [](const auto& dy, const auto& v) {
+                  return dy * v * scalar_t<decltype(dy)>(2);
+                }));
+}
+
+Tensor abs(const Tensor& x) {
+  check_defined_arg("abs", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.abs(); });
+  if (!needs_grad(x)) return y;
+  // y = |x|  =>  dx = dy·sign(x)   (sign(0) = 0)
+  return record("abs", {x}, y, backward_with("abs", x, [](const auto& dy, const auto& v) { return dy * v.sign(); }));
+}
+
+Tensor tanh(const Tensor& x) {
+  check_defined_arg("tanh", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.tanh(); });
+  if (!needs_grad(x)) return y;
+  // y = tanh x  =>  dx = dy·(1 - y²)
+  return record("tanh", {x}, y, backward_with("tanh", y, [](const auto& dy, const auto& out) {
+                  return dy * (scalar_t<decltype(dy)>(1) - out.square());
+                }));
+}
+
+Tensor sigmoid(const Tensor& x) {
+  check_defined_arg("sigmoid", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.logistic(); });
+  if (!needs_grad(x)) return y;
+  // y = 1 / (1 + e⁻ˣ)  =>  dx = dy·y·(1 - y)
+  return record("sigmoid", {x}, y, backward_with("sigmoid", y, [](const auto& dy, const auto& out) {
+                  return dy * out * (scalar_t<decltype(dy)>(1) - out);
+                }));
+}
+
+Tensor relu(const Tensor& x) {
+  check_defined_arg("relu", x);
+  Tensor y = kernels::map1(x, [](const auto& v) { return v.max(scalar_t<decltype(v)>(0)); });
+  if (!needs_grad(x)) return y;
+  // y = max(x, 0)  =>  dx = dy·[x > 0]
+  return record("relu", {x}, y, backward_with("relu", x, [](const auto& dy, const auto& v) {
+                  using T = scalar_t<decltype(dy)>;
+                  return (v > T(0)).select(dy, T(0));
+                }));
+}
+
+Tensor gelu(const Tensor& x, bool tanh_approximation) {
+  check_defined_arg("gelu", x);
+  if (tanh_approximation) {
+    // y = x/2 · (1 + tanh u),  u = √(2/π)·(x + 0.044715·x³)
+    Tensor y = kernels::map1(x, [](const auto& v) {
+      using T = scalar_t<decltype(v)>;
+      return T(0.5) * v * (T(1) + (T(kSqrt2OverPi) * (v + T(kGeluCubic) * v.cube())).tanh());
+    });
+    if (!needs_grad(x)) return y;
+    // dy/dx = (1 + t)/2 + x/2 · (1 - t²) · √(2/π)·(1 + 3·0.044715·x²),  t = tanh u
+    return record("gelu", {x}, y, backward_with("gelu", x, [](const auto& dy, const auto& v) {
+                    using T = scalar_t<decltype(dy)>;
+                    const auto t = (T(kSqrt2OverPi) * (v + T(kGeluCubic) * v.cube())).tanh();
+                    const auto du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v.square());
+                    return dy * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t.square()) * du);
+                  }));
+  }
+  // y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
+  Tensor y = kernels::map1(x, [](const auto& v) {
+    using T = scalar_t<decltype(v)>;
+    return T(0.5) * v * (T(1) + (v * T(kSqrt1_2)).erf());
+  });
+  if (!needs_grad(x)) return y;
+  // dy/dx = Φ(x) + x·φ(x),  φ(x) = e^(-x²/2) / √(2π)
+  return record("gelu", {x}, y, backward_with("gelu", x, [](const auto& dy, const auto& v) {
+                  using T = scalar_t<decltype(dy)>;
+                  return dy * (T(0.5) * (T(1) + (v * T(kSqrt1_2)).erf()) +
+                               v * T(kInvSqrt2Pi) * (T(-0.5) * v.square()).exp());
+                }));
+}
+
+Tensor clamp(const Tensor& x, double min, double max) {
+  check_defined_arg("clamp", x);
+  if (std::isnan(min) || std::isnan(max)) fail("clamp", "bounds must not be NaN (got min {}, max {})", min, max);
+  if (min > max) fail("clamp", "min {} is greater than max {}", min, max);
+  Tensor y = kernels::map1(x, [min, max](const auto& v) {
+    using T = scalar_t<decltype(v)>;
+    return v.max(T(min)).min(T(max));
+  });
+  if (!needs_grad(x)) return y;
+  // y = min(max(x, lo), hi)  =>  dx = dy·[lo < x < hi]
+  return record("clamp", {x}, y, backward_with("clamp", x, [min, max](const auto& dy, const auto& v) {
+                  using T = scalar_t<decltype(dy)>;
+                  return (v > T(min) && v < T(max)).select(dy, T(0));
+                }));
+}
+
+}  // namespace autograd
