@@ -1,0 +1,52 @@
+// Dropout: in training each element is zeroed with probability p and the survivors are scaled
+// by 1/(1-p), so the expectation is unchanged. The mask comes from the given Generator, one
+// uniform draw per element in row-major order, so a seed fixes it.
+#include <cmath>
+
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+
+namespace autograd {
+
+namespace {
+
+// out = a * mask elementwise (same shape and dtype).
+Tensor times_mask(const Tensor& a, const Tensor& mask) {
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  dispatch(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    using Map = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out.data<T>(), out.numel()) =
+        Map(a.data<T>(), a.numel()) * Map(mask.data<T>(), mask.numel());
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  if (!x.defined()) fail("dropout", "tensor is undefined");
+  if (!(p >= 0.0 && p <= 1.0)) fail("dropout", "p must be in [0, 1], got {}", p);
+  if (!training || p == 0.0) return x;
+
+  // mask = 1/(1-p) where kept, 0 where dropped; p == 1 drops everything (mask all zero, no 1/0).
+  Tensor mask = Tensor::empty(x.shape(), x.dtype());
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+    T* m = mask.data<T>();
+    for (std::int64_t i = 0; i < mask.numel(); ++i) m[i] = gen.uniform() >= p ? scale : T(0);
+  });
+  Tensor y = times_mask(x, mask);
+  if (needs_grad(x)) {
+    // y = x · mask  =>  dx = dy · mask  (the same mask: it is kept, not redrawn)
+    return record("dropout", {x}, y, [mask = SavedTensor(mask)](const TensorList& g, const Node&) {
+      return TensorList{times_mask(g[0], mask.get("dropout"))};
+    });
+  }
+  return y;
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) { return dropout(x, p, training, default_generator()); }
+
+}  // namespace autograd

@@ -1,0 +1,116 @@
+// Indexing: index_select along any dim and embedding lookup. The gradient is scattered back
+// with +=, so an index that appears twice collects both gradients.
+#include <cmath>
+#include <cstring>
+
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+
+namespace autograd {
+
+namespace {
+
+constexpr std::int64_t kParallelElements = 1 << 16;
+
+std::int64_t product(const Shape& s, std::size_t begin, std::size_t end) {
+  std::int64_t n = 1;
+  for (std::size_t i = begin; i < end; ++i) n *= s[i];
+  return n;
+}
+
+// The values of an index tensor as integers; each must be a whole number.
+std::vector<std::int64_t> to_indices(std::string_view op, const Tensor& index) {
+  if (!index.defined()) fail(op, "index tensor is undefined");
+  const std::vector<double> values = index.to_vector();
+  std::vector<std::int64_t> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const double v = values[i];
+    if (!std::isfinite(v) || v != std::floor(v) || std::fabs(v) > 9.0e15)
+      fail(op, "indices must hold integral values, got {} at position {} of index shape {}", v, i,
+           shape_str(index.shape()));
+    out[i] = static_cast<std::int64_t>(v);
+  }
+  return out;
+}
+
+// y = x[..., index[k], ...] along dim d, shaped out_shape (the caller's layout of
+// [outer, index.size(), inner]); recorded as `op`.
+Tensor gather_along(std::string op, const Tensor& x, std::int64_t d, std::vector<std::int64_t> index,
+                    const Shape& out_shape) {
+  const Shape& in = x.shape();
+  const std::int64_t size = in[static_cast<std::size_t>(d)];
+  for (std::size_t k = 0; k < index.size(); ++k)
+    if (index[k] < 0 || index[k] >= size)
+      fail(op, "index {} (at position {}) is out of range for dim {} of size {} (shape {})", index[k], k, d, size,
+           shape_str(in));
+  const std::int64_t outer = product(in, 0, static_cast<std::size_t>(d));
+  const std::int64_t inner = product(in, static_cast<std::size_t>(d) + 1, in.size());
+  const auto count = static_cast<std::int64_t>(index.size());
+  Tensor y = Tensor::empty(out_shape, x.dtype());
+  if (y.numel() > 0) {
+    dispatch(x.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const T* src = x.data<T>();
+      T* dst = y.data<T>();
+#pragma omp parallel for collapse(2) if (y.numel() > kParallelElements)
+      for (std::int64_t o = 0; o < outer; ++o)
+        for (std::int64_t k = 0; k < count; ++k)
+          std::memcpy(dst + (o * count + k) * inner, src + (o * size + index[static_cast<std::size_t>(k)]) * inner,
+                      static_cast<std::size_t>(inner) * sizeof(T));
+    });
+  }
+  if (needs_grad(x)) {
+    // y[o, k, :] = x[o, index[k], :]  =>  dx[o, index[k], :] += dy[o, k, :]
+    return record(std::move(op), {x}, y,
+                  [in_shape = in, index = std::move(index), d](const TensorList& g, const Node&) {
+      const std::int64_t size = in_shape[static_cast<std::size_t>(d)];
+      const std::int64_t outer = product(in_shape, 0, static_cast<std::size_t>(d));
+      const std::int64_t inner = product(in_shape, static_cast<std::size_t>(d) + 1, in_shape.size());
+      const auto count = static_cast<std::int64_t>(index.size());
+      Tensor dx = zeros(in_shape, g[0].dtype());
+      if (g[0].numel() == 0) return TensorList{dx};
+      dispatch(dx.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        const T* src = g[0].data<T>();
+        T* dst = dx.data<T>();
+        // Parallel over `outer` only: within one o, repeated indices add into the same row.
+#pragma omp parallel for if (outer > 1 && g[0].numel() > kParallelElements)
+        for (std::int64_t o = 0; o < outer; ++o)
+          for (std::int64_t k = 0; k < count; ++k) {
+            Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> row(dst + (o * size + index[static_cast<std::size_t>(k)]) * inner, inner);
+            row += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src + (o * count + k) * inner, inner);
+          }
+      });
+      return TensorList{dx};
+    });
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, std::int64_t dim, const std::vector<std::int64_t>& index) {
+  if (!x.defined()) fail("index_select", "tensor is undefined");
+  if (x.dim() == 0) fail("index_select", "cannot index a 0-d tensor");
+  const std::int64_t d = normalize_dim("index_select", dim, x.dim());
+  Shape out_shape = x.shape();
+  out_shape[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(index.size());
+  return gather_along("index_select", x, d, index, out_shape);
+}
+
+Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
+  if (index.defined() && index.dim() > 1)
+    fail("index_select", "index must be 0-d or 1-D, got shape {}", shape_str(index.shape()));
+  return index_select(x, dim, to_indices("index_select", index));
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  if (!weight.defined()) fail("embedding", "weight is undefined");
+  if (weight.dim() != 2) fail("embedding", "weight must be 2-D (V, D), got shape {}", shape_str(weight.shape()));
+  std::vector<std::int64_t> index = to_indices("embedding", indices);
+  Shape out_shape = indices.shape();
+  out_shape.push_back(weight.shape()[1]);
+  return gather_along("embedding", weight, 0, std::move(index), out_shape);
+}
+
+}  // namespace autograd
