@@ -1,0 +1,198 @@
+// matmul with torch.matmul's rules:
+//   [K]·[K] -> []                     dot product
+//   [M, K]·[K, N] -> [M, N]
+//   [K]·[..., K, N] -> [..., N]       the vector is promoted to [1, K], the 1 removed after
+//   [..., M, K]·[K] -> [..., M]       the vector is promoted to [K, 1], the 1 removed after
+//   [...a, M, K]·[...b, K, N] -> [broadcast(...a, ...b), M, N]
+// Each batch slice is one GEMM on Eigen maps of the row-major storage (no copies). When B has
+// no batch dims, A's batch folds into its rows and the whole product is a single GEMM, forward
+// and backward.
+#include <memory>
+
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+
+namespace autograd {
+namespace {
+
+template <class T>
+using Mat = Eigen::Map<RowMatrix<T>>;
+template <class T>
+using ConstMat = Eigen::Map<const RowMatrix<T>>;
+
+// Below this many multiply-adds a batched product runs its slices on one thread.
+constexpr std::int64_t kParallelFlops = 1 << 16;
+
+// Shapes after 1-D promotion, and which matrix of A and B each output batch slice uses.
+struct MatmulPlan {
+  Shape out_shape;
+  std::int64_t m = 0, k = 0, n = 0;
+  std::int64_t batch = 1;                // output batch slices
+  std::int64_t a_mats = 1, b_mats = 1;   // matrices stored in A and B
+  std::vector<std::int64_t> a_index, b_index;  // per output slice
+
+  // A's batch covers the output's, B has none: fold A's batch into rows.
+  bool folds() const { return b_mats == 1 && a_mats == batch; }
+  bool parallel() const { return batch > 1 && batch * m * k * n >= kParallelFlops; }
+};
+
+MatmulPlan make_plan(const Shape& a, const Shape& b) {
+  if (a.empty() || b.empty())
+    fail("matmul", "both arguments need at least one dimension, got {} x {}", shape_str(a), shape_str(b));
+  const Shape a2 = a.size() == 1 ? Shape{1, a[0]} : a;
+  const Shape b2 = b.size() == 1 ? Shape{b[0], 1} : b;
+  MatmulPlan p;
+  p.m = a2[a2.size() - 2];
+  p.k = a2[a2.size() - 1];
+  p.n = b2[b2.size() - 1];
+  if (b2[b2.size() - 2] != p.k) fail("matmul", "inner dimensions differ: {} x {}", shape_str(a), shape_str(b));
+
+  // Batch dims, right-aligned and broadcast; each operand's matrix stride per batch dim (0 where broadcast).
+  const Shape ba(a2.begin(), a2.end() - 2), bb(b2.begin(), b2.end() - 2);
+  const std::size_t rank = std::max(ba.size(), bb.size());
+  Shape batch(rank), a_stride(rank, 0), b_stride(rank, 0);
+  std::int64_t sa = 1, sb = 1;
+  for (std::size_t j = 0; j < rank; ++j) {
+    const std::size_t d = rank - 1 - j;
+    const std::int64_t da = j < ba.size() ? ba[ba.size() - 1 - j] : 1;
+    const std::int64_t db = j < bb.size() ? bb[bb.size() - 1 - j] : 1;
+    if (da != db && da != 1 && db != 1)
+      fail("matmul", "batch dimensions cannot be broadcast: {} x {}", shape_str(a), shape_str(b));
+    batch[d] = std::max(da, db);
+    if (da == 0 || db == 0) batch[d] = 0;
+    a_stride[d] = da == 1 ? 0 : sa;
+    b_stride[d] = db == 1 ? 0 : sb;
+    sa *= da;
+    sb *= db;
+  }
+  p.a_mats = sa;
+  p.b_mats = sb;
+  p.batch = shape_numel(batch);
+  p.a_index.resize(static_cast<std::size_t>(p.batch));
+  p.b_index.resize(static_cast<std::size_t>(p.batch));
+  std::vector<std::int64_t> idx(rank, 0);
+  for (std::int64_t i = 0; i < p.batch; ++i) {
+    std::int64_t ia = 0, ib = 0;
+    for (std::size_t d = 0; d < rank; ++d) {
+      ia += idx[d] * a_stride[d];
+      ib += idx[d] * b_stride[d];
+    }
+    p.a_index[static_cast<std::size_t>(i)] = ia;
+    p.b_index[static_cast<std::size_t>(i)] = ib;
+    for (std::size_t d = rank; d-- > 0;) {  // odometer
+      if (++idx[d] < batch[d]) break;
+      idx[d] = 0;
+    }
+  }
+
+  p.out_shape = batch;
+  if (a.size() > 1) p.out_shape.push_back(p.m);
+  if (b.size() > 1) p.out_shape.push_back(p.n);
+  return p;
+}
+
+// C = A·B over all slices.
+template <class T>
+void forward(const MatmulPlan& p, const T* a, const T* b, T* c) {
+  const std::int64_t m = p.m, k = p.k, n = p.n;
+  if (p.folds()) {
+    Mat<T>(c, p.batch * m, n).noalias() = ConstMat<T>(a, p.batch * m, k) * ConstMat<T>(b, k, n);
+    return;
+  }
+#pragma omp parallel for schedule(static) if (p.parallel())
+  for (std::int64_t i = 0; i < p.batch; ++i) {
+    const auto s = static_cast<std::size_t>(i);
+    Mat<T>(c + i * m * n, m, n).noalias() =
+        ConstMat<T>(a + p.a_index[s] * m * k, m, k) * ConstMat<T>(b + p.b_index[s] * k * n, k, n);
+  }
+}
+
+// C = A·B  =>  dA = dC·Bᵀ  [M,N]x[N,K], summed over the slices that share a matrix of A.
+template <class T>
+void grad_a(const MatmulPlan& p, const T* dc, const T* b, T* da) {
+  const std::int64_t m = p.m, k = p.k, n = p.n;
+  if (p.folds()) {
+    Mat<T>(da, p.batch * m, k).noalias() = ConstMat<T>(dc, p.batch * m, n) * ConstMat<T>(b, k, n).transpose();
+    return;
+  }
+  if (p.a_mats == p.batch) {  // one slice per matrix of A: plain assignment, slices independent
+#pragma omp parallel for schedule(static) if (p.parallel())
+    for (std::int64_t i = 0; i < p.batch; ++i) {
+      const auto s = static_cast<std::size_t>(i);
+      Mat<T>(da + p.a_index[s] * m * k, m, k).noalias() =
+          ConstMat<T>(dc + i * m * n, m, n) * ConstMat<T>(b + p.b_index[s] * k * n, k, n).transpose();
+    }
+    return;
+  }
+  Mat<T>(da, p.a_mats * m, k).setZero();
+  for (std::int64_t i = 0; i < p.batch; ++i) {
+    const auto s = static_cast<std::size_t>(i);
+    Mat<T>(da + p.a_index[s] * m * k, m, k).noalias() +=
+        ConstMat<T>(dc + i * m * n, m, n) * ConstMat<T>(b + p.b_index[s] * k * n, k, n).transpose();
+  }
+}
+
+// C = A·B  =>  dB = Aᵀ·dC  [K,M]x[M,N], summed over the slices that share a matrix of B.
+template <class T>
+void grad_b(const MatmulPlan& p, const T* dc, const T* a, T* db) {
+  const std::int64_t m = p.m, k = p.k, n = p.n;
+  if (p.folds()) {
+    Mat<T>(db, k, n).noalias() = ConstMat<T>(a, p.batch * m, k).transpose() * ConstMat<T>(dc, p.batch * m, n);
+    return;
+  }
+  if (p.b_mats == p.batch) {
+#pragma omp parallel for schedule(static) if (p.parallel())
+    for (std::int64_t i = 0; i < p.batch; ++i) {
+      const auto s = static_cast<std::size_t>(i);
+      Mat<T>(db + p.b_index[s] * k * n, k, n).noalias() =
+          ConstMat<T>(a + p.a_index[s] * m * k, m, k).transpose() * ConstMat<T>(dc + i * m * n, m, n);
+    }
+    return;
+  }
+  Mat<T>(db, p.b_mats * k, n).setZero();
+  for (std::int64_t i = 0; i < p.batch; ++i) {
+    const auto s = static_cast<std::size_t>(i);
+    Mat<T>(db + p.b_index[s] * k * n, k, n).noalias() +=
+        ConstMat<T>(a + p.a_index[s] * m * k, m, k).transpose() * ConstMat<T>(dc + i * m * n, m, n);
+  }
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) fail("matmul", "an argument is undefined");
+  if (a.dtype() != b.dtype())
+    fail("matmul", "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
+  auto plan = std::make_shared<const MatmulPlan>(make_plan(a.shape(), b.shape()));
+  Tensor c = Tensor::empty(plan->out_shape, a.dtype());
+  dispatch(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    forward<T>(*plan, a.data<T>(), b.data<T>(), c.data<T>());
+  });
+  if (needs_grad(a, b)) {
+    // C = A·B  =>  dA = dC·Bᵀ, dB = Aᵀ·dC, each summed over the batch dims it was broadcast along
+    return record("matmul", {a, b}, c,
+                  [plan, a_shape = a.shape(), b_shape = b.shape(), saved_a = SavedTensor(a), saved_b = SavedTensor(b)](
+                      const TensorList& g, const Node& node) {
+                    TensorList grads(2);
+                    const Tensor& dc = g[0];
+                    dispatch(dc.dtype(), [&](auto zero) {
+                      using T = decltype(zero);
+                      if (node.needs_input_grad(0)) {
+                        const Tensor bv = saved_b.get("matmul");
+                        grads[0] = Tensor::empty(a_shape, dc.dtype());
+                        grad_a<T>(*plan, dc.data<T>(), bv.data<T>(), grads[0].data<T>());
+                      }
+                      if (node.needs_input_grad(1)) {
+                        const Tensor av = saved_a.get("matmul");
+                        grads[1] = Tensor::empty(b_shape, dc.dtype());
+                        grad_b<T>(*plan, dc.data<T>(), av.data<T>(), grads[1].data<T>());
+                      }
+                    });
+                    return grads;
+                  });
+  }
+  return c;
+}
+
+}  // namespace autograd
