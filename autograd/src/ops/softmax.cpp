@@ -1,0 +1,193 @@
+// softmax and log_softmax along a dim, numerically stable: the row maximum m is subtracted
+// before exponentiating, so exp never overflows (softmax(x) = exp(x - m) / Σ exp(x - m)).
+//
+// The input is seen as [outer, n, inner] with n the softmax dim. When dim is the last one
+// (inner = 1, the common case) each row is contiguous and is one vectorised pass; otherwise the
+// n rows of each [n, inner] slab are combined elementwise, still walking storage in order.
+//
+// A row whose entries are all -inf (an attention row with every key masked) has no
+// distribution. We define:
+//   softmax     = all zeros, gradient zero   (not NaN: a fully masked query attends to nothing)
+//   log_softmax = all -inf,  gradient zero   (log of those zeros; -inf + ε is still -inf, so
+//                                             the output cannot move)
+// PyTorch returns NaN for both. NaN inputs propagate to their whole row, as in PyTorch.
+#include <cmath>
+#include <limits>
+
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+
+namespace autograd {
+namespace {
+
+template <class T>
+using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T>
+using VecMap = Eigen::Map<Vec<T>>;
+template <class T>
+using ConstVecMap = Eigen::Map<const Vec<T>>;
+
+// Below this many elements a softmax runs on one thread.
+constexpr std::int64_t kParallelElements = 32768;
+
+struct Layout {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+
+Layout layout_of(std::string_view op, const Tensor& x, std::int64_t dim) {
+  if (!x.defined()) fail(op, "the input tensor is undefined");
+  const std::int64_t rank = x.dim();
+  const std::int64_t d = normalize_dim(op, dim, rank);
+  Layout l;
+  if (rank == 0) return l;
+  for (std::int64_t i = 0; i < d; ++i) l.outer *= x.shape()[i];
+  l.n = x.shape()[d];
+  for (std::int64_t i = d + 1; i < rank; ++i) l.inner *= x.shape()[i];
+  return l;
+}
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// y = softmax(x) (log = false) or log_softmax(x) (log = true) along the middle dim of `l`.
+template <class T>
+void forward(const Layout& l, const T* x, T* y, bool log) {
+  const T neg_inf = static_cast<T>(kNegInf);
+  const std::int64_t slab = l.n * l.inner;
+  if (l.inner == 1) {
+#pragma omp parallel for schedule(static) if (l.outer * l.n >= kParallelElements)
+    for (std::int64_t o = 0; o < l.outer; ++o) {
+      ConstVecMap<T> xr(x + o * l.n, l.n);
+      VecMap<T> yr(y + o * l.n, l.n);
+      const T m = xr.template maxCoeff<Eigen::PropagateNaN>();
+      if (m == neg_inf) {  // fully masked row
+        yr.setConstant(log ? neg_inf : T(0));
+      } else if (log) {
+        const T lse = m + std::log((xr - m).exp().sum());
+        yr = xr - lse;
+      } else {
+        yr = (xr - m).exp();
+        yr *= T(1) / yr.sum();
+      }
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (l.outer * slab >= kParallelElements)
+  for (std::int64_t o = 0; o < l.outer; ++o) {
+    const T* xs = x + o * slab;
+    T* ys = y + o * slab;
+    auto row = [&](const T* base, std::int64_t k) { return ConstVecMap<T>(base + k * l.inner, l.inner); };
+    Vec<T> m = row(xs, 0);
+    // a NaN the max skips still reaches the whole column through the sum s
+    for (std::int64_t k = 1; k < l.n; ++k) m = m.max(row(xs, k));
+    m = (m == neg_inf).select(T(0), m);  // fully masked columns: exp(-inf - 0) = 0 below
+    Vec<T> s = Vec<T>::Zero(l.inner);
+    for (std::int64_t k = 0; k < l.n; ++k) {
+      VecMap<T> yk(ys + k * l.inner, l.inner);
+      yk = (row(xs, k) - m).exp();
+      s += yk;
+    }
+    if (log) {
+      // s == 0 only in a fully masked column: keep its -inf
+      const Vec<T> lse = (s == T(0)).select(T(0), m + s.log());
+      for (std::int64_t k = 0; k < l.n; ++k) VecMap<T>(ys + k * l.inner, l.inner) = row(xs, k) - lse;
+    } else {
+      const Vec<T> inv = (s == T(0)).select(T(0), s.inverse());
+      for (std::int64_t k = 0; k < l.n; ++k) VecMap<T>(ys + k * l.inner, l.inner) *= inv;
+    }
+  }
+}
+
+// y = softmax(x)  =>  dx = y ⊙ (dy − Σ_row dy ⊙ y)   (zero on fully masked rows, where y = 0)
+template <class T>
+void softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
+  const std::int64_t slab = l.n * l.inner;
+  if (l.inner == 1) {
+#pragma omp parallel for schedule(static) if (l.outer * l.n >= kParallelElements)
+    for (std::int64_t o = 0; o < l.outer; ++o) {
+      ConstVecMap<T> yr(y + o * l.n, l.n), gr(dy + o * l.n, l.n);
+      const T dot = (yr * gr).sum();
+      VecMap<T>(dx + o * l.n, l.n) = yr * (gr - dot);
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (l.outer * slab >= kParallelElements)
+  for (std::int64_t o = 0; o < l.outer; ++o) {
+    const std::int64_t base = o * slab;
+    Vec<T> dot = Vec<T>::Zero(l.inner);
+    for (std::int64_t k = 0; k < l.n; ++k) {
+      const std::int64_t at = base + k * l.inner;
+      dot += ConstVecMap<T>(y + at, l.inner) * ConstVecMap<T>(dy + at, l.inner);
+    }
+    for (std::int64_t k = 0; k < l.n; ++k) {
+      const std::int64_t at = base + k * l.inner;
+      VecMap<T>(dx + at, l.inner) = ConstVecMap<T>(y + at, l.inner) * (ConstVecMap<T>(dy + at, l.inner) - dot);
+    }
+  }
+}
+
+// y = log_softmax(x)  =>  dx = dy − exp(y) · Σ_row dy   (zero on fully masked rows, y = -inf)
+template <class T>
+void log_softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
+  const T neg_inf = static_cast<T>(kNegInf);
+  const std::int64_t slab = l.n * l.inner;
+  if (l.inner == 1) {
+#pragma omp parallel for schedule(static) if (l.outer * l.n >= kParallelElements)
+    for (std::int64_t o = 0; o < l.outer; ++o) {
+      ConstVecMap<T> yr(y + o * l.n, l.n), gr(dy + o * l.n, l.n);
+      VecMap<T> dr(dx + o * l.n, l.n);
+      // A normal row's maximum has y = -log Σ exp(x - m) > -inf; only a masked row is all -inf.
+      if (yr(0) == neg_inf && yr.maxCoeff() == neg_inf) dr.setZero();
+      else dr = gr - yr.exp() * gr.sum();
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (l.outer * slab >= kParallelElements)
+  for (std::int64_t o = 0; o < l.outer; ++o) {
+    const std::int64_t base = o * slab;
+    Vec<T> s = Vec<T>::Zero(l.inner);
+    Vec<T> top = Vec<T>::Constant(l.inner, neg_inf);
+    for (std::int64_t k = 0; k < l.n; ++k) {
+      const std::int64_t at = base + k * l.inner;
+      s += ConstVecMap<T>(dy + at, l.inner);
+      top = top.max(ConstVecMap<T>(y + at, l.inner));
+    }
+    s = (top == neg_inf).select(T(0), s);
+    for (std::int64_t k = 0; k < l.n; ++k) {
+      const std::int64_t at = base + k * l.inner;
+      VecMap<T>(dx + at, l.inner) = (top == neg_inf)
+                                        .select(T(0), ConstVecMap<T>(dy + at, l.inner) -
+                                                          ConstVecMap<T>(y + at, l.inner).exp() * s);
+    }
+  }
+}
+
+Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool log) {
+  const Layout l = layout_of(op, x, dim);
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  if (x.numel() > 0) {
+    dispatch(x.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      forward<T>(l, x.data<T>(), y.data<T>(), log);
+    });
+  }
+  if (!needs_grad(x)) return y;
+  return record(std::string(op), {x}, y, [l, log, saved_y = SavedTensor(y)](const TensorList& g, const Node&) {
+    const Tensor yv = saved_y.get(log ? "log_softmax" : "softmax");
+    Tensor dx = Tensor::empty(yv.shape(), yv.dtype());
+    if (yv.numel() == 0) return TensorList{dx};
+    dispatch(yv.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      if (log) log_softmax_backward<T>(l, yv.data<T>(), g[0].data<T>(), dx.data<T>());
+      else softmax_backward<T>(l, yv.data<T>(), g[0].data<T>(), dx.data<T>());
+    });
+    return TensorList{dx};
+  });
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("softmax", x, dim, false); }
+
+Tensor log_softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+
+}  // namespace autograd
