@@ -13,7 +13,7 @@ namespace {
 std::string escape(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
+    if (c == '"') out += '\\';
     out += c;
   }
   return out;

@@ -163,6 +163,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
     // Random projections: compare vᵀJu, analytic (one backward) against numeric (two forwards).
     Generator gen(opt.seed);
     for (int p = 0; p < opt.num_projections; ++p) {
+      if (p > 0) y = evaluate(fn, inputs);  // a fresh graph: the last one saw perturbed inputs
       Tensor v = randn(y.shape(), Dtype::Float64, gen);
       const auto g = vjp(v);
       std::vector<std::vector<double>> u;
@@ -172,6 +173,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
         for (std::size_t k = 0; k < u[c].size(); ++k) analytic += g[c][k] * u[c][k];
       }
       const auto vv = v.to_vector();
+      y = Tensor();
       auto directional = [&](double step) {
         NoGradGuard no_grad;
         for (std::size_t c = 0; c < checked.size(); ++c) {

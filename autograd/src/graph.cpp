@@ -35,7 +35,16 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
 }
 
 TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
-  const Tensor& g = grad_outputs[0];
+  Tensor g = grad_outputs[0];
+  for (const auto& hook : leaf_->leaf_hooks) {
+    Tensor replaced = hook(g);
+    if (!replaced.defined()) continue;
+    if (replaced.shape() != leaf_->shape || replaced.dtype() != leaf_->dtype)
+      throw std::runtime_error(fmt::format("backward: a hook on a leaf {} {} returned a gradient {} {}",
+                                           shape_str(leaf_->shape), dtype_name(leaf_->dtype),
+                                           shape_str(replaced.shape()), dtype_name(replaced.dtype())));
+    g = replaced;
+  }
   if (leaf_->grad) {
     Tensor(leaf_->grad).add_(g);  // in place: no allocation once .grad exists
   } else {

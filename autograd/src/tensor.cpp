@@ -204,7 +204,7 @@ void Tensor::register_hook(TensorHook hook) {
   if (impl_->grad_fn) {
     impl_->grad_fn->output_hooks[impl_->output_nr].push_back(std::move(hook));
   } else {
-    grad_accumulator(*this)->output_hooks[0].push_back(std::move(hook));
+    impl_->leaf_hooks.push_back(std::move(hook));  // on the tensor: its accumulator may be remade
   }
 }
 

@@ -53,6 +53,7 @@ struct TensorImpl {
   std::weak_ptr<Node> grad_accumulator;        // leaves: the node that adds into .grad
   std::shared_ptr<TensorImpl> grad;            // leaves, and non-leaves after retain_grad()
   bool retains_grad = false;
+  std::vector<TensorHook> leaf_hooks;          // leaves: run on the gradient before it is added
   std::string name;                            // optional label, shown by to_dot
 };
 

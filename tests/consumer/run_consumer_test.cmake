@@ -1,0 +1,20 @@
+# ctest driver: installs the built headgrad into a scratch prefix, then configures, builds and
+# runs tests/consumer against it with find_package(headgrad CONFIG REQUIRED).
+foreach(var HEADGRAD_BUILD_DIR CONSUMER_SOURCE_DIR SCRATCH_DIR)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "${var} not set")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${SCRATCH_DIR}")
+function(run)
+  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGV}\n${out}\n${err}")
+  endif()
+  message("${out}")
+endfunction()
+run(${CMAKE_COMMAND} --install "${HEADGRAD_BUILD_DIR}" --prefix "${SCRATCH_DIR}/prefix")
+run(${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${SCRATCH_DIR}/build" -DCMAKE_BUILD_TYPE=Release
+    "-DCMAKE_PREFIX_PATH=${SCRATCH_DIR}/prefix")
+run(${CMAKE_COMMAND} --build "${SCRATCH_DIR}/build")
+run("${SCRATCH_DIR}/build/consumer")

@@ -1,0 +1,160 @@
+// The checker itself: it passes right gradients, fails wrong ones (negative controls), points
+// at the wrong element, and leaves its inputs as it found them. Also custom functions.
+#define BOOST_TEST_MODULE gradcheck
+#include <boost/test/unit_test.hpp>
+
+#include <autograd/autograd.hpp>
+
+namespace ag = autograd;
+using ag::Dtype;
+using ag::Tensor;
+using ag::TensorList;
+
+namespace {
+
+// y = x³ with a correct hand-written backward.
+struct Cube : ag::Function<Cube> {
+  static constexpr const char* name = "cube";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x * x;
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    Tensor x = ctx.saved_tensors()[0];
+    return {g[0] * 3.0 * x * x};  // d(x³)/dx = 3x²
+  }
+};
+
+// The same forward, with a backward that is wrong at exactly one element (flat index 4).
+struct CubeWrongAtFour : ag::Function<CubeWrongAtFour> {
+  static constexpr const char* name = "cube_wrong";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x * x;
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    Tensor x = ctx.saved_tensors()[0];
+    std::vector<double> bump(static_cast<std::size_t>(x.numel()), 1.0);
+    bump[4] = 1.01;  // a 1% error in one element
+    return {g[0] * 3.0 * x * x * ag::tensor(bump, x.shape(), x.dtype())};
+  }
+};
+
+// Two inputs, two outputs: (a·b, a + b), with a correct backward.
+struct ProductAndSum : ag::Function<ProductAndSum> {
+  static TensorList forward(ag::FunctionCtx& ctx, const Tensor& a, const Tensor& b) {
+    ctx.save_for_backward({a, b});
+    return {a * b, a + b};
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    auto s = ctx.saved_tensors();
+    // p = a·b, q = a + b  =>  da = dp·b + dq, db = dp·a + dq
+    return {g[0] * s[1] + g[1], g[0] * s[0] + g[1]};
+  }
+};
+
+Tensor input(ag::Shape shape, std::uint64_t seed) {
+  ag::Generator gen(seed);
+  return ag::randn(shape, Dtype::Float64, gen).requires_grad_();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(correct_custom_backward_passes) {
+  Tensor x = input({2, 3}, 1);
+  auto r = ag::gradcheck([](const TensorList& in) { return Cube::apply(in[0]); }, {x});
+  BOOST_TEST_MESSAGE(fmt::format("{}", r));
+  BOOST_CHECK(r.ok);
+  BOOST_CHECK(!r.projected);
+  BOOST_CHECK_EQUAL(r.elements_checked, 36);
+  BOOST_CHECK_LT(r.max_rel_error, 1e-8);
+}
+
+BOOST_AUTO_TEST_CASE(wrong_backward_fails_and_the_report_points_at_the_element) {
+  Tensor x = input({2, 3}, 2);
+  auto r = ag::gradcheck([](const TensorList& in) { return CubeWrongAtFour::apply(in[0]); }, {x});
+  BOOST_CHECK(!r.ok);
+  BOOST_CHECK_EQUAL(r.worst_input, 0);
+  BOOST_CHECK_EQUAL(r.worst_element, 4);
+  BOOST_CHECK_EQUAL(r.worst_output, 4);  // elementwise: only output 4 depends on input 4
+  BOOST_CHECK(r.worst_index == (ag::Shape{1, 1}));
+  BOOST_CHECK_CLOSE_FRACTION(r.analytic, 1.01 * r.numeric, 1e-7);
+  const std::string text = fmt::format("{}", r);
+  BOOST_CHECK(text.find("FAILED") != std::string::npos);
+  BOOST_CHECK(text.find("input 0 element 4 [1, 1]") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(random_projections_also_catch_a_wrong_backward) {
+  ag::GradcheckOptions opt;
+  opt.max_full_jacobian = 0;  // force projections
+  Tensor x = input({3, 4}, 3);
+  auto good = ag::gradcheck([](const TensorList& in) { return Cube::apply(in[0]); }, {x}, opt);
+  BOOST_CHECK(good.projected);
+  BOOST_CHECK(good.ok);
+  auto bad = ag::gradcheck([](const TensorList& in) { return CubeWrongAtFour::apply(in[0]); }, {x}, opt);
+  BOOST_CHECK(!bad.ok);
+}
+
+BOOST_AUTO_TEST_CASE(a_coarse_eps_fails_the_tight_tolerance) {
+  // Negative control on the numeric side: with eps = 0.1 the central difference of exp is off by
+  // about eps²/6 relative, far above rtol = 1e-6, so the checker must say so.
+  Tensor x = input({4}, 4);
+  ag::GradcheckOptions opt;
+  opt.eps = 0.1;
+  auto r = ag::gradcheck([](const TensorList& in) { return ag::exp(in[0]); }, {x}, opt);
+  BOOST_CHECK(!r.ok);
+}
+
+BOOST_AUTO_TEST_CASE(multi_output_custom_function_passes) {
+  Tensor a = input({3}, 5), b = input({3}, 6);
+  auto r = ag::gradcheck(
+      [](const TensorList& in) {
+        auto outs = ProductAndSum::apply(in[0], in[1]);
+        return ag::sum(outs[0] * outs[0]) + ag::sum(ag::exp(outs[1]));
+      },
+      {a, b});
+  BOOST_CHECK_MESSAGE(r.ok, fmt::format("{}", r));
+}
+
+BOOST_AUTO_TEST_CASE(gradient_reaching_only_one_output_of_a_custom_function) {
+  Tensor a = input({3}, 7), b = input({3}, 8);
+  auto r = ag::gradcheck([](const TensorList& in) { return ag::sum(ProductAndSum::apply(in[0], in[1])[1]); }, {a, b});
+  BOOST_CHECK_MESSAGE(r.ok, fmt::format("{}", r));
+}
+
+BOOST_AUTO_TEST_CASE(inputs_and_their_grads_are_restored) {
+  Tensor x = input({5}, 9);
+  const auto before = x.to_vector();
+  {
+    ag::NoGradGuard no_grad;
+    x.set_grad(ag::full({5}, 7.0, Dtype::Float64));
+  }
+  ag::gradcheck([](const TensorList& in) { return ag::exp(in[0]); }, {x});
+  BOOST_CHECK(x.to_vector() == before);
+  BOOST_CHECK(x.grad().to_vector() == std::vector<double>(5, 7.0));
+}
+
+BOOST_AUTO_TEST_CASE(only_inputs_that_require_grad_are_checked) {
+  Tensor x = input({3}, 10);
+  Tensor c = ag::tensor({1, 2, 3}, {3}, Dtype::Float64);  // constant
+  auto r = ag::gradcheck([](const TensorList& in) { return in[0] * in[1]; }, {x, c});
+  BOOST_CHECK(r.ok);
+  BOOST_CHECK_EQUAL(r.elements_checked, 9);
+}
+
+BOOST_AUTO_TEST_CASE(float32_inputs_are_refused) {
+  Tensor x = ag::ones({2}).requires_grad_();
+  BOOST_CHECK_EXCEPTION(ag::gradcheck([](const TensorList& in) { return in[0] * 2.0; }, {x}),
+                        std::invalid_argument, [](const std::invalid_argument& e) {
+                          return std::string(e.what()).find("Float64") != std::string::npos;
+                        });
+  Tensor y = ag::ones({2}, Dtype::Float64);
+  BOOST_CHECK_THROW(ag::gradcheck([](const TensorList& in) { return in[0] * 2.0; }, {y}), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(custom_function_records_its_name_and_skips_graph_under_no_grad) {
+  Tensor x = input({2}, 11);
+  BOOST_CHECK_EQUAL(Cube::apply(x).grad_fn()->name(), "cube");
+  ag::NoGradGuard no_grad;
+  BOOST_CHECK(!Cube::apply(x).requires_grad());
+}
