@@ -1,0 +1,90 @@
+#pragma once
+// Checkpoints in the safetensors format (https://github.com/huggingface/safetensors), so that
+// Python reads what headgrad writes and the other way round:
+//
+//   [8 bytes: N, little-endian u64][N bytes: JSON header, padded with spaces][tensor bytes]
+//   header = {"__metadata__": {"key": "value", ...},                       (optional, strings only)
+//             "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
+//
+// Offsets count from the first byte after the header; the tensors tile the data exactly (no
+// gaps, no overlaps), little-endian, row-major. headgrad writes "F32" and "F64"; it writes the
+// tensors sorted by dtype (F64 first) and then by name and pads the header to 8 bytes, exactly as
+// Python's safetensors does, so the same tensors give the same bytes.
+//
+//   nn::save_parameters(model, "model.safetensors");      // Python: safetensors.torch.load_file(...)
+//   nn::load_parameters(model, "model.safetensors");
+//   nn::save_checkpoint("run.safetensors", model, optimizer, {{"step", "1000"}});
+//   auto metadata = nn::load_checkpoint("run.safetensors", model, optimizer);
+//
+// Saving is atomic: the bytes go to a temporary file in the same directory, which is flushed to
+// disk (fsync) and then renamed over the target, so a crash mid-save leaves the previous file
+// intact. Loading reads and checks the whole file first (header syntax, dtypes, shapes, offsets,
+// sizes, and that the names match the module's parameters one for one) and copies nothing
+// unless everything is right: a failed load leaves every parameter and the optimizer unchanged.
+// Errors are nn::CheckpointError (a std::runtime_error) saying what is wrong and in which file.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <autograd/autograd.hpp>
+
+#include "nn/module.hpp"
+#include "nn/optim.hpp"
+
+namespace nn {
+
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+using Metadata = std::map<std::string, std::string>;
+
+struct SafetensorsData {
+  NamedTensors tensors;  // in the order of their data offsets
+  Metadata metadata;
+};
+
+// ---- the format ----
+// The file's bytes for these tensors (names unique, tensors defined, Float32/Float64).
+std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata = {});
+// Parses a whole file's bytes; `source` names it in error messages. Throws CheckpointError.
+SafetensorsData parse_safetensors(std::string_view bytes, std::string_view source = "<memory>");
+// Writes atomically (see above); reads a whole file.
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
+SafetensorsData load_safetensors(const std::string& path);
+
+// ---- modules ----
+struct LoadOptions {
+  // Strict: the file holds exactly the module's parameters. Otherwise missing and extra names
+  // are allowed (shapes and dtypes of the names in common must still match).
+  bool strict = true;
+  // Convert a tensor whose dtype differs from its parameter's; otherwise that is an error.
+  bool convert_dtype = false;
+};
+
+// The module's parameters under their named_parameters() names (plus metadata).
+void save_parameters(const Module& module, const std::string& path, const Metadata& metadata = {});
+// Returns the file's metadata.
+Metadata load_parameters(Module& module, const std::string& path, const LoadOptions& options = {});
+
+// ---- training checkpoints: parameters and optimizer state in one file ----
+// Parameters are stored as "model.<name>", the optimizer's state_dict() as "optimizer.<name>";
+// metadata gets "format" = "headgrad.checkpoint" and "optimizer" = the optimizer's name, plus the
+// caller's entries (e.g. the step and the data generator's state).
+void save_checkpoint(const std::string& path, const Module& module, const Optimizer& optimizer,
+                     const Metadata& metadata = {});
+// Checks the module part and the optimizer part in full before changing either. Returns the metadata.
+Metadata load_checkpoint(const std::string& path, Module& module, Optimizer& optimizer);
+
+namespace detail {
+// Test hook: called before each chunk of a save's bytes goes to the temporary file, with the
+// number of bytes written so far; it may throw (a failed write) or end the process (a crash).
+// Pass an empty function to remove it.
+void set_save_hook(std::function<void(std::size_t bytes_written)> hook);
+}  // namespace detail
+
+}  // namespace nn
