@@ -74,7 +74,7 @@ class ReduceWalk {
   void sum(const T* in, T* out, std::int64_t out_numel, T scale) const {
     std::fill(out, out + out_numel, T(0));
     const Group& g = groups_[0];
-    if (!g.reduced && groups_.size() > 1 && out_numel * in_stride_[0] >= (1 << 16)) {
+    if (!g.reduced && groups_.size() > 1 && g.size * in_stride_[0] >= (1 << 16)) {
       // Outermost group kept: its slices write disjoint outputs.
 #pragma omp parallel for schedule(static)
       for (std::int64_t i = 0; i < g.size; ++i) sum_at(in + i * in_stride_[0], out + i * out_stride_[0], 1);
