@@ -23,9 +23,18 @@ using SliceMap = Eigen::Map<RowMatrix<T>>;  // a slice is not 64-byte aligned in
 template <class T>
 using ConstSliceMap = Eigen::Map<const RowMatrix<T>>;
 
+// Below this much work (multiply-adds of the scores and output products) one thread runs every
+// slice: starting a team costs more than it saves.
+constexpr std::int64_t kParallelWork = 1 << 16;
+
 struct Dims {
   std::int64_t B, H, T, S, d_k, d_v;
   std::int64_t slices() const { return B * H; }
+  // Threads split the slices, never one slice's products. Inside a team Eigen runs its GEMMs
+  // single-threaded, so every slice is computed the same way whatever the thread count (and
+  // below the threshold each product is too small for Eigen to split it). The price: B·H = 1
+  // runs on one thread.
+  bool parallel() const { return slices() * T * S * (d_k + d_v) >= kParallelWork; }
 };
 
 // Where slice (b, h), row i, column j of the broadcast mask lives: b·sb + h·sh + i·st + j·ss.
@@ -84,7 +93,7 @@ template <class T>
 void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* mask, MaskStrides ms,
                     bool causal, T scale, const T* keep, T* weights, T* out) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
-#pragma omp parallel
+#pragma omp parallel if (d.parallel())
   {
     RowMatrix<T> dropped;  // P ⊙ Z, per thread
 #pragma omp for schedule(static)
@@ -146,7 +155,7 @@ template <class T>
 void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* weights, const T* keep,
                      const T* dout, const T* dweights, T scale, T* dq, T* dk, T* dv, T* dscores) {
   const bool need_ds = dq != nullptr || dk != nullptr || dscores != nullptr;
-#pragma omp parallel
+#pragma omp parallel if (d.parallel())
   {
     RowMatrix<T> dropped;  // P ⊙ Z, per thread
     RowMatrix<T> dP;       // dL/dP, then dL/dS in place, per thread
