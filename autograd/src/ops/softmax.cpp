@@ -62,8 +62,9 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
       if (m == neg_inf) {  // fully masked row
         yr.setConstant(log ? neg_inf : T(0));
       } else if (log) {
-        const T lse = m + std::log((xr - m).exp().sum());
-        yr = xr - lse;
+        // (x - m) - log Σ: subtracting m first keeps float32 exact near large inputs
+        const T log_sum = std::log((xr - m).exp().sum());
+        yr = (xr - m) - log_sum;
       } else {
         yr = (xr - m).exp();
         yr *= T(1) / yr.sum();
@@ -88,8 +89,8 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
     }
     if (log) {
       // s == 0 only in a fully masked column: keep its -inf
-      const Vec<T> lse = (s == T(0)).select(T(0), m + s.log());
-      for (std::int64_t k = 0; k < l.n; ++k) VecMap<T>(ys + k * l.inner, l.inner) = row(xs, k) - lse;
+      const Vec<T> log_sum = (s == T(0)).select(T(0), s.log());
+      for (std::int64_t k = 0; k < l.n; ++k) VecMap<T>(ys + k * l.inner, l.inner) = (row(xs, k) - m) - log_sum;
     } else {
       const Vec<T> inv = (s == T(0)).select(T(0), s.inverse());
       for (std::int64_t k = 0; k < l.n; ++k) VecMap<T>(ys + k * l.inner, l.inner) *= inv;
