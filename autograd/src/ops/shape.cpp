@@ -108,12 +108,13 @@ void gather_strided(const T* src, T* dst, Shape shape, Shape src_strides) {
   const std::int64_t inner = shape[rank - 1];
   const std::int64_t inner_stride = src_strides[rank - 1];
 
-  // Fast path: the last two dims are a transposed matrix (src rows of length `rows`), copied
-  // tile by tile through Eigen so both sides stay in cache.
-  if (rank >= 2 && inner_stride != 1 && src_strides[rank - 2] == 1 && inner_stride == shape[rank - 2]) {
+  // Fast path: the last two dims read the source down its columns (a transposed matrix whose
+  // rows are inner_stride apart), copied in 16 x 16 tiles through Eigen so both sides stay in cache.
+  if (rank >= 2 && inner_stride > 1 && src_strides[rank - 2] == 1) {
     const std::int64_t rows = shape[rank - 2], cols = inner;  // dst block is rows x cols
     const std::int64_t blocks = n / (rows * cols);
-    constexpr std::int64_t tile = 32;
+    constexpr std::int64_t tile = 16;
+    using SourceMap = Eigen::Map<const RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 #pragma omp parallel for if (n > kParallelElements)
     for (std::int64_t b = 0; b < blocks; ++b) {
       std::int64_t offset = 0, rest = b;
@@ -121,7 +122,7 @@ void gather_strided(const T* src, T* dst, Shape shape, Shape src_strides) {
         offset += (rest % shape[d]) * src_strides[d];
         rest /= shape[d];
       }
-      Eigen::Map<const RowMatrix<T>> s(src + offset, cols, rows);  // the source block, untransposed
+      SourceMap s(src + offset, cols, rows, Eigen::OuterStride<>(inner_stride));  // untransposed
       Eigen::Map<RowMatrix<T>> out(dst + b * rows * cols, rows, cols);
       for (std::int64_t i0 = 0; i0 < rows; i0 += tile)
         for (std::int64_t j0 = 0; j0 < cols; j0 += tile) {
