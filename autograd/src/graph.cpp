@@ -6,6 +6,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "autograd/anomaly.hpp"  // anomaly detection hooks (issue 6)
 #include "autograd/grad_mode.hpp"
 #include "autograd/ops.hpp"
 
@@ -120,6 +121,8 @@ void connect(const std::shared_ptr<Node>& node, const TensorList& inputs, const 
     impl->output_nr = static_cast<std::uint32_t>(i);
     impl->requires_grad = false;
   }
+  // Anomaly detection (anomaly.hpp): remember where the node was made, check its outputs.
+  if (is_anomaly_enabled()) detail::anomaly_check_forward(*node, inputs, outputs);
 }
 
 void record(std::string name, const TensorList& inputs, const TensorList& outputs, BackwardFn fn) {
@@ -224,6 +227,8 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
         }
       }
       grad_inputs = node->apply(grad_outputs);
+      // Anomaly detection (anomaly.hpp): no NaN/Inf gradient may leave a backward rule.
+      if (is_anomaly_enabled()) detail::anomaly_check_backward(*node, grad_inputs);
       if (!grad_inputs.empty() && grad_inputs.size() != node->next_edges.size())
         throw std::runtime_error(fmt::format("backward of '{}' returned {} gradients for {} inputs", node->name(),
                                              grad_inputs.size(), node->next_edges.size()));

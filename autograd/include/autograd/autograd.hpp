@@ -1,5 +1,6 @@
 #pragma once
 // headgrad's autograd engine: everything in namespace autograd.
+#include "autograd/anomaly.hpp"
 #include "autograd/attention.hpp"
 #include "autograd/dtype.hpp"
 #include "autograd/dot.hpp"
