@@ -30,15 +30,23 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   if (!training || p == 0.0) return x;
 
   // mask = 1/(1-p) where kept, 0 where dropped; p == 1 drops everything (mask all zero, no 1/0).
-  Tensor mask = Tensor::empty(x.shape(), x.dtype());
+  // The mask is kept only for backward.
+  const bool keep_mask = needs_grad(x);
+  Tensor mask = keep_mask ? Tensor::empty(x.shape(), x.dtype()) : Tensor();
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
-    T* m = mask.data<T>();
-    for (std::int64_t i = 0; i < mask.numel(); ++i) m[i] = gen.uniform() >= p ? scale : T(0);
+    const T* xs = x.data<T>();
+    T* m = keep_mask ? mask.data<T>() : nullptr;
+    T* ys = y.data<T>();
+    for (std::int64_t i = 0; i < y.numel(); ++i) {
+      const T keep = gen.uniform() >= p ? scale : T(0);  // one draw per element, row-major: a seed fixes the mask
+      if (m) m[i] = keep;
+      ys[i] = xs[i] * keep;
+    }
   });
-  Tensor y = times_mask(x, mask);
-  if (needs_grad(x)) {
+  if (keep_mask) {
     // y = x · mask  =>  dx = dy · mask  (the same mask: it is kept, not redrawn)
     return record("dropout", {x}, y, [mask = SavedTensor(mask)](const TensorList& g, const Node&) {
       return TensorList{times_mask(g[0], mask.get("dropout"))};
