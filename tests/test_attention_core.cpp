@@ -172,6 +172,17 @@ BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
   BOOST_TEST((r32.output.dtype() == ag::Dtype::Float32));
   BOOST_TEST(max_abs_diff(r32.output, r64.output) < 1e-5);
   BOOST_TEST(max_abs_diff(r32.weights, r64.weights) < 1e-6);
+  // And the float32 backward agrees with the float64 one.
+  Tensor q32 = q.to(ag::Dtype::Float32).requires_grad_(true), k32 = k.to(ag::Dtype::Float32).requires_grad_(true),
+         v32 = v.to(ag::Dtype::Float32).requires_grad_(true);
+  q.requires_grad_(true);
+  k.requires_grad_(true);
+  v.requires_grad_(true);
+  Tensor r1 = randn64({2, 2, 5, 3}, 5, false), r2 = randn64({2, 2, 5, 6}, 6, false);
+  const auto g64 = grads_of(ag::scaled_dot_product_attention(q, k, v, mask), r1, r2, {q, k, v});
+  const auto g32 = grads_of(ag::scaled_dot_product_attention(q32, k32, v32, mask.to(ag::Dtype::Float32)),
+                            r1.to(ag::Dtype::Float32), r2.to(ag::Dtype::Float32), {q32, k32, v32});
+  for (std::size_t i = 0; i < 3; ++i) BOOST_TEST(max_abs_diff(g32[i], g64[i]) < 1e-5);
 }
 
 BOOST_AUTO_TEST_CASE(no_graph_without_grad) {
