@@ -2,4 +2,7 @@
 // headgrad nn: modules built on the public autograd API; everything in namespace nn.
 #include <autograd/autograd.hpp>
 
+#include "nn/init.hpp"
+#include "nn/linear.hpp"
 #include "nn/module.hpp"
+#include "nn/multihead_attention.hpp"
