@@ -66,7 +66,8 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
         const T log_sum = std::log((xr - m).exp().sum());
         yr = (xr - m) - log_sum;
       } else {
-        yr = (xr - m).exp();
+        // Eigen's vectorised exp clamps its argument, so exp(-inf) would give ~1e-308, not 0
+        yr = (xr == neg_inf).select(T(0), (xr - m).exp());
         yr *= T(1) / yr.sum();
       }
     }
@@ -84,7 +85,7 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
     Vec<T> s = Vec<T>::Zero(l.inner);
     for (std::int64_t k = 0; k < l.n; ++k) {
       VecMap<T> yk(ys + k * l.inner, l.inner);
-      yk = (row(xs, k) - m).exp();
+      yk = (row(xs, k) == neg_inf).select(T(0), (row(xs, k) - m).exp());  // exp(-inf) = 0 exactly
       s += yk;
     }
     if (log) {
