@@ -19,11 +19,15 @@ namespace ag = autograd;
 
 namespace {
 
-// "[1.340, 0.660]" — the seed prints three decimals.
+// "[1.340, 0.660]" — the seed prints three decimals, and whole numbers as they are ("[1, 0]").
+std::string num(double x) {
+  if (std::abs(x) < 5e-4) x = 0.0;  // no "-0.000"
+  return x == std::round(x) ? fmt::format("{}", static_cast<long long>(x)) : fmt::format("{:.3f}", x);
+}
+
 std::string vec(const std::vector<double>& v) {
   std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i)
-    s += fmt::format("{}{:.3f}", i ? ", " : "", std::abs(v[i]) < 5e-4 ? 0.0 : v[i]);  // no "-0.000"
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(v[i]);
   return s + "]";
 }
 
@@ -97,7 +101,7 @@ int main() {
       fmt::print("  {}: raw scores Q·Kᵀ {}  -> scaled (÷{:.3f}) {}  -> softmax weights {}\n", token[t],
                  vec(row(raw, t)), root, vec(row(scaled, t)), vec(row(w, t)));
       const auto wt = row(w, t);
-      fmt::print("      head{}-{} = {:.3f}·{} + {:.3f}·{} = {}\n", h + 1, token[t], wt[0], vec(row(v, 0)), wt[1],
+      fmt::print("      head{}-{} = {}·{} + {}·{} = {}\n", h + 1, token[t], num(wt[0]), vec(row(v, 0)), num(wt[1]),
                  vec(row(v, 1)), vec(row(ctx, t)));
     }
   }
@@ -112,8 +116,8 @@ int main() {
   fmt::print("out = concat · W_O:\n");
   for (int t = 0; t < 2; ++t) fmt::print("  out({}) = {}\n", token[t], vec(row(out, t)));
   const auto c1 = row(concat, 0);
-  fmt::print("  check: out(t1)[0] = {:.3f}·1 + {:.3f}·0 + {:.3f}·1 + {:.3f}·0 = {:.3f}\n", c1[0], c1[1], c1[2], c1[3],
-             c1[0] + c1[2]);
+  fmt::print("  check: out(t1)[0] = {}·1 + {}·0 + {}·1 + {}·0 = {}\n", num(c1[0]), num(c1[1]), num(c1[2]),
+             num(c1[3]), num(c1[0] + c1[2]));
 
   fmt::print("\nParameters: {} = 4 · d_model² = 4 · {}; with 4 heads of width 1 it would be {} too.\n",
              mha.num_parameters(), d_model * d_model,
@@ -122,7 +126,7 @@ int main() {
   // ---- backward of a simple loss: L = out(t1)[0], the first number of t1's output ----
   ag::Tensor loss = ag::sum(ag::narrow(ag::narrow(out, 0, 0, 1), 1, 0, 1));
   loss.backward();
-  fmt::print("\nBackward of L = out(t1)[0] = {:.3f}\n", loss.item());
+  fmt::print("\nBackward of L = out(t1)[0] = {}\n", num(loss.item()));
   fmt::print("dL/dW_O (only column 1 is nonzero: it holds concat(t1), what out(t1)[0] read):\n");
   print_matrix("  ", mha.W_O().grad());
   for (std::int64_t h = 0; h < num_heads; ++h) {

@@ -35,8 +35,8 @@ ag::Tensor merge_heads(const ag::Tensor& x) {
 
 // Everything the masks say, as one additive mask over the scores.
 struct CombinedMask {
-  ag::Tensor additive;  // (Bm, Hm, T, S'), Bm in {1, B}, Hm in {1, H}: 0 or the float mask, -inf blocks
-  ag::Tensor blocked;   // (Bm, Hm, T, 1): 1 where every key of the row is blocked; undefined if no row is
+  ag::Tensor additive;  // (Bm, Hm, Tm, S'), Bm in {1, B}, Hm in {1, H}, Tm in {1, T}: 0 or the float mask, -inf blocks
+  ag::Tensor blocked;   // (Bm, Hm, Tm, 1): 1 where every key of the row is blocked; undefined if no row is
   bool causal = false;  // causality left to the fused op's is_causal flag (not in `additive`)
 };
 
@@ -52,16 +52,18 @@ CombinedMask combine_masks(const ag::Tensor& key_padding_mask, const ag::Tensor&
     return mask;
   }
   const bool per_head = has_attn && attn_mask.dim() == 3;
+  // Only the dims some mask varies along are materialised (a padding mask alone is (B, 1, 1, S')).
   const std::int64_t Bm = (has_kpm || per_head) ? B : 1, Hm = per_head ? H : 1;
+  const std::int64_t Tm = (has_attn || causal_in_mask) ? T : 1;
   const std::vector<double> kpm = has_kpm ? key_padding_mask.to_vector() : std::vector<double>{};
   const std::vector<double> am = has_attn ? attn_mask.to_vector() : std::vector<double>{};
-  std::vector<double> values(static_cast<std::size_t>(Bm * Hm * T * S_total), 0.0);
-  std::vector<double> blocked(static_cast<std::size_t>(Bm * Hm * T), 0.0);
+  std::vector<double> values(static_cast<std::size_t>(Bm * Hm * Tm * S_total), 0.0);
+  std::vector<double> blocked(static_cast<std::size_t>(Bm * Hm * Tm), 0.0);
   bool any_blocked = false;
   for (std::int64_t b = 0; b < Bm; ++b)
     for (std::int64_t h = 0; h < Hm; ++h)
-      for (std::int64_t i = 0; i < T; ++i) {
-        const std::int64_t row = (b * Hm + h) * T + i;
+      for (std::int64_t i = 0; i < Tm; ++i) {
+        const std::int64_t row = (b * Hm + h) * Tm + i;
         double* out = values.data() + row * S_total;
         bool all_blocked = true;
         for (std::int64_t j = 0; j < S_total; ++j) {
@@ -79,8 +81,8 @@ CombinedMask combine_masks(const ag::Tensor& key_padding_mask, const ag::Tensor&
           any_blocked = true;
         }
       }
-  mask.additive = ag::tensor(values, {Bm, Hm, T, S_total}, dtype);
-  if (any_blocked) mask.blocked = ag::tensor(blocked, {Bm, Hm, T, 1}, dtype);
+  mask.additive = ag::tensor(values, {Bm, Hm, Tm, S_total}, dtype);
+  if (any_blocked) mask.blocked = ag::tensor(blocked, {Bm, Hm, Tm, 1}, dtype);
   mask.causal = is_causal && !causal_in_mask;
   return mask;
 }
@@ -98,7 +100,7 @@ CoreResult compose_attention(const ag::Tensor& q, const ag::Tensor& k, const ag:
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));  // 1/√d_k
   ag::Tensor raw_scores = ag::matmul(q, ag::transpose(k, -2, -1));  // (B,H,T,d_k)·(B,H,d_k,S') = (B,H,T,S')
   ag::Tensor scores = raw_scores * scale;                             // (B, H, T, S')
-  if (mask.additive.defined()) scores = scores + mask.additive;       // (B,H,T,S') + (Bm,Hm,T,S'); -inf blocks
+  if (mask.additive.defined()) scores = scores + mask.additive;       // (B,H,T,S') + (Bm,Hm,Tm,S'); -inf blocks
   // softmax of an all -inf row is 0/0: give such rows finite logits, then zero their weights
   // (masked_fill passes no gradient to what it overwrites, so the row's gradients are zero too).
   ag::Tensor logits = mask.blocked.defined() ? ag::masked_fill(scores, mask.blocked, 0.0) : scores;
