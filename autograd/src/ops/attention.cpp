@@ -131,7 +131,9 @@ void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
           P.row(i).setZero();
           continue;
         }
-        row = (row - row_max).exp();  // exp(-inf) = 0: blocked keys get weight 0
+        // Blocked keys get weight exactly 0 (Eigen's vectorised exp clamps its argument, so
+        // exp(-inf) alone would give ~1e-308).
+        row = (row == neg_inf).select(T(0), (row - row_max).exp());
         row /= row.sum();             // sum >= 1 (the max term is exp(0))
         if (seen < d.S) P.row(i).tail(d.S - seen).setZero();
       }
@@ -269,7 +271,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
          [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), sp = SavedTensor(weights),
           sz = SavedTensor(keep), mask_shape = attn_mask.defined() ? attn_mask.shape() : Shape{}, d,
           scale](const TensorList& g, const Node& node) {
-           const std::string_view op = "scaled_dot_product_attention backward";
+           const std::string_view op = kOp;
            const Tensor qt = sq.get(op), kt = sk.get(op), vt = sv.get(op), pt = sp.get(op);
            const Tensor zt = sz.defined() ? sz.get(op) : Tensor();
            const Dtype dtype = qt.dtype();
