@@ -252,7 +252,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
       const S* s = src.data<S>();
       D* d = data<D>();
       if (static_cast<const void*>(s) == static_cast<const void*>(d)) return;
-      for (std::int64_t i = 0; i < numel(); ++i) d[i] = static_cast<D>(s[i]);
+      const std::int64_t n = numel();
+      for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
     });
   });
   mark_modified();
@@ -281,10 +282,14 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_in_place("add_", *this);
   dispatch(dtype(), [&](auto zero) {
     using T = decltype(zero);
-    T* d = data<T>();
-    const T* s = other.data<T>();
-    const T a = static_cast<T>(alpha);
-    for (std::int64_t i = 0; i < numel(); ++i) d[i] += a * s[i];
+    const std::int64_t n = numel();
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> d(data<T>(), n);
+    Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> s(other.data<T>(), n);
+    if (alpha == 1.0) {
+      d += s;
+    } else {
+      d += static_cast<T>(alpha) * s;
+    }
   });
   mark_modified();
   return *this;
@@ -295,8 +300,7 @@ Tensor& Tensor::mul_(double value) {
   check_in_place("mul_", *this);
   dispatch(dtype(), [&](auto zero) {
     using T = decltype(zero);
-    T* d = data<T>();
-    for (std::int64_t i = 0; i < numel(); ++i) d[i] *= static_cast<T>(value);
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(data<T>(), numel()) *= static_cast<T>(value);
   });
   mark_modified();
   return *this;
