@@ -2,7 +2,11 @@
 // headgrad nn: modules built on the public autograd API; everything in namespace nn.
 #include <autograd/autograd.hpp>
 
+#include "nn/checkpoint.hpp"
 #include "nn/init.hpp"
+#include "nn/layers.hpp"
 #include "nn/linear.hpp"
+#include "nn/loss.hpp"
 #include "nn/module.hpp"
 #include "nn/multihead_attention.hpp"
+#include "nn/optim.hpp"
