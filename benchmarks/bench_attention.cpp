@@ -1,0 +1,108 @@
+// One training step of nn::MultiHeadAttention — forward and backward of self-attention, float32,
+// need_weights = false, loss = sum of the output — at the shapes of issue 5, timed as medians.
+//
+//   bench_attention                      every shape at 1 and 2 threads, as a table
+//   bench_attention --shapes toy,large --threads 1 --samples 21 --min-time 0.05
+//   bench_attention --tsv                machine-readable lines (compare_torch.py reads them):
+//       ours <shape> <threads> <median s/step> <GFLOP/s> <sample,sample,...>
+//   bench_attention --core composed      the composed attention core instead of the fused one
+//   bench_attention --peak               only the FP32 peak estimate (bench_common.hpp says how)
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+#include <fmt/format.h>
+
+#include <autograd/autograd.hpp>
+#include <nn/nn.hpp>
+
+#include "bench_common.hpp"
+
+namespace ag = autograd;
+
+namespace {
+
+// A module, an input that requires grad (as inside a network), and one step:
+// zero the gradients, forward, loss = sum, backward.
+struct AttentionStep {
+  nn::MultiHeadAttention mha;
+  ag::Tensor x;
+  nn::AttentionOptions options;
+
+  AttentionStep(const bench::AttentionShape& s, nn::AttentionCore core)
+      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H, .core = core}) {
+    ag::Generator gen(42);
+    x = ag::randn({s.B, s.T, s.E}, ag::Dtype::Float32, gen).requires_grad_();
+    options.need_weights = false;
+    options.is_causal = s.causal;
+  }
+
+  void operator()() {
+    mha.zero_grad();
+    if (x.grad().defined()) x.grad().zero_();
+    ag::Tensor out = mha.forward(x, options).output;  // (B, T, E)
+    ag::sum(out).backward();
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::Args args(argc, argv);
+  if (args.flag("--help")) {
+    std::puts("usage: bench_attention [--shapes a,b|all] [--threads 1,2] [--samples N] [--min-time S]\n"
+              "                       [--core fused|composed] [--tsv] [--peak]");
+    return 0;
+  }
+  const bool tsv = args.flag("--tsv");
+  const bool peak_only = args.flag("--peak");
+  const bench::PeakEstimate peak = tsv && !peak_only ? bench::PeakEstimate{} : bench::estimate_fp32_peak();
+  if (peak_only) {
+    if (tsv) {
+      fmt::print("peak\t{:.4g}\t{}\t{}\t{:.3f}\n", peak.gflops(), peak.flops_per_cycle, peak.isa, peak.ghz);
+      return 0;
+    }
+    fmt::print("FP32 peak per core: {} FLOP/cycle ({}) x {:.2f} GHz (measured) = {:.1f} GFLOP/s\n",
+               peak.flops_per_cycle, peak.isa, peak.ghz, peak.gflops());
+    return 0;
+  }
+  const int samples = static_cast<int>(args.num("--samples", 11));
+  const double min_time = args.num("--min-time", 0.03);
+  const nn::AttentionCore core =
+      args.get("--core", "fused") == "composed" ? nn::AttentionCore::Composed : nn::AttentionCore::Fused;
+  std::vector<std::string> wanted = bench::split_list(args.get("--shapes", "all"));
+  std::vector<int> threads;
+  for (const auto& t : bench::split_list(args.get("--threads", "1,2"))) threads.push_back(std::stoi(t));
+
+  if (!tsv) {
+    fmt::print("nn::MultiHeadAttention forward + backward, float32, need_weights = false, {} core\n",
+               core == nn::AttentionCore::Fused ? "fused" : "composed");
+    fmt::print("FP32 peak per core: {} FLOP/cycle ({}) x {:.2f} GHz = {:.1f} GFLOP/s\n\n", peak.flops_per_cycle,
+               peak.isa, peak.ghz, peak.gflops());
+    fmt::print("{:<14} {:>7} {:>12} {:>10} {:>12}\n", "shape", "threads", "time/step", "GFLOP/s", "% of peak");
+  }
+  for (int n : threads) {
+    ag::set_num_threads(n);
+    for (const auto& s : bench::attention_shapes()) {
+      if (!(wanted.size() == 1 && wanted[0] == "all") &&
+          std::find(wanted.begin(), wanted.end(), s.name) == wanted.end())
+        continue;
+      AttentionStep step(s, core);
+      for (int i = 0; i < 3; ++i) step();  // warm up: grads and caches exist
+      const int reps = bench::calibrate(step, min_time);
+      std::vector<double> times;
+      for (int i = 0; i < samples; ++i) times.push_back(bench::sample(step, reps));
+      const double med = bench::median(times);
+      const double gflops = bench::attention_flops(s) / med / 1e9;
+      if (tsv) {
+        fmt::print("ours\t{}\t{}\t{:.9g}\t{:.4g}\t{:.9g}\n", s.name, n, med, gflops, fmt::join(times, ","));
+      } else {
+        fmt::print("{:<14} {:>7} {:>9.1f} µs {:>10.2f} {:>11.1f}%\n", s.name, n, med * 1e6, gflops,
+                   100.0 * gflops / (peak.gflops() * n));
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,168 @@
+#pragma once
+// Shared by the benchmark programs: the shapes of issue 5, the FLOP count of one training step of
+// multi-head attention, a timer that reports medians, and the machine's FP32 peak.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace bench {
+
+// Self-attention of (B, T, embed_dim) with `heads` heads; causal = query i sees keys 0..i.
+struct AttentionShape {
+  std::string name;
+  std::int64_t B, T, E, H;
+  bool causal = false;
+};
+
+inline std::vector<AttentionShape> attention_shapes() {
+  return {{"seed", 1, 2, 4, 2},          {"tiny", 1, 8, 32, 4},
+          {"toy", 8, 32, 64, 4},         {"medium", 16, 128, 128, 4},
+          {"large", 8, 256, 384, 6},     {"medium-causal", 16, 128, 128, 4, true},
+          {"large-causal", 8, 256, 384, 6, true}};
+}
+
+// Multiply-adds (x2) of forward + backward, counted dense (a causal mask does not change the count):
+//   forward:  4 projections 4·2·B·T·E²  +  Q·Kᵀ and P·V 2·2·B·T²·E
+//   backward: two GEMMs for each forward GEMM (one per operand)  ->  2x the forward
+//   total = 3 · (8·B·T·E² + 4·B·T²·E)
+inline double attention_flops(const AttentionShape& s) {
+  const double B = static_cast<double>(s.B), T = static_cast<double>(s.T), E = static_cast<double>(s.E);
+  return 3.0 * (8.0 * B * T * E * E + 4.0 * B * T * T * E);
+}
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// How many calls of f make one sample of at least `min_seconds` (at least 1).
+template <class F>
+int calibrate(F&& f, double min_seconds) {
+  int reps = 1;
+  for (;;) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) f();
+    const double t = seconds_since(t0);
+    if (t >= min_seconds || reps >= (1 << 24)) {
+      if (t <= 0) return reps;
+      const double per_call = t / reps;
+      return std::max(1, static_cast<int>(min_seconds / per_call + 0.5));
+    }
+    reps *= t < min_seconds / 16 ? 8 : 2;
+  }
+}
+
+// One sample: `reps` calls, each timed alone; the median call time in seconds. On a loaded
+// machine a call that the scheduler interrupted is an outlier that the median drops (a mean over
+// the batch would charge it to the step).
+template <class F>
+double sample(F&& f, int reps) {
+  std::vector<double> t(static_cast<std::size_t>(reps));
+  for (auto& ti : t) {
+    const auto t0 = Clock::now();
+    f();
+    ti = seconds_since(t0);
+  }
+  return median(std::move(t));
+}
+
+// ---- FP32 peak of one core ----
+// peak = (FP32 FLOP per cycle from the vector ISA) x (clock).
+//   FLOP per cycle: 2 FMA pipes x lanes x 2 (multiply + add): AVX-512 64, AVX2+FMA 32 (Zen 2/3/4,
+//   Haswell and later), AVX without FMA 16, SSE 8. Read from /proc/cpuinfo's flags.
+//   Clock: measured, as the best rate of a chain of dependent integer adds (one cycle each on
+//   every x86 core since the P6), so it is the clock the core actually runs at (turbo included),
+//   which a VM does not report. Best of many short trials, so other processes do not lower it.
+struct PeakEstimate {
+  int flops_per_cycle = 8;
+  std::string isa = "SSE";
+  double ghz = 0.0;
+  double gflops() const { return flops_per_cycle * ghz; }
+};
+
+inline PeakEstimate estimate_fp32_peak() {
+  PeakEstimate p;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  std::vector<std::string> flags;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      for (std::string w; words >> w;) flags.push_back(w);
+      break;
+    }
+  auto has = [&](std::string_view f) { return std::find(flags.begin(), flags.end(), f) != flags.end(); };
+  if (has("avx512f")) {
+    p.flops_per_cycle = 64;
+    p.isa = "AVX-512";
+  } else if (has("avx2") && has("fma")) {
+    p.flops_per_cycle = 32;
+    p.isa = "AVX2+FMA";
+  } else if (has("avx")) {
+    p.flops_per_cycle = 16;
+    p.isa = "AVX";
+  }
+#if defined(__x86_64__)
+  double best = 0.0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::uint64_t x = 0;
+    constexpr std::uint64_t kIters = 200000;  // x 16 dependent adds = 3.2 M cycles (~1 ms)
+    const auto t0 = Clock::now();
+    for (std::uint64_t i = 0; i < kIters; ++i) {
+      asm volatile(
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+          : "+r"(x));
+    }
+    const double t = seconds_since(t0);
+    best = std::max(best, static_cast<double>(x) / t / 1e9);
+  }
+  p.ghz = best;
+#endif
+  return p;
+}
+
+// Reads "--name value" style options.
+struct Args {
+  std::vector<std::string> argv;
+  Args(int argc, char** argv_) : argv(argv_ + 1, argv_ + argc) {}
+  bool flag(std::string_view name) const { return std::find(argv.begin(), argv.end(), name) != argv.end(); }
+  std::string get(std::string_view name, std::string fallback) const {
+    for (std::size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == name) return argv[i + 1];
+    return fallback;
+  }
+  double num(std::string_view name, double fallback) const {
+    const std::string s = get(name, "");
+    return s.empty() ? fallback : std::strtod(s.c_str(), nullptr);
+  }
+};
+
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t end = std::min(s.find(',', start), s.size());
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace bench

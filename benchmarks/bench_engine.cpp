@@ -1,0 +1,314 @@
+// Micro-benchmarks of the engine (medians; run with --threads 1 for stable figures):
+//   op          one small op (a * b on [4] tensors) with graph recording, and without
+//   backward    backward() on a tiny graph (sum(a * b + a), [4] leaves): build + backward minus build
+//   core        the fused attention core against the composed one (MultiHeadAttention, fwd + bwd),
+//               interleaved sample by sample, at the toy and medium shapes
+//   train       the toy example's model (examples/train_heads.cpp: embedding, one pre-LN transformer
+//               block, readout, cross-entropy, AdamW, clipping) — steps per second, and heap
+//               allocations (count and bytes) per step once warm, counted by the operator new below
+//   memory      peak resident memory of one forward + backward of MultiHeadAttention at the large
+//               shape (getrusage), above what the module and input take; run it alone
+//               (`bench_engine memory`), since the peak is a high-water mark of the whole process
+//
+//   bench_engine [op] [backward] [core] [train] [memory] [--threads N] [--tsv]
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include <autograd/autograd.hpp>
+#include <nn/nn.hpp>
+
+#include "bench_common.hpp"
+
+namespace ag = autograd;
+
+// ---- counting every heap allocation of the process ----
+// operator new is replaced below; the C allocators (tensor storage uses aligned_alloc, Eigen's
+// temporaries malloc) are wrapped at link time (-Wl,--wrap=..., benchmarks/CMakeLists.txt), which
+// catches every call from this program and the static headgrad libraries.
+namespace {
+std::atomic<std::uint64_t> g_allocations{0};
+std::atomic<std::uint64_t> g_allocated_bytes{0};
+void count(std::size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  g_allocated_bytes.fetch_add(size, std::memory_order_relaxed);
+}
+}  // namespace
+
+extern "C" {
+void* __real_malloc(std::size_t size);
+void* __real_calloc(std::size_t n, std::size_t size);
+void* __real_realloc(void* p, std::size_t size);
+void* __real_aligned_alloc(std::size_t align, std::size_t size);
+int __real_posix_memalign(void** p, std::size_t align, std::size_t size);
+void* __wrap_malloc(std::size_t size) {
+  count(size);
+  return __real_malloc(size);
+}
+void* __wrap_calloc(std::size_t n, std::size_t size) {
+  count(n * size);
+  return __real_calloc(n, size);
+}
+void* __wrap_realloc(void* p, std::size_t size) {
+  count(size);
+  return __real_realloc(p, size);
+}
+void* __wrap_aligned_alloc(std::size_t align, std::size_t size) {
+  count(size);
+  return __real_aligned_alloc(align, size);
+}
+int __wrap_posix_memalign(void** p, std::size_t align, std::size_t size) {
+  count(size);
+  return __real_posix_memalign(p, align, size);
+}
+}
+
+namespace {
+void* counted_alloc(std::size_t size, std::size_t align) {
+  count(size);
+  if (size == 0) size = 1;
+  void* p = nullptr;
+  if (align <= alignof(std::max_align_t)) {
+    p = __real_malloc(size);
+  } else {
+    size = (size + align - 1) / align * align;  // aligned_alloc wants a multiple of the alignment
+    p = __real_aligned_alloc(align, size);
+  }
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
+void* operator new[](std::size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted_alloc(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted_alloc(n, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_alloc(n, alignof(std::max_align_t));
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace {
+
+bool g_tsv = false;
+
+void report(const std::string& key, double value, const std::string& unit, const std::string& note = "") {
+  if (g_tsv)
+    fmt::print("engine\t{}\t{:.6g}\t{}\n", key, value, unit);
+  else
+    fmt::print("  {:<44} {:>12.4g} {:<8} {}\n", key, value, unit, note);
+  std::fflush(stdout);
+}
+
+// Median seconds per call. Calls are timed in groups of `inner` (a group of sub-microsecond
+// calls is still far shorter than a scheduler time slice, so an interrupted group is an outlier
+// that the median drops).
+template <class F>
+double median_seconds(F&& f, int inner = 1, int samples = 15, double min_time = 0.02) {
+  for (int i = 0; i < 3; ++i) f();
+  auto group = [&] {
+    for (int i = 0; i < inner; ++i) f();
+  };
+  const int reps = bench::calibrate(group, min_time);
+  std::vector<double> times;
+  for (int i = 0; i < samples; ++i) times.push_back(bench::sample(group, reps) / inner);
+  return bench::median(times);
+}
+
+// Allocations made by one call of f (after warm-up calls), and their bytes.
+template <class F>
+std::pair<double, double> allocations_per_call(F&& f, int calls = 20) {
+  for (int i = 0; i < 5; ++i) f();
+  const std::uint64_t n0 = g_allocations.load(), b0 = g_allocated_bytes.load();
+  for (int i = 0; i < calls; ++i) f();
+  return {static_cast<double>(g_allocations.load() - n0) / calls,
+          static_cast<double>(g_allocated_bytes.load() - b0) / calls};
+}
+
+void bench_op() {
+  ag::Tensor a = ag::randn({4}).requires_grad_();
+  ag::Tensor b = ag::randn({4});
+  ag::Tensor keep;
+  auto with_graph = [&] { keep = a * b; };  // records a node; the previous one is freed here
+  const double t_graph = median_seconds(with_graph, 50);
+  const auto [n_graph, bytes_graph] = allocations_per_call(with_graph);
+  auto no_graph = [&] {
+    ag::NoGradGuard guard;
+    keep = a * b;
+  };
+  const double t_plain = median_seconds(no_graph, 50);
+  const auto [n_plain, bytes_plain] = allocations_per_call(no_graph);
+  report("op a*b [4], graph recorded", t_graph * 1e6, "µs", "(goal <= 0.5 µs)");
+  report("op a*b [4], NoGradGuard", t_plain * 1e6, "µs");
+  report("op a*b [4], graph recorded: allocations", n_graph, "/op", fmt::format("{:.0f} bytes", bytes_graph));
+  report("op a*b [4], NoGradGuard: allocations", n_plain, "/op", fmt::format("{:.0f} bytes", bytes_plain));
+}
+
+void bench_backward() {
+  ag::Tensor a = ag::randn({4}).requires_grad_();
+  ag::Tensor b = ag::randn({4}).requires_grad_();
+  auto build = [&] { return ag::sum(a * b + a); };
+  ag::Tensor keep;
+  const double t_build = median_seconds([&] { keep = build(); }, 10);
+  const double t_both = median_seconds([&] {
+    ag::Tensor loss = build();
+    loss.backward();
+  }, 10);
+  report("tiny graph sum(a*b + a): build (3 ops)", t_build * 1e6, "µs");
+  report("tiny graph: backward() alone", (t_both - t_build) * 1e6, "µs", "(PyTorch: about 25 µs)");
+  const auto [n, bytes] = allocations_per_call([&] { build().backward(); });
+  report("tiny graph build + backward: allocations", n, "/call", fmt::format("{:.0f} bytes", bytes));
+}
+
+struct MhaStep {
+  nn::MultiHeadAttention mha;
+  ag::Tensor x;
+  nn::AttentionOptions options;
+  MhaStep(const bench::AttentionShape& s, nn::AttentionCore core)
+      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H, .core = core}) {
+    ag::Generator gen(42);
+    x = ag::randn({s.B, s.T, s.E}, ag::Dtype::Float32, gen).requires_grad_();
+    options.need_weights = false;
+    options.is_causal = s.causal;
+  }
+  void operator()() {
+    mha.zero_grad();
+    if (x.grad().defined()) x.grad().zero_();
+    ag::sum(mha.forward(x, options).output).backward();
+  }
+};
+
+void bench_core() {
+  for (const auto& s : bench::attention_shapes()) {
+    if (s.name != "toy" && s.name != "medium" && s.name != "medium-causal") continue;
+    MhaStep fused(s, nn::AttentionCore::Fused), composed(s, nn::AttentionCore::Composed);
+    for (int i = 0; i < 3; ++i) {
+      fused();
+      composed();
+    }
+    const int reps_f = bench::calibrate(fused, 0.02), reps_c = bench::calibrate(composed, 0.02);
+    std::vector<double> tf, tc;
+    for (int i = 0; i < 15; ++i) {  // interleaved, so that load changes hit both alike
+      tf.push_back(bench::sample(fused, reps_f));
+      tc.push_back(bench::sample(composed, reps_c));
+    }
+    const double f = bench::median(tf), c = bench::median(tc);
+    report(fmt::format("MHA fwd+bwd {} fused", s.name), f * 1e6, "µs");
+    report(fmt::format("MHA fwd+bwd {} composed", s.name), c * 1e6, "µs");
+    report(fmt::format("MHA {} composed / fused", s.name), c / f, "x");
+  }
+  bench::AttentionShape toy{"toy", 8, 32, 64, 4};
+  MhaStep step(toy, nn::AttentionCore::Fused);
+  const auto [n, bytes] = allocations_per_call(step);
+  report("MHA fwd+bwd toy: allocations", n, "/step", fmt::format("{:.0f} bytes", bytes));
+}
+
+// examples/train_heads.cpp's model and step, on one fixed batch.
+struct ToyModel : nn::Module {
+  std::shared_ptr<nn::Embedding> tok, pos;
+  std::shared_ptr<nn::TransformerBlock> block;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> readout;
+  ag::Tensor positions;
+  ToyModel(std::int64_t vocab, std::int64_t T, std::int64_t d_model, std::int64_t heads, std::int64_t d_ff,
+           ag::Generator& gen)
+      : Module("ToyModel") {
+    tok = register_module("tok", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{vocab, d_model}, gen));
+    pos = register_module("pos", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{T, d_model}, gen));
+    block = register_module("block", std::make_shared<nn::TransformerBlock>(
+                                         nn::TransformerBlockOptions{.d_model = d_model, .num_heads = heads, .d_ff = d_ff},
+                                         gen));
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(d_model));
+    readout = register_module("readout", std::make_shared<nn::Linear>(nn::LinearOptions{d_model, vocab}, gen));
+    positions = ag::arange(static_cast<double>(T));
+  }
+  ag::Tensor forward(const ag::Tensor& tokens) const {
+    const ag::Tensor x = ag::add(tok->forward(tokens), pos->forward(positions));  // (B, T, D)
+    nn::AttentionOptions opt;
+    opt.is_causal = true;
+    opt.need_weights = false;
+    return readout->forward(ln_f->forward(block->forward(x, opt).output));  // (B, T, V)
+  }
+};
+
+void bench_train() {
+  const std::int64_t vocab = 8, T = 12, d_model = 32, d_ff = 128, batch = 64;
+  ag::Generator gen(1);
+  ToyModel model(vocab, T, d_model, 2, d_ff, gen);
+  std::vector<double> tokens(static_cast<std::size_t>(batch * T));
+  std::vector<std::int64_t> targets(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<double>(gen.next_u64() % vocab);
+    targets[i] = i % T == 0 ? -100 : static_cast<std::int64_t>(gen.next_u64() % vocab);
+  }
+  const ag::Tensor token_tensor = ag::tensor(tokens, {batch, T});
+  nn::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.01});
+  const nn::CrossEntropyOptions ce{.ignore_index = -100};
+  auto step = [&] {
+    ag::Tensor loss = nn::cross_entropy(model.forward(token_tensor), targets, ce);
+    opt.zero_grad();
+    loss.backward();
+    nn::clip_grad_norm_(model.parameters(), 1.0);
+    opt.step();
+  };
+  const double t = median_seconds(step, 1, 15, 0.05);
+  report("toy model training step (B=64, T=12, D=32, 2 heads)", t * 1e6, "µs");
+  report("toy model training steps per second", 1.0 / t, "steps/s");
+  const auto [n, bytes] = allocations_per_call(step);
+  report("toy model training step: allocations", n, "/step", fmt::format("{:.0f} bytes (goal: 0)", bytes));
+}
+
+double max_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+void bench_memory() {
+  const bench::AttentionShape large{"large", 8, 256, 384, 6};
+  MhaStep step(large, nn::AttentionCore::Fused);
+  const double before = max_rss_mib();
+  step();
+  const double after = max_rss_mib();
+  report("large MHA fwd+bwd: peak RSS of the process", after, "MiB");
+  report("large MHA fwd+bwd: peak RSS above module + input", after - before, "MiB");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::Args args(argc, argv);
+  g_tsv = args.flag("--tsv");
+  ag::set_num_threads(static_cast<int>(args.num("--threads", 1)));
+  std::vector<std::string> what;
+  for (const auto& a : args.argv)
+    if (a == "op" || a == "backward" || a == "core" || a == "train" || a == "memory") what.push_back(a);
+  if (what.empty()) what = {"op", "backward", "core", "train"};
+  if (!g_tsv) fmt::print("headgrad engine micro-benchmarks ({} thread(s), medians)\n", ag::get_num_threads());
+  for (const auto& w : what) {
+    if (w == "op") bench_op();
+    if (w == "backward") bench_backward();
+    if (w == "core") bench_core();
+    if (w == "train") bench_train();
+    if (w == "memory") bench_memory();
+  }
+  return 0;
+}

@@ -1,0 +1,87 @@
+// headgrad against libtorch in one process: forward + backward of multi-head self-attention
+// (float32, need_weights = false, loss = sum), ours and torch::nn::MultiheadAttention
+// interleaved sample by sample, both sides set to the same thread count.
+// Built only when CMake finds Torch (benchmarks/CMakeLists.txt); the libtorch side is in
+// torch_mha_step.cpp.
+//
+//   bench_torch_cpp [--shapes a,b|all] [--threads 1,2] [--samples N] [--min-time S] [--tsv]
+//   --tsv lines: libtorch <shape> <threads> <our median s> <libtorch median s> <libtorch / ours>
+//
+// libtorch's C++ module is sequence-first, (T, B, E); the causal shapes pass the (T, T) -inf
+// mask, since its C++ forward has no is_causal flag.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include <autograd/autograd.hpp>
+#include <nn/nn.hpp>
+
+#include "bench_common.hpp"
+#include "torch_mha_step.hpp"
+
+namespace ag = autograd;
+
+namespace {
+
+struct OurStep {
+  nn::MultiHeadAttention mha;
+  ag::Tensor x;
+  nn::AttentionOptions options;
+  explicit OurStep(const bench::AttentionShape& s)
+      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H}) {
+    ag::Generator gen(42);
+    x = ag::randn({s.B, s.T, s.E}, ag::Dtype::Float32, gen).requires_grad_();
+    options.need_weights = false;
+    options.is_causal = s.causal;
+  }
+  void operator()() {
+    mha.zero_grad();
+    if (x.grad().defined()) x.grad().zero_();
+    ag::sum(mha.forward(x, options).output).backward();
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::Args args(argc, argv);
+  const bool tsv = args.flag("--tsv");
+  const int samples = static_cast<int>(args.num("--samples", 11));
+  const double min_time = args.num("--min-time", 0.03);
+  const std::vector<std::string> wanted = bench::split_list(args.get("--shapes", "all"));
+  std::vector<int> threads;
+  for (const auto& t : bench::split_list(args.get("--threads", "1,2"))) threads.push_back(std::stoi(t));
+
+  if (!tsv)
+    fmt::print("{:<14} {:>7} {:>12} {:>12} {:>14}\n", "shape", "threads", "headgrad", "libtorch", "libtorch/ours");
+  for (int n : threads) {
+    ag::set_num_threads(n);
+    bench::TorchMhaStep::set_num_threads(n);
+    for (const auto& s : bench::attention_shapes()) {
+      if (!(wanted.size() == 1 && wanted[0] == "all") &&
+          std::find(wanted.begin(), wanted.end(), s.name) == wanted.end())
+        continue;
+      OurStep ours(s);
+      bench::TorchMhaStep theirs(s.B, s.T, s.E, s.H, s.causal);
+      for (int i = 0; i < 3; ++i) {
+        ours();
+        theirs();
+      }
+      const int reps_ours = bench::calibrate(ours, min_time), reps_theirs = bench::calibrate(theirs, min_time);
+      std::vector<double> t_ours, t_theirs;
+      for (int i = 0; i < samples; ++i) {  // interleaved: a load change hits both alike
+        t_ours.push_back(bench::sample(ours, reps_ours));
+        t_theirs.push_back(bench::sample(theirs, reps_theirs));
+      }
+      const double a = bench::median(t_ours), b = bench::median(t_theirs);
+      if (tsv)
+        fmt::print("libtorch\t{}\t{}\t{:.9g}\t{:.9g}\t{:.4g}\n", s.name, n, a, b, b / a);
+      else
+        fmt::print("{:<14} {:>7} {:>9.1f} µs {:>9.1f} µs {:>13.2f}x\n", s.name, n, a * 1e6, b * 1e6, b / a);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
