@@ -453,3 +453,32 @@ BOOST_AUTO_TEST_CASE(writer_refuses_bad_names) {
   BOOST_CHECK_THROW(nn::serialize_safetensors({{"__metadata__", ag::ones({1})}}), nn::CheckpointError);
   BOOST_CHECK_THROW(nn::serialize_safetensors({{"a", ag::Tensor()}}), nn::CheckpointError);
 }
+
+BOOST_AUTO_TEST_CASE(any_single_byte_corruption_is_parsed_or_refused_cleanly) {
+  // Every byte of a small file replaced by several values, and every truncation: the parser
+  // either accepts the result or throws CheckpointError — never another exception, never a crash.
+  const GoodFile g = good_file();
+  const std::string whole = make_file(g.header, g.data);
+  int refused = 0, accepted = 0;
+  auto attempt = [&](const std::string& bytes) {
+    try {
+      nn::parse_safetensors(bytes);
+      ++accepted;
+    } catch (const nn::CheckpointError&) {
+      ++refused;
+    } catch (const std::exception& e) {
+      BOOST_ERROR("unexpected exception type: " << e.what());
+    }
+  };
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    for (const char c : {'\0', ' ', '{', '}', '"', ',', '9', '-', 'e', '\\', '\xff', '\x7f'}) {
+      std::string bytes = whole;
+      bytes[i] = c;
+      attempt(bytes);
+    }
+    attempt(whole.substr(0, i));
+  }
+  BOOST_TEST_MESSAGE(refused << " refused, " << accepted << " accepted");
+  BOOST_CHECK_GT(refused, 0);
+  BOOST_CHECK_GT(accepted, 0);  // e.g. changed data bytes are still a valid file
+}
