@@ -194,6 +194,8 @@ Tensor slice_copy(const Tensor& x, std::int64_t dim, std::int64_t start, std::in
       T* d = dst + o * count * inner;
       if (step == 1) {
         std::memcpy(d, s, static_cast<std::size_t>(count * inner) * sizeof(T));
+      } else if (inner == 1) {
+        for (std::int64_t k = 0; k < count; ++k) d[k] = s[k * step];
       } else {
         for (std::int64_t k = 0; k < count; ++k)
           std::memcpy(d + k * inner, s + k * step * inner, static_cast<std::size_t>(inner) * sizeof(T));
