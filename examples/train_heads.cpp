@@ -387,6 +387,7 @@ RunResult train(const Config& c, std::int64_t heads) {
   Progress progress(!c.quiet, c.steps, label);
   const auto start = std::chrono::steady_clock::now();
   nn::CrossEntropyOptions ce{.ignore_index = kIgnore};
+  double batch_acc = 0.0;
   for (std::int64_t step = 1; step <= c.steps; ++step) {
     const Batch b = make_batch(data_gen, c, c.batch);
     const auto out = model.forward(b.token_tensor, false);
@@ -399,8 +400,8 @@ RunResult train(const Config& c, std::int64_t heads) {
     r.losses.push_back(loss.item());
     if (!c.quiet) {
       const bool last = step == c.steps;
-      // accuracy of this batch, computed only when the line is shown
-      progress.update(step, r.losses.back(), last || step % 10 == 0 ? batch_accuracy(out.logits, b.targets) : 0.0, last);
+      if (step % 10 == 1 || last) batch_acc = batch_accuracy(out.logits, b.targets);  // refreshed every 10 steps
+      progress.update(step, r.losses.back(), batch_acc, last);
     }
   }
   progress.finish();
@@ -479,7 +480,7 @@ void write_attention_svg(const RunResult& r, const std::string& path) {
   const auto w = r.sample_weights.to_vector();
   const double cell = 22, margin = 40, gap = 50, title_h = 46;
   const double map = cell * static_cast<double>(T);
-  const double width = margin * 2 + static_cast<double>(H) * map + static_cast<double>(H - 1) * gap;
+  const double width = std::max(600.0, margin * 2 + static_cast<double>(H) * map + static_cast<double>(H - 1) * gap);
   const double height = title_h + margin + map + 30;
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
@@ -563,7 +564,7 @@ void write_loss_svg(const std::vector<RunResult>& runs, const std::string& path,
     const char* color = colors[i % 4];
     s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", color, points);
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"{}\">{} head{}: test accuracy {:.1f}%</text>\n", W - right - 220,
-                     top + 16 + 16 * static_cast<double>(i), color, r.heads, r.heads == 1 ? "" : "s", 100 * r.accuracy);
+                     top + 80 + 16 * static_cast<double>(i), color, r.heads, r.heads == 1 ? "" : "s", 100 * r.accuracy);
   }
   s += "</svg>\n";
   std::ofstream(path) << s;
@@ -624,6 +625,7 @@ int main(int argc, char** argv) {
     fmt::print("model: embeddings -> 1 block ({}) -> LayerNorm -> readout; d_model {}, {} steps, seed {}, {} thread{}\n\n",
                c.mlp ? "causal attention + MLP, pre-LayerNorm, residual" : "causal attention, pre-LayerNorm, residual",
                c.d_model, c.steps, c.seed, ag::get_num_threads(), ag::get_num_threads() == 1 ? "" : "s");
+    std::fflush(stdout);  // the header before the progress lines (stderr), also when piped
     std::vector<RunResult> runs;
     for (auto heads : c.heads) {
       RunResult r = train(c, heads);
@@ -636,6 +638,7 @@ int main(int argc, char** argv) {
       }
       print_terminal_map(r);
       fmt::print("\n");
+      std::fflush(stdout);
       runs.push_back(std::move(r));
     }
     if (runs.size() > 1) {
