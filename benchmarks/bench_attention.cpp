@@ -4,7 +4,8 @@
 //   bench_attention                      every shape at 1 and 2 threads, as a table
 //   bench_attention --shapes toy,large --threads 1 --samples 21 --min-time 0.05
 //   bench_attention --tsv                machine-readable lines (compare_torch.py reads them):
-//       ours <shape> <threads> <median s/step> <GFLOP/s> <sample,sample,...>
+//       ours <shape> <threads> <median s/step> <GFLOP/s> <sample,sample,...> <median CPU s/step>
+//   (* % of peak = FLOPs per CPU-second of the process over one core's FP32 peak)
 //   bench_attention --core composed      the composed attention core instead of the fused one
 //   bench_attention --peak               only the FP32 peak estimate (bench_common.hpp says how)
 #include <cstdio>
@@ -80,7 +81,8 @@ int main(int argc, char** argv) {
                core == nn::AttentionCore::Fused ? "fused" : "composed");
     fmt::print("FP32 peak per core: {} FLOP/cycle ({}) x {:.2f} GHz = {:.1f} GFLOP/s\n\n", peak.flops_per_cycle,
                peak.isa, peak.ghz, peak.gflops());
-    fmt::print("{:<14} {:>7} {:>12} {:>10} {:>12}\n", "shape", "threads", "time/step", "GFLOP/s", "% of peak");
+    fmt::print("{:<14} {:>7} {:>12} {:>10} {:>12}\n", "shape", "threads", "time/step", "GFLOP/s",
+               "% of peak*");
   }
   for (int n : threads) {
     ag::set_num_threads(n);
@@ -94,12 +96,18 @@ int main(int argc, char** argv) {
       std::vector<double> times;
       for (int i = 0; i < samples; ++i) times.push_back(bench::sample(step, reps));
       const double med = bench::median(times);
+      std::vector<double> cpu;
+      for (int i = 0; i < std::max(3, samples / 2); ++i) cpu.push_back(bench::sample_cpu(step, reps));
+      const double cpu_med = bench::median(cpu);
       const double gflops = bench::attention_flops(s) / med / 1e9;
       if (tsv) {
-        fmt::print("ours\t{}\t{}\t{:.9g}\t{:.4g}\t{:.9g}\n", s.name, n, med, gflops, fmt::join(times, ","));
+        fmt::print("ours\t{}\t{}\t{:.9g}\t{:.4g}\t{:.9g}\t{:.9g}\n", s.name, n, med, gflops, fmt::join(times, ","),
+                   cpu_med);
       } else {
+        // % of peak against the CPU time used (robust to other processes' load): FLOPs per
+        // CPU-second over one core's peak.
         fmt::print("{:<14} {:>7} {:>9.1f} µs {:>10.2f} {:>11.1f}%\n", s.name, n, med * 1e6, gflops,
-                   100.0 * gflops / (peak.gflops() * n));
+                   100.0 * bench::attention_flops(s) / cpu_med / 1e9 / peak.gflops());
       }
       std::fflush(stdout);
     }

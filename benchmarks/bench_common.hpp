@@ -3,6 +3,7 @@
 // multi-head attention, a timer that reports medians, and the machine's FP32 peak.
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -37,6 +38,13 @@ inline double attention_flops(const AttentionShape& s) {
 }
 
 using Clock = std::chrono::steady_clock;
+
+// CPU seconds used by the whole process (all threads) so far.
+inline double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -76,6 +84,21 @@ double sample(F&& f, int reps) {
     const auto t0 = Clock::now();
     f();
     ti = seconds_since(t0);
+  }
+  return median(std::move(t));
+}
+
+// One sample of process CPU seconds per call: `reps` calls, each measured alone, the median.
+// CPU time does not count the time the scheduler gave to other processes, so on a loaded machine
+// it is the steadier measure of how much work a step is (it does count time spent spinning at
+// OpenMP barriers).
+template <class F>
+double sample_cpu(F&& f, int reps) {
+  std::vector<double> t(static_cast<std::size_t>(reps));
+  for (auto& ti : t) {
+    const double c0 = process_cpu_seconds();
+    f();
+    ti = process_cpu_seconds() - c0;
   }
   return median(std::move(t));
 }

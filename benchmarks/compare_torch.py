@@ -85,6 +85,19 @@ def samples(f, reps, n):
     return out
 
 
+def samples_cpu(f, reps, n):
+    """Like samples(), in process CPU seconds (steadier than wall time on a loaded machine)."""
+    out = []
+    for _ in range(n):
+        t = []
+        for _ in range(reps):
+            c0 = time.process_time()
+            f()
+            t.append(time.process_time() - c0)
+        out.append(statistics.median(t))
+    return out
+
+
 def run_ours(binary, shape, threads, n, min_time):
     cmd = [binary, "--tsv", "--shapes", shape, "--threads", str(threads), "--samples", str(n),
            "--min-time", str(min_time)]
@@ -92,7 +105,7 @@ def run_ours(binary, shape, threads, n, min_time):
     for line in out.splitlines():
         f = line.split("\t")
         if f[0] == "ours" and f[1] == shape:
-            return [float(v) for v in f[5].split(",")]
+            return [float(v) for v in f[5].split(",")], float(f[6]) if len(f) > 6 else float("nan")
     raise RuntimeError(f"no result from {' '.join(cmd)}:\n{out}")
 
 
@@ -112,17 +125,20 @@ def compare(args):
             for _ in range(3):
                 step()
             reps = calibrate(step, args.min_time)
-            theirs, ours = [], []
+            theirs, ours, ours_cpu, theirs_cpu = [], [], [], []
             for _ in range(args.rounds):
                 if args.ours:
-                    ours += run_ours(args.ours, name, n, args.samples, args.min_time)
+                    o, c = run_ours(args.ours, name, n, args.samples, args.min_time)
+                    ours += o
+                    ours_cpu.append(c)
                 theirs += samples(step, reps, args.samples)
-            t = statistics.median(theirs)
+                theirs_cpu += samples_cpu(step, reps, max(1, args.samples // 2))
+            t, tc = statistics.median(theirs), statistics.median(theirs_cpu)
             if args.ours:
-                o = statistics.median(ours)
-                print(f"pytorch\t{name}\t{n}\t{o:.9g}\t{t:.9g}\t{t / o:.4g}", flush=True)
+                o, oc = statistics.median(ours), statistics.median(ours_cpu)
+                print(f"pytorch\t{name}\t{n}\t{o:.9g}\t{t:.9g}\t{t / o:.4g}\t{oc:.9g}\t{tc:.9g}", flush=True)
             else:
-                print(f"pytorch\t{name}\t{n}\t\t{t:.9g}\t", flush=True)
+                print(f"pytorch\t{name}\t{n}\t\t{t:.9g}\t\t\t{tc:.9g}", flush=True)
 
 
 def micro(args):
@@ -194,6 +210,8 @@ def table(args):
             r = rows.setdefault((f[1], int(f[2])), {})
             r[f[0] + "_ours"] = float(f[3])
             r[f[0]] = float(f[4])
+            if f[0] == "pytorch" and len(f) >= 8:
+                r["ours_cpu"], r["pytorch_cpu"] = float(f[6]), float(f[7])
     order = {s[0]: i for i, s in enumerate(SHAPES)}
     dims = {s[0]: s[1:4] for s in SHAPES}
     have_lt = any("libtorch" in r for r in rows.values())
@@ -202,8 +220,8 @@ def table(args):
     if have_lt:
         head += " libtorch (C++) | libtorch / headgrad |"
         sep += " ---: | ---: |"
-    head += " vs faster | headgrad GFLOP/s | % of FP32 peak |"
-    sep += " ---: | ---: | ---: |"
+    head += " vs the faster | CPU-time ratio (PyTorch) | headgrad GFLOP/s | % of FP32 peak |"
+    sep += " ---: | ---: | ---: | ---: |"
     print(head)
     print(sep)
 
@@ -231,9 +249,11 @@ def table(args):
             else:
                 cells += ["–", "–"]
         cells.append(f"**{min(ratios):.2f}×**" if ratios else "–")
+        cells.append(f"{r['pytorch_cpu'] / r['ours_cpu']:.2f}×" if "ours_cpu" in r else "–")
         gflops = flops(B, T, E) / ours / 1e9
         cells.append(f"{gflops:.1f}")
-        cells.append(f"{100 * gflops / (peak * n):.0f} %" if peak else "–")
+        # against CPU time (FLOPs per CPU-second of the process), robust to other processes' load
+        cells.append(f"{100 * flops(B, T, E) / r['ours_cpu'] / 1e9 / peak:.0f} %" if peak and "ours_cpu" in r else "–")
         print("| " + " | ".join(cells) + " |")
 
 

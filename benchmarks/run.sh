@@ -16,10 +16,13 @@ shapes=${SHAPES:-all}
 rounds=${ROUNDS:-3}
 samples=${SAMPLES:-5}
 
+mkdir -p "$build"
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${torch_prefix:+-DCMAKE_PREFIX_PATH="$torch_prefix"} >/dev/null
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${torch_prefix:+-DCMAKE_PREFIX_PATH="$torch_prefix"} \
+  >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 targets=(bench_attention bench_engine)
-if cmake --build "$build" --target help | grep -q bench_torch_cpp; then targets+=(bench_torch_cpp); fi
+target_list=$(cmake --build "$build" --target help)
+if [[ "$target_list" == *bench_torch_cpp* ]]; then targets+=(bench_torch_cpp); fi
 cmake --build "$build" -j"${JOBS:-2}" --target "${targets[@]}"
 bin=$build/benchmarks
 
