@@ -272,7 +272,8 @@ BOOST_AUTO_TEST_CASE(constructor_rejects_bad_settings) {
   BOOST_CHECK_THROW(nn::Adam({p}, {.beta1 = 1.0}), std::invalid_argument);
   BOOST_CHECK_THROW(nn::Adam({p, p}), std::invalid_argument);
   BOOST_CHECK_THROW(nn::Adam(std::vector<ag::Tensor>{}), std::invalid_argument);
-  BOOST_CHECK_THROW(nn::Adam({ag::tensor({1.0}, {1})}), std::invalid_argument);  // no requires_grad
+  BOOST_CHECK_THROW(nn::Adam({ag::mul(p, 2.0)}), std::invalid_argument);  // not a leaf
+  BOOST_CHECK_NO_THROW(nn::Adam({p, ag::tensor({1.0}, {1})}));  // a frozen leaf is skipped
 }
 
 BOOST_AUTO_TEST_CASE(warmup_cosine_rises_linearly_then_follows_half_a_cosine) {

@@ -36,8 +36,10 @@ Optimizer::Optimizer(std::string name, std::vector<ag::Tensor> params, double lr
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
     if (!p.defined()) ag::fail(name_, "parameter {} is undefined", i);
-    if (!p.is_leaf() || !p.requires_grad())
-      ag::fail(name_, "parameter {} {} must be a leaf that requires grad", i, ag::shape_str(p.shape()));
+    // (A frozen leaf, requires_grad = false, is allowed: it never gets a gradient, so it is skipped.)
+    if (!p.is_leaf())
+      ag::fail(name_, "parameter {} {} is not a leaf (it was computed by an op); pass the tensor itself", i,
+               ag::shape_str(p.shape()));
     for (std::size_t j = 0; j < i; ++j)
       if (params_[j].is_same(p)) ag::fail(name_, "parameter {} appears twice (also at {})", i, j);
   }
