@@ -59,7 +59,7 @@ struct Config {
   int threads = 1;
   std::string summary;
   std::string out_dir = "train_heads_out";
-  bool svg = true;
+  bool write_files = true;  // pictures and trained models in out_dir
   bool quiet = false;
   std::string task = "difference";
   bool mlp = true;
@@ -125,7 +125,7 @@ Config parse_args(int argc, char** argv) {
     } else if (a == "--out") {
       c.out_dir = value(i);
     } else if (a == "--no-files") {
-      c.svg = false;
+      c.write_files = false;
     } else if (a == "--steps") {
       c.steps = integer(i, 1);
     } else if (a == "--batch") {
@@ -420,7 +420,7 @@ RunResult train(const Config& c, std::int64_t heads) {
   r.sample_weights = ag::narrow(out.weights, 0, 0, 1).detach();
   r.sample_weights = ag::reshape(r.sample_weights, {heads, c.seq_len, c.seq_len});
   r.sample_tokens.assign(test.tokens.begin(), test.tokens.begin() + c.seq_len);
-  if (c.svg) {
+  if (c.write_files) {
     // The trained parameters, readable by Python: safetensors.torch.load_file(path)
     std::filesystem::create_directories(c.out_dir);
     nn::save_parameters(model, fmt::format("{}/model_{}_heads.safetensors", c.out_dir, heads),
@@ -649,7 +649,7 @@ int main(int argc, char** argv) {
                  many.heads, 100 * many.accuracy, 100 * one.accuracy, 100 * (many.accuracy - one.accuracy), many.parameters,
                  one.parameters);
     }
-    if (c.svg) {
+    if (c.write_files) {
       std::filesystem::create_directories(c.out_dir);
       for (const auto& r : runs) write_attention_svg(r, fmt::format("{}/attention_{}_heads.svg", c.out_dir, r.heads));
       write_loss_svg(runs, c.out_dir + "/loss.svg", std::log(static_cast<double>(classes(c))));
