@@ -29,6 +29,16 @@ namespace {
 // ---- a small JSON reader: enough for any safetensors header, strict about syntax ----
 
 struct Json {
+  // Special members defined out of line, after Json is complete: clang (with libstdc++) cannot
+  // instantiate std::pair<std::string, Json> inside Json's own definition (fuzz/run.sh builds
+  // this file with clang).
+  Json();
+  Json(const Json&);
+  Json(Json&&) noexcept;
+  Json& operator=(const Json&);
+  Json& operator=(Json&&) noexcept;
+  ~Json();
+
   enum class Kind { Null, Bool, Number, String, Array, Object };
   Kind kind = Kind::Null;
   bool boolean = false;
@@ -36,6 +46,12 @@ struct Json {
   std::vector<Json> items;
   std::vector<std::pair<std::string, Json>> members;  // in file order, keys unique
 };
+Json::Json() = default;
+Json::Json(const Json&) = default;
+Json::Json(Json&&) noexcept = default;
+Json& Json::operator=(const Json&) = default;
+Json& Json::operator=(Json&&) noexcept = default;
+Json::~Json() = default;
 
 const char* kind_name(Json::Kind k) {
   switch (k) {
@@ -392,7 +408,8 @@ std::vector<std::pair<ag::Tensor, ag::Tensor>> plan_parameter_load(const NamedTe
   std::set<std::string> param_names;
   for (const auto& [name, p] : params) param_names.insert(name);
   for (const auto& [name, p] : params) {
-    const auto it = std::find_if(stored.begin(), stored.end(), [&](const auto& e) { return e.first == name; });
+    // (an init-capture: clang before 16 cannot capture a structured binding)
+    const auto it = std::find_if(stored.begin(), stored.end(), [&n = name](const auto& e) { return e.first == n; });
     if (it == stored.end()) {
       missing.push_back("'" + prefix + name + "'");
       continue;
