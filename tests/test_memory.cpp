@@ -25,7 +25,8 @@
 #endif
 #endif
 #ifdef HEADGRAD_ASAN
-#include <sanitizer/allocator_interface.h>
+// From the AddressSanitizer runtime (declared here: GCC ships no sanitizer/allocator_interface.h).
+extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
 #endif
 
 namespace ag = autograd;
@@ -124,7 +125,13 @@ BOOST_AUTO_TEST_CASE(long_training_loop_keeps_memory_flat) {
   BOOST_TEST(heap1 - heap0 < kMaxHeapGrowth);
   BOOST_TEST(heap_peak - heap0 < kMaxHeapGrowth);
   BOOST_TEST(rss0 > 0);
+#ifdef HEADGRAD_ASAN
+  // AddressSanitizer keeps freed blocks resident in its quarantine (256 MB by default), so the
+  // resident set says nothing here; the live-heap bounds above still hold.
+  BOOST_TEST_MESSAGE("RSS growth not bounded under AddressSanitizer");
+#else
   BOOST_TEST(rss1 - rss0 < kMaxRssGrowth);
+#endif
 }
 
 BOOST_AUTO_TEST_CASE(forward_passes_dropped_without_backward_free_their_graphs) {
