@@ -214,7 +214,10 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
     if (any_grad) {
       for (std::size_t i = 0; i < grad_outputs.size(); ++i) {
         const auto& meta = node->output_meta[i];
-        if (!grad_outputs[i].defined()) grad_outputs[i] = zeros(meta.shape, meta.dtype);
+        if (!grad_outputs[i].defined()) {
+          if (!node->materialize_grads) continue;  // the rule reads undefined as zero
+          grad_outputs[i] = zeros(meta.shape, meta.dtype);
+        }
         for (const auto& hook : node->output_hooks[i]) {
           Tensor replaced = hook(grad_outputs[i]);
           if (!replaced.defined()) continue;

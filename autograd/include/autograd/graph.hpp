@@ -42,7 +42,8 @@ class Node : public std::enable_shared_from_this<Node> {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  // grad_outputs has one defined tensor per output (zeros where none arrived); returns one
+  // grad_outputs has one tensor per output (zeros where none arrived, or undefined when
+  // materialize_grads is false); returns one
   // gradient per input edge (undefined where that input needs none).
   virtual TensorList apply(const TensorList& grad_outputs) = 0;
   // Drops what was saved for backward; the node can no longer be applied.
@@ -59,6 +60,10 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<std::vector<TensorHook>> output_hooks;  // per output, run before apply
   std::uint64_t sequence_nr;           // creation order; later nodes run first
   std::string creation_context;        // where it was made (filled under anomaly detection)
+  // True (the default): an output that received no gradient is handed to apply() as zeros of
+  // its shape. False: it is handed over undefined, and the rule must treat it as zero; rules
+  // of multi-output ops set this to skip work (and memory) for outputs nobody used.
+  bool materialize_grads = true;
 
  private:
   std::string name_;
