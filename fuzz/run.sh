@@ -36,6 +36,9 @@ flags=(-std=c++20 -O1 -g -DNDEBUG -DFMT_SHARED -fno-omit-frame-pointer -fno-sani
        -Iautograd/include -Inn/include -isystem /usr/include/eigen3)
 grep -q '^HEADGRAD_NATIVE:BOOL=ON' "$main_build/CMakeCache.txt" && flags+=(-march=native)
 link=("${libs[@]}" -lfmt -lgomp -lpthread)
+# The BLAS the main build's headgrad_autograd calls (empty when it was built without one).
+blas=$(sed -n 's/^HEADGRAD_BLAS_LINK:INTERNAL=//p' "$main_build/CMakeCache.txt")
+[ -n "$blas" ] && link+=("$blas")
 
 mkdir -p "$out/corpus"
 rm -rf "$out/seeds"

@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake make g++ libeigen3-dev libfmt-dev libboost-test-dev)
+# libopenblas-openmp-dev: the OpenMP build of OpenBLAS for large matrix products (HEADGRAD_BLAS;
+# without it the build falls back to Eigen's own). Not libopenblas-dev, which brings the pthreads
+# build.
+packages=(cmake make g++ pkg-config libeigen3-dev libfmt-dev libboost-test-dev libopenblas-openmp-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

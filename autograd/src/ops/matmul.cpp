@@ -4,21 +4,20 @@
 //   [K]·[..., K, N] -> [..., N]       the vector is promoted to [1, K], the 1 removed after
 //   [..., M, K]·[K] -> [..., M]       the vector is promoted to [K, 1], the 1 removed after
 //   [...a, M, K]·[...b, K, N] -> [broadcast(...a, ...b), M, N]
-// Each batch slice is one GEMM on Eigen maps of the row-major storage (no copies). When B has
+// Each batch slice is one GEMM (gemm.hpp) on the row-major storage (no copies). When B has
 // no batch dims, A's batch folds into its rows and the whole product is a single GEMM, forward
 // and backward.
 #include <memory>
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "gemm.hpp"
 
 namespace autograd {
 namespace {
 
 template <class T>
 using Mat = Eigen::Map<RowMatrix<T>>;
-template <class T>
-using ConstMat = Eigen::Map<const RowMatrix<T>>;
 
 // Below this many multiply-adds a batched product runs its slices on one thread.
 constexpr std::int64_t kParallelFlops = 1 << 16;
@@ -96,14 +95,14 @@ template <class T>
 void forward(const MatmulPlan& p, const T* a, const T* b, T* c) {
   const std::int64_t m = p.m, k = p.k, n = p.n;
   if (p.folds()) {
-    Mat<T>(c, p.batch * m, n).noalias() = ConstMat<T>(a, p.batch * m, k) * ConstMat<T>(b, k, n);
+    gemm<T>(false, false, p.batch * m, n, k, T(1), a, k, b, n, T(0), c, n);
     return;
   }
 #pragma omp parallel for schedule(static) if (p.parallel())
   for (std::int64_t i = 0; i < p.batch; ++i) {
     const auto s = static_cast<std::size_t>(i);
-    Mat<T>(c + i * m * n, m, n).noalias() =
-        ConstMat<T>(a + p.a_index[s] * m * k, m, k) * ConstMat<T>(b + p.b_index[s] * k * n, k, n);
+    gemm<T>(false, false, m, n, k, T(1), a + p.a_index[s] * m * k, k, b + p.b_index[s] * k * n, n, T(0),
+            c + i * m * n, n);
   }
 }
 
@@ -112,23 +111,23 @@ template <class T>
 void grad_a(const MatmulPlan& p, const T* dc, const T* b, T* da) {
   const std::int64_t m = p.m, k = p.k, n = p.n;
   if (p.folds()) {
-    Mat<T>(da, p.batch * m, k).noalias() = ConstMat<T>(dc, p.batch * m, n) * ConstMat<T>(b, k, n).transpose();
+    gemm<T>(false, true, p.batch * m, k, n, T(1), dc, n, b, n, T(0), da, k);
     return;
   }
   if (p.a_mats == p.batch) {  // one slice per matrix of A: plain assignment, slices independent
 #pragma omp parallel for schedule(static) if (p.parallel())
     for (std::int64_t i = 0; i < p.batch; ++i) {
       const auto s = static_cast<std::size_t>(i);
-      Mat<T>(da + p.a_index[s] * m * k, m, k).noalias() =
-          ConstMat<T>(dc + i * m * n, m, n) * ConstMat<T>(b + p.b_index[s] * k * n, k, n).transpose();
+      gemm<T>(false, true, m, k, n, T(1), dc + i * m * n, n, b + p.b_index[s] * k * n, n, T(0),
+              da + p.a_index[s] * m * k, k);
     }
     return;
   }
   Mat<T>(da, p.a_mats * m, k).setZero();
   for (std::int64_t i = 0; i < p.batch; ++i) {
     const auto s = static_cast<std::size_t>(i);
-    Mat<T>(da + p.a_index[s] * m * k, m, k).noalias() +=
-        ConstMat<T>(dc + i * m * n, m, n) * ConstMat<T>(b + p.b_index[s] * k * n, k, n).transpose();
+    gemm<T>(false, true, m, k, n, T(1), dc + i * m * n, n, b + p.b_index[s] * k * n, n, T(1),
+            da + p.a_index[s] * m * k, k);
   }
 }
 
@@ -137,23 +136,23 @@ template <class T>
 void grad_b(const MatmulPlan& p, const T* dc, const T* a, T* db) {
   const std::int64_t m = p.m, k = p.k, n = p.n;
   if (p.folds()) {
-    Mat<T>(db, k, n).noalias() = ConstMat<T>(a, p.batch * m, k).transpose() * ConstMat<T>(dc, p.batch * m, n);
+    gemm<T>(true, false, k, n, p.batch * m, T(1), a, k, dc, n, T(0), db, n);
     return;
   }
   if (p.b_mats == p.batch) {
 #pragma omp parallel for schedule(static) if (p.parallel())
     for (std::int64_t i = 0; i < p.batch; ++i) {
       const auto s = static_cast<std::size_t>(i);
-      Mat<T>(db + p.b_index[s] * k * n, k, n).noalias() =
-          ConstMat<T>(a + p.a_index[s] * m * k, m, k).transpose() * ConstMat<T>(dc + i * m * n, m, n);
+      gemm<T>(true, false, k, n, m, T(1), a + p.a_index[s] * m * k, k, dc + i * m * n, n, T(0),
+              db + p.b_index[s] * k * n, n);
     }
     return;
   }
   Mat<T>(db, p.b_mats * k, n).setZero();
   for (std::int64_t i = 0; i < p.batch; ++i) {
     const auto s = static_cast<std::size_t>(i);
-    Mat<T>(db + p.b_index[s] * k * n, k, n).noalias() +=
-        ConstMat<T>(a + p.a_index[s] * m * k, m, k).transpose() * ConstMat<T>(dc + i * m * n, m, n);
+    gemm<T>(true, false, k, n, m, T(1), a + p.a_index[s] * m * k, k, dc + i * m * n, n, T(1),
+            db + p.b_index[s] * k * n, n);
   }
 }
 

@@ -1,0 +1,159 @@
+// The matrix product behind matmul and the fused attention kernels (see gemm.hpp).
+#include "gemm.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+
+#include <Eigen/Core>
+#include <omp.h>
+
+#include "autograd/tensor.hpp"
+
+#ifdef HEADGRAD_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+namespace autograd {
+
+namespace {
+
+// Eigen's product on strided maps of the row-major buffers.
+template <class T>
+void eigen_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+                std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  using Stride = Eigen::OuterStride<>;
+  using Map = Eigen::Map<RowMatrix<T>, Eigen::Unaligned, Stride>;
+  using ConstMap = Eigen::Map<const RowMatrix<T>, Eigen::Unaligned, Stride>;
+  Map c(C, M, N, Stride(ldc));
+  if (K == 0 || alpha == T(0)) {  // nothing to add: C = beta·C
+    if (beta == T(0)) {
+      c.setZero();
+    } else if (beta != T(1)) {
+      c *= beta;
+    }
+    return;
+  }
+  const ConstMap a(A, trans_a ? K : M, trans_a ? M : K, Stride(lda));
+  const ConstMap b(B, trans_b ? N : K, trans_b ? K : N, Stride(ldb));
+  auto run = [&](const auto& op_a, const auto& op_b) {
+    if (beta == T(0)) {
+      c.noalias() = alpha * op_a * op_b;
+    } else {
+      if (beta != T(1)) c *= beta;
+      c.noalias() += alpha * op_a * op_b;
+    }
+  };
+  if (!trans_a && !trans_b) run(a, b);
+  else if (!trans_a) run(a, b.transpose());
+  else if (!trans_b) run(a.transpose(), b);
+  else run(a.transpose(), b.transpose());
+}
+
+#ifdef HEADGRAD_HAVE_BLAS
+// When the BLAS takes a product. Measured on the benchmark machine (AMD EPYC Zen 3, AVX2+FMA,
+// one thread, OpenBLAS 0.3.21 against Eigen 3.4, float32, all three transpose cases used here):
+//   - below ~1e5 multiply-adds Eigen is 5-25 % faster (32x16x32: Eigen 1.2x; 64x64x16: 1.2x);
+//   - around 1.3e5 (64x64x32, 48x48x48) they tie;
+//   - from 2.6e5 up OpenBLAS wins, 1.1-1.6x (128x32x128: 1.2-1.6x; 128x128x128: 1.5x;
+//     2048x128x128: 1.3-1.5x), except when one dimension is as thin as 16 (128x128x16: Eigen
+//     1.15x), where OpenBLAS's packing does not pay.
+constexpr std::int64_t kBlasMinWork = std::int64_t{1} << 17;  // M·N·K
+constexpr std::int64_t kBlasMinDim = 32;                       // min(M, N, K)
+
+bool use_blas(std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t lda, std::int64_t ldb,
+              std::int64_t ldc) {
+  if (std::min({M, N, K}) < kBlasMinDim || M * N * K < kBlasMinWork) return false;
+  if (std::max({M, N, K, lda, ldb, ldc}) > INT_MAX) return false;  // blasint is 32-bit
+  // A pthreads build of OpenBLAS does not see our threads: keep it on one thread for good (the
+  // OpenMP build follows omp_get_max_threads(), which blas_gemm holds at 1 around each call).
+  static const bool configured = [] {
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+    return true;
+  }();
+  return configured;
+}
+
+// Threads. OpenBLAS's result depends on how it cuts a product among its threads (and on the
+// shape of each piece), so it never chooses: outside our parallel regions a large product is cut
+// into pieces by its shape alone, the pieces are shared among our threads, and each is one
+// single-threaded BLAS call. Whatever the thread count, every element is computed the same way.
+constexpr std::int64_t kPieceWork = std::int64_t{1} << 22;  // multiply-adds per piece, at least
+constexpr std::int64_t kPieceMin = 192;                     // rows (or columns) per piece, at least
+constexpr std::int64_t kMaxPieces = 8;
+
+template <class T>
+void blas_call(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+               std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N), k = static_cast<blasint>(K);
+  const auto la = static_cast<blasint>(lda), lb = static_cast<blasint>(ldb), lc = static_cast<blasint>(ldc);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
+  }
+}
+
+template <class T>
+void blas_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+               std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  if (omp_in_parallel()) {  // one thread of our team: OpenBLAS stays on it
+    blas_call(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  // Cut the longer side of C into pieces of whole 16-row (or column) strips.
+  const bool by_rows = M >= N;
+  const std::int64_t side = by_rows ? M : N;
+  const std::int64_t pieces = std::max<std::int64_t>(1, std::min({kMaxPieces, side / kPieceMin, M * N * K / kPieceWork}));
+  const std::int64_t step = ((side + pieces - 1) / pieces + 15) / 16 * 16;
+  const std::int64_t count = (side + step - 1) / step;
+  const int threads = omp_get_max_threads();
+  if (count == 1 || threads == 1) {
+    // OpenBLAS follows omp_get_max_threads(): hold it at 1 for the call.
+    if (threads > 1) omp_set_num_threads(1);
+    for (std::int64_t p = 0; p < count; ++p) {
+      const std::int64_t lo = p * step, len = std::min(step, side - lo);
+      if (by_rows) {
+        blas_call(trans_a, trans_b, len, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc,
+                  ldc);
+      } else {
+        blas_call(trans_a, trans_b, M, len, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+      }
+    }
+    if (threads > 1) omp_set_num_threads(threads);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (std::int64_t p = 0; p < count; ++p) {
+    const std::int64_t lo = p * step, len = std::min(step, side - lo);
+    if (by_rows) {
+      blas_call(trans_a, trans_b, len, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
+    } else {
+      blas_call(trans_a, trans_b, M, len, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+    }
+  }
+}
+#endif  // HEADGRAD_HAVE_BLAS
+
+}  // namespace
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+          std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  if (M == 0 || N == 0) return;
+#ifdef HEADGRAD_HAVE_BLAS
+  if (use_blas(M, N, K, lda, ldb, ldc)) {
+    blas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#endif
+  eigen_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
+                          const float*, std::int64_t, float, float*, std::int64_t);
+template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const double*,
+                           std::int64_t, const double*, std::int64_t, double, double*, std::int64_t);
+
+}  // namespace autograd
