@@ -304,6 +304,10 @@ BOOST_AUTO_TEST_CASE(fused_matches_composed_forward_and_backward) {
       {"full_mask", {1, 4, 3, 2}, {1, 4, 5, 2}, {1, 4, 5, 1}, 3, false, 0.0},
       {"causal", {2, 2, 6, 4}, {2, 2, 6, 4}, {2, 2, 6, 4}, 0, true, 0.0},
       {"causal_ts_mask", {2, 2, 5, 3}, {2, 2, 5, 3}, {2, 2, 5, 2}, 1, true, 1.5},
+      // Long enough for the kernel's causal blocks of query rows (32): three blocks, the last short.
+      {"causal_row_blocks", {1, 2, 70, 8}, {1, 2, 70, 8}, {1, 2, 70, 5}, 1, true, 0.0},
+      // Blocks large enough for the BLAS path of the matrix products.
+      {"causal_row_blocks_large", {1, 1, 96, 64}, {1, 1, 96, 64}, {1, 1, 96, 48}, 0, true, 0.0},
   };
   std::uint64_t seed = 100;
   for (const auto& c : cases) {

@@ -6,11 +6,14 @@
 //                      scores/P/Z/dP/dS [T, S]   O, dO [T, d_v]
 #include "autograd/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "gemm.hpp"
 
 namespace autograd {
 
@@ -30,12 +33,36 @@ constexpr std::int64_t kParallelWork = 1 << 16;
 struct Dims {
   std::int64_t B, H, T, S, d_k, d_v;
   std::int64_t slices() const { return B * H; }
-  // Threads split the slices, never one slice's products. Inside a team Eigen runs its GEMMs
-  // single-threaded, so every slice is computed the same way whatever the thread count (and
-  // below the threshold each product is too small for Eigen to split it). The price: B·H = 1
-  // runs on one thread.
+  // Threads split the slices, never one slice's products. Inside a team Eigen and the BLAS
+  // run their GEMMs single-threaded, so every slice is computed the same way whatever the thread
+  // count (and below the threshold each product is too small for gemm to split it). The price:
+  // B·H = 1 runs on one thread.
   bool parallel() const { return slices() * T * S * (d_k + d_v) >= kParallelWork; }
 };
+
+template <class T>
+using StridedMap = Eigen::Map<std::conditional_t<std::is_const_v<T>, const RowMatrix<std::remove_const_t<T>>, RowMatrix<T>>,
+                              Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class T>
+using RowMap = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
+template <class T>
+using ConstRowMap = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>;
+
+// Causal attention works on blocks of this many query rows; block [r0, r1) sees keys 0..r1-1
+// only, so about (1 + step/T)/2 of the full products are computed.
+constexpr std::int64_t kCausalBlock = 32;
+
+// How a slice's query rows are cut: one block of all T rows seeing all S keys, or causal blocks.
+struct RowBlocks {
+  std::int64_t step = 1;
+  bool causal = false;
+  std::int64_t S = 0;
+  std::int64_t cols(std::int64_t r1) const { return causal ? r1 : S; }  // keys visible to rows < r1
+};
+
+RowBlocks row_blocks(const Dims& d, bool causal) {
+  return {causal ? kCausalBlock : std::max<std::int64_t>(d.T, 1), causal, d.S};
+}
 
 // Where slice (b, h), row i, column j of the broadcast mask lives: b·sb + h·sh + i·st + j·ss.
 // A stride is 0 along a broadcast (size-1) dim.
@@ -89,142 +116,186 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 // ---- forward ----
 // For each slice:  S = scale·Q·Kᵀ + M;  P = softmax_rows(S) (causal: columns 0..i of row i);
 //                  O = (P ⊙ Z)·V.
+// Causal slices go in blocks of query rows (causal_blocks): block [r0, r1) multiplies only
+// against keys 0..r1-1, the ones its rows can see.
 template <class T>
 void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* mask, MaskStrides ms,
                     bool causal, T scale, const T* keep, T* weights, T* out) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
+  const RowBlocks blocks = row_blocks(d, causal);
 #pragma omp parallel if (d.parallel())
   {
-    RowMatrix<T> dropped;  // P ⊙ Z, per thread
+    RowMatrix<T> dropped;  // P ⊙ Z of a block, per thread
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
       const std::int64_t b = bh / d.H, h = bh % d.H;
-      ConstSliceMap<T> Q(q + bh * d.T * d.d_k, d.T, d.d_k);  // [T, d_k]
-      ConstSliceMap<T> K(k + bh * d.S * d.d_k, d.S, d.d_k);  // [S, d_k]
-      ConstSliceMap<T> V(v + bh * d.S * d.d_v, d.S, d.d_v);  // [S, d_v]
-      SliceMap<T> P(weights + bh * d.T * d.S, d.T, d.S);    // [T, S]: scores, then weights in place
-      SliceMap<T> O(out + bh * d.T * d.d_v, d.T, d.d_v);    // [T, d_v]
+      const T* Q = q + bh * d.T * d.d_k;  // [T, d_k]
+      const T* K = k + bh * d.S * d.d_k;  // [S, d_k]
+      const T* V = v + bh * d.S * d.d_v;  // [S, d_v]
+      T* P = weights + bh * d.T * d.S;    // [T, S]: scores, then weights in place
+      T* O = out + bh * d.T * d.d_v;      // [T, d_v]
+      const T* Z = keep != nullptr ? keep + bh * d.T * d.S : nullptr;
 
-      // S = scale·Q·Kᵀ                                     [T, d_k] x [d_k, S] -> [T, S]
-      P.noalias() = scale * Q * K.transpose();
-      // S += M (broadcast)
-      if (mask != nullptr) {
-        const T* mb = mask + b * ms.sb + h * ms.sh;
-        for (std::int64_t i = 0; i < d.T; ++i) {
-          const T* mrow = mb + i * ms.st;
-          T* srow = P.data() + i * d.S;
-          if (ms.ss != 0) {
-            for (std::int64_t j = 0; j < d.S; ++j) srow[j] += mrow[j];
-          } else {
-            const T m = mrow[0];
-            for (std::int64_t j = 0; j < d.S; ++j) srow[j] += m;
+      for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
+        const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
+        const std::int64_t cols = blocks.cols(r1);  // keys rows r0..r1-1 can see
+        T* Pb = P + r0 * d.S;                       // [rows, cols] of row stride S
+        // S = scale·Q·Kᵀ                               [rows, d_k] x [d_k, cols] -> [rows, cols]
+        gemm<T>(false, true, rows, cols, d.d_k, scale, Q + r0 * d.d_k, d.d_k, K, d.d_k, T(0), Pb, d.S);
+        // S += M (broadcast)
+        if (mask != nullptr) {
+          const T* mb = mask + b * ms.sb + h * ms.sh;
+          for (std::int64_t i = r0; i < r1; ++i) {
+            const T* mrow = mb + i * ms.st;
+            T* srow = P + i * d.S;
+            if (ms.ss != 0) {
+              for (std::int64_t j = 0; j < cols; ++j) srow[j] += mrow[j];
+            } else {
+              const T m = mrow[0];
+              for (std::int64_t j = 0; j < cols; ++j) srow[j] += m;
+            }
           }
         }
-      }
-      // P = softmax(S) by rows; a row with every key blocked (max = -inf) stays all zero,
-      // where the textbook formula would give 0/0 = NaN.
-      for (std::int64_t i = 0; i < d.T; ++i) {
-        const std::int64_t seen = causal ? i + 1 : d.S;  // causal: keys 0..i
-        auto row = P.row(i).head(seen).array();
-        const T row_max = seen > 0 ? row.maxCoeff() : neg_inf;
-        if (row_max == neg_inf) {
-          P.row(i).setZero();
-          continue;
+        // P = softmax(S) by rows; a row with every key blocked (max = -inf) stays all zero,
+        // where the textbook formula would give 0/0 = NaN.
+        for (std::int64_t i = r0; i < r1; ++i) {
+          const std::int64_t seen = causal ? i + 1 : d.S;  // causal: keys 0..i
+          RowMap<T> prow(P + i * d.S, d.S);
+          auto row = prow.head(seen).array();
+          const T row_max = seen > 0 ? row.maxCoeff() : neg_inf;
+          if (row_max == neg_inf) {
+            prow.setZero();
+            continue;
+          }
+          // Blocked keys get weight exactly 0 (Eigen's vectorised exp clamps its argument, so
+          // exp(-inf) alone would give ~1e-308). Without a mask no key is blocked (causality is
+          // the `seen` bound), and the exp stays vectorised (select is not).
+          if (mask != nullptr && (row == neg_inf).any()) {
+            row = (row == neg_inf).select(T(0), (row - row_max).exp());
+          } else {
+            row = (row - row_max).exp();
+          }
+          row /= row.sum();  // sum >= 1 (the max term is exp(0))
+          if (seen < d.S) prow.tail(d.S - seen).setZero();
         }
-        // Blocked keys get weight exactly 0 (Eigen's vectorised exp clamps its argument, so
-        // exp(-inf) alone would give ~1e-308).
-        row = (row == neg_inf).select(T(0), (row - row_max).exp());
-        row /= row.sum();             // sum >= 1 (the max term is exp(0))
-        if (seen < d.S) P.row(i).tail(d.S - seen).setZero();
-      }
-      // O = (P ⊙ Z)·V                                        [T, S] x [S, d_v] -> [T, d_v]
-      if (d.S == 0) {
-        O.setZero();
-      } else if (keep != nullptr) {
-        dropped = P.array() * ConstSliceMap<T>(keep + bh * d.T * d.S, d.T, d.S).array();
-        O.noalias() = dropped * V;
-      } else {
-        O.noalias() = P * V;
+        // O = (P ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
+        const T* Pd = Pb;
+        std::int64_t ld = d.S;
+        if (Z != nullptr) {
+          dropped = StridedMap<const T>(Pb, rows, cols, d.S).array() *
+                    StridedMap<const T>(Z + r0 * d.S, rows, cols, d.S).array();
+          Pd = dropped.data();
+          ld = cols;
+        }
+        gemm<T>(false, false, rows, d.d_v, cols, T(1), Pd, std::max<std::int64_t>(ld, 1), V, d.d_v, T(0),
+                O + r0 * d.d_v, d.d_v);
       }
     }
   }
 }
 
 // ---- backward ----
-// dout/dweights: the gradients that reached `output` and `weights`. Any of dq, dk, dv,
+// dout/dweights: the gradients that reached `output` and `weights`; null when none did (the node
+// does not materialise them), which reads as zero and skips its work. Any of dq, dk, dv,
 // dscores may be null (not needed). dscores, when wanted, receives dL/dS for the mask.
+// Causal slices use the forward's blocks: dS is formed for block [r0, r1) x [0, r1) only (it is
+// zero above the diagonal, where P is), and the products that sum over queries (dV, dK) take key
+// block [c0, c1) against queries c0..T-1 only.
 template <class T>
 void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* weights, const T* keep,
-                     const T* dout, const T* dweights, T scale, T* dq, T* dk, T* dv, T* dscores) {
+                     const T* dout, const T* dweights, T scale, T* dq, T* dk, T* dv, T* dscores, bool causal) {
   const bool need_ds = dq != nullptr || dk != nullptr || dscores != nullptr;
+  const RowBlocks blocks = row_blocks(d, causal);
+  const std::int64_t key_step = causal ? blocks.step : std::max<std::int64_t>(d.S, 1);
 #pragma omp parallel if (d.parallel())
   {
     RowMatrix<T> dropped;  // P ⊙ Z, per thread
     RowMatrix<T> dP;       // dL/dP, then dL/dS in place, per thread
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
-      ConstSliceMap<T> Q(q + bh * d.T * d.d_k, d.T, d.d_k);       // [T, d_k]
-      ConstSliceMap<T> K(k + bh * d.S * d.d_k, d.S, d.d_k);       // [S, d_k]
-      ConstSliceMap<T> V(v + bh * d.S * d.d_v, d.S, d.d_v);       // [S, d_v]
-      ConstSliceMap<T> P(weights + bh * d.T * d.S, d.T, d.S);     // [T, S]
-      ConstSliceMap<T> dO(dout + bh * d.T * d.d_v, d.T, d.d_v);   // [T, d_v]
-      ConstSliceMap<T> dW(dweights + bh * d.T * d.S, d.T, d.S);   // [T, S]
-      const T* z = keep != nullptr ? keep + bh * d.T * d.S : nullptr;
+      const T* Q = q + bh * d.T * d.d_k;        // [T, d_k]
+      const T* K = k + bh * d.S * d.d_k;        // [S, d_k]
+      const T* V = v + bh * d.S * d.d_v;        // [S, d_v]
+      const T* P = weights + bh * d.T * d.S;    // [T, S]
+      const T* dO = dout != nullptr ? dout + bh * d.T * d.d_v : nullptr;       // [T, d_v], null = 0
+      const T* dW = dweights != nullptr ? dweights + bh * d.T * d.S : nullptr;  // [T, S], null = 0
+      const T* Z = keep != nullptr ? keep + bh * d.T * d.S : nullptr;
+      // Queries that see key block [c0, c1): all of them, or c0..T-1 when causal.
+      auto first_query = [&](std::int64_t c0) { return causal ? c0 : std::int64_t{0}; };
 
       // forward: O = Pd·V with Pd = P ⊙ Z (Pd = P without dropout)
       //   => dV = Pdᵀ·dO                                    [S, T] x [T, d_v] -> [S, d_v]
       if (dv != nullptr) {
-        SliceMap<T> dV(dv + bh * d.S * d.d_v, d.S, d.d_v);
-        if (d.T == 0) {
-          dV.setZero();
-        } else if (z != nullptr) {
-          dropped = P.array() * ConstSliceMap<T>(z, d.T, d.S).array();
-          dV.noalias() = dropped.transpose() * dO;
+        T* dV = dv + bh * d.S * d.d_v;
+        if (d.T == 0 || dO == nullptr) {
+          SliceMap<T>(dV, d.S, d.d_v).setZero();
         } else {
-          dV.noalias() = P.transpose() * dO;
+          const T* Pd = P;
+          if (Z != nullptr) {
+            dropped = ConstSliceMap<T>(P, d.T, d.S).array() * ConstSliceMap<T>(Z, d.T, d.S).array();
+            Pd = dropped.data();
+          }
+          for (std::int64_t c0 = 0; c0 < d.S; c0 += key_step) {
+            const std::int64_t c1 = std::min(d.S, c0 + key_step), i0 = first_query(c0);
+            gemm<T>(true, false, c1 - c0, d.d_v, d.T - i0, T(1), Pd + i0 * d.S + c0, d.S, dO + i0 * d.d_v, d.d_v,
+                    T(0), dV + c0 * d.d_v, d.d_v);
+          }
         }
       }
       if (!need_ds) continue;
 
-      //   => dPd = dO·Vᵀ                                    [T, d_v] x [d_v, S] -> [T, S]
-      if (d.d_v == 0) {
-        dP.setZero(d.T, d.S);
-      } else {
-        dP.noalias() = dO * V.transpose();
-      }
-      // forward: Pd = P ⊙ Z  =>  dP = dPd ⊙ Z; and `weights` is P itself, so the gradient that
-      // reached it adds in: dP += dW
-      if (z != nullptr) dP.array() *= ConstSliceMap<T>(z, d.T, d.S).array();
-      dP += dW;
-      // forward: P_i = softmax(S_i)  =>  dS_ij = Σ_k dP_ik · P_ik(δ_jk − P_ij)
-      //                                       = P_ij · (dP_ij − Σ_k dP_ik P_ik)
-      // (the Jacobian diag(p) − p·pᵀ never formed: O(T·S) per slice). A fully blocked row has
-      // P = 0, so its dS row is 0; so are blocked (P = 0) entries.
-      const Eigen::Array<T, Eigen::Dynamic, 1> row_dot = (dP.array() * P.array()).rowwise().sum();  // [T]
-      dP.array() = P.array() * (dP.array().colwise() - row_dot);  // dP now holds dS
-      const auto& dS = dP;
-
-      // forward: S = scale·Q·Kᵀ + M
-      //   => dQ = scale·dS·K                                [T, S] x [S, d_k] -> [T, d_k]
-      if (dq != nullptr) {
-        SliceMap<T> dQ(dq + bh * d.T * d.d_k, d.T, d.d_k);
-        if (d.S == 0) {
-          dQ.setZero();
+      dP.resize(d.T, d.S);
+      for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
+        const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
+        const std::int64_t cols = blocks.cols(r1);
+        T* dPb = dP.data() + r0 * d.S;  // [rows, cols] of row stride S
+        StridedMap<T> dPm(dPb, rows, cols, d.S);
+        //   => dPd = dO·Vᵀ                                [rows, d_v] x [d_v, cols] -> [rows, cols]
+        if (d.d_v == 0 || dO == nullptr) {
+          dPm.setZero();
         } else {
-          dQ.noalias() = scale * dS * K;
+          gemm<T>(false, true, rows, cols, d.d_v, T(1), dO + r0 * d.d_v, d.d_v, V, d.d_v, T(0), dPb, d.S);
+          // forward: Pd = P ⊙ Z  =>  dP = dPd ⊙ Z
+          if (Z != nullptr) dPm.array() *= StridedMap<const T>(Z + r0 * d.S, rows, cols, d.S).array();
+        }
+        // `weights` is P itself, so the gradient that reached it adds in: dP += dW
+        if (dW != nullptr) dPm += StridedMap<const T>(dW + r0 * d.S, rows, cols, d.S);
+        // forward: P_i = softmax(S_i)  =>  dS_ij = Σ_k dP_ik · P_ik(δ_jk − P_ij)
+        //                                       = P_ij · (dP_ij − Σ_k dP_ik P_ik)
+        // (the Jacobian diag(p) − p·pᵀ never formed: O(T·S) per slice). A fully blocked row has
+        // P = 0, so its dS row is 0; so are blocked (P = 0) entries, the causal ones included.
+        for (std::int64_t i = r0; i < r1; ++i) {
+          auto p_row = ConstRowMap<T>(P + i * d.S, cols).array();
+          auto ds_row = RowMap<T>(dP.data() + i * d.S, cols).array();
+          const T row_dot = (ds_row * p_row).sum();
+          ds_row = p_row * (ds_row - row_dot);  // dP now holds dS
+        }
+        // forward: S = scale·Q·Kᵀ + M
+        //   => dQ = scale·dS·K                            [rows, cols] x [cols, d_k] -> [rows, d_k]
+        if (dq != nullptr)
+          gemm<T>(false, false, rows, d.d_k, cols, scale, dPb, d.S, K, d.d_k, T(0), dq + (bh * d.T + r0) * d.d_k,
+                  d.d_k);
+        //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
+        if (dscores != nullptr) {
+          T* out = dscores + (bh * d.T + r0) * d.S;
+          StridedMap<T>(out, rows, cols, d.S) = dPm;
+          if (cols < d.S) StridedMap<T>(out + cols, rows, d.S - cols, d.S).setZero();
         }
       }
+      const T* dS = dP.data();
       //   => dK = scale·dSᵀ·Q                               [S, T] x [T, d_k] -> [S, d_k]
       if (dk != nullptr) {
-        SliceMap<T> dK(dk + bh * d.S * d.d_k, d.S, d.d_k);
+        T* dK = dk + bh * d.S * d.d_k;
         if (d.T == 0) {
-          dK.setZero();
+          SliceMap<T>(dK, d.S, d.d_k).setZero();
         } else {
-          dK.noalias() = scale * dS.transpose() * Q;
+          for (std::int64_t c0 = 0; c0 < d.S; c0 += key_step) {
+            const std::int64_t c1 = std::min(d.S, c0 + key_step), i0 = first_query(c0);
+            gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, scale, dS + i0 * d.S + c0, d.S, Q + i0 * d.d_k, d.d_k,
+                    T(0), dK + c0 * d.d_k, d.d_k);
+          }
         }
       }
-      //   => dM = dS (summed over broadcast dims by the caller)
-      if (dscores != nullptr) SliceMap<T>(dscores + bh * d.T * d.S, d.T, d.S) = dS;
     }
   }
 }
@@ -269,8 +340,8 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   // Saved for backward: q, k, v, the weights P and the dropout factors Z. Not the scores.
   record(std::string(kOp), inputs, TensorList{output, weights},
          [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), sp = SavedTensor(weights),
-          sz = SavedTensor(keep), mask_shape = attn_mask.defined() ? attn_mask.shape() : Shape{}, d,
-          scale](const TensorList& g, const Node& node) {
+          sz = SavedTensor(keep), mask_shape = attn_mask.defined() ? attn_mask.shape() : Shape{}, d, scale,
+          causal = is_causal](const TensorList& g, const Node& node) {
            const std::string_view op = kOp;
            const Tensor qt = sq.get(op), kt = sk.get(op), vt = sv.get(op), pt = sp.get(op);
            const Tensor zt = sz.defined() ? sz.get(op) : Tensor();
@@ -285,8 +356,8 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
              using T = decltype(zero);
              auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
              backward_kernel<T>(d, qt.data<T>(), kt.data<T>(), vt.data<T>(), pt.data<T>(), ptr(zt),
-                                g[0].data<T>(), g[1].data<T>(), static_cast<T>(scale), ptr(dq), ptr(dk), ptr(dv),
-                                ptr(dscores));
+                                ptr(g[0]), ptr(g[1]), static_cast<T>(scale), ptr(dq), ptr(dk), ptr(dv),
+                                ptr(dscores), causal);
            });
            grads[0] = dq;
            grads[1] = dk;
@@ -294,6 +365,9 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
            if (dscores.defined()) grads[3] = sum_to(dscores, mask_shape);
            return grads;
          });
+  // An output nobody used (usually `weights`) reaches the rule undefined, read as zero: no
+  // [B, H, T, S] tensor of zeros is made and added.
+  output.grad_fn()->materialize_grads = false;
   return {output, weights};
 }
 
