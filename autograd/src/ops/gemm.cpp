@@ -80,7 +80,10 @@ bool use_blas(std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t lda, 
 // single-threaded BLAS call. Whatever the thread count, every element is computed the same way.
 constexpr std::int64_t kPieceWork = std::int64_t{1} << 22;  // multiply-adds per piece, at least
 constexpr std::int64_t kPieceMin = 192;                     // rows (or columns) per piece, at least
-constexpr std::int64_t kMaxPieces = 8;
+// At most 4 pieces: enough for the 1-2 threads this is tuned for (and 4), while each extra piece
+// packs the operand it does not cut once more (single-thread cost within the noise of the
+// measurement for 2048x384x384 cut in 4 or 8).
+constexpr std::int64_t kMaxPieces = 4;
 
 template <class T>
 void blas_call(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
