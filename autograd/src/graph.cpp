@@ -3,8 +3,8 @@
 #include "autograd/graph.hpp"
 
 #include <atomic>
-#include <queue>
-#include <unordered_map>
+#include <algorithm>
+#include <iterator>
 
 #include "autograd/anomaly.hpp"  // anomaly detection hooks (issue 6)
 #include "autograd/grad_mode.hpp"
@@ -32,7 +32,6 @@ void Node::mark_released() {
 AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
     : Node("AccumulateGrad"), leaf_(std::move(leaf)) {
   output_meta.push_back({leaf_->shape, leaf_->dtype});
-  output_hooks.resize(1);
 }
 
 TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
@@ -88,7 +87,8 @@ bool needs_grad(const Tensor& a) { return is_grad_enabled() && a.requires_grad()
 bool needs_grad(const Tensor& a, const Tensor& b) {
   return is_grad_enabled() && (a.requires_grad() || b.requires_grad());
 }
-bool needs_grad(const TensorList& inputs) {
+bool needs_grad(const TensorList& inputs) { return needs_grad(std::span<const Tensor>(inputs)); }
+bool needs_grad(std::span<const Tensor> inputs) {
   if (!is_grad_enabled()) return false;
   for (const auto& t : inputs)
     if (t.requires_grad()) return true;
@@ -102,6 +102,10 @@ Edge gradient_edge(const Tensor& t) {
 }
 
 void connect(const std::shared_ptr<Node>& node, const TensorList& inputs, const TensorList& outputs) {
+  connect(node, std::span<const Tensor>(inputs), std::span<const Tensor>(outputs));
+}
+
+void connect(const std::shared_ptr<Node>& node, std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
   node->next_edges.reserve(inputs.size());
   node->input_meta.reserve(inputs.size());
   for (const auto& in : inputs) {
@@ -113,7 +117,6 @@ void connect(const std::shared_ptr<Node>& node, const TensorList& inputs, const 
     }
   }
   node->output_meta.reserve(outputs.size());
-  node->output_hooks.resize(outputs.size());
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const auto& impl = outputs[i].impl();
     node->output_meta.push_back({impl->shape, impl->dtype});
@@ -122,27 +125,14 @@ void connect(const std::shared_ptr<Node>& node, const TensorList& inputs, const 
     impl->requires_grad = false;
   }
   // Anomaly detection (anomaly.hpp): remember where the node was made, check its outputs.
-  if (is_anomaly_enabled()) detail::anomaly_check_forward(*node, inputs, outputs);
-}
-
-void record(std::string name, const TensorList& inputs, const TensorList& outputs, BackwardFn fn) {
-  connect(std::make_shared<FunctionNode>(std::move(name), std::move(fn)), inputs, outputs);
-}
-
-Tensor record(std::string name, const TensorList& inputs, Tensor output, BackwardFn fn) {
-  record(std::move(name), inputs, TensorList{output}, std::move(fn));
-  return output;
+  if (is_anomaly_enabled())
+    detail::anomaly_check_forward(*node, TensorList(inputs.begin(), inputs.end()),
+                                  TensorList(outputs.begin(), outputs.end()));
 }
 
 // ---- the walk ----
 
 namespace {
-
-struct LaterFirst {
-  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
-    return a->sequence_nr < b->sequence_nr;
-  }
-};
 
 [[noreturn]] void freed_graph_error(const Node& node) {
   throw std::runtime_error(fmt::format(
@@ -160,53 +150,67 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
     fail("backward", "{} roots but {} gradients", roots.size(), grads.size());
   NoGradGuard no_grad;  // backward rules compute with plain ops; no graph of the graph
 
-  std::unordered_map<Node*, TensorList> buffers;
-  std::unordered_map<Node*, int> dependencies;
-  std::vector<std::shared_ptr<Node>> nodes;  // keeps every node alive during the walk
+  // Every node the walk reaches gets a slot: its index in `nodes` (which keeps it alive during
+  // the walk), `pending` (consumers not yet run) and `first_grad` (where its outputs' gradient
+  // buffers start in the flat `grads_in`). No per-node allocation.
+  static std::atomic<std::uint64_t> next_walk_id{1};
+  const std::uint64_t walk = next_walk_id++;
+  std::vector<std::shared_ptr<Node>> nodes;
+  std::vector<int> pending;
+  auto slot_of = [&](const std::shared_ptr<Node>& n, bool& inserted) {
+    inserted = n->walk_id != walk;
+    if (inserted) {
+      n->walk_id = walk;
+      n->walk_slot = nodes.size();
+      nodes.push_back(n);
+      pending.push_back(0);
+    }
+    return n->walk_slot;
+  };
 
-  // 1. Seed the roots' gradients and find every node reachable from them.
-  std::vector<std::shared_ptr<Node>> stack;
-  for (std::size_t r = 0; r < roots.size(); ++r) {
-    const Edge edge = gradient_edge(roots[r]);
-    if (!edge.valid())
+  // 1. Find every node reachable from the roots, counting each node's consumers.
+  std::vector<Edge> root_edges;
+  root_edges.reserve(roots.size());
+  for (const auto& root : roots) {
+    root_edges.push_back(gradient_edge(root));
+    if (!root_edges.back().valid())
       throw std::runtime_error(fmt::format(
           "backward: the tensor of shape {} does not require grad and has no grad_fn (was it computed "
           "under NoGradGuard, or only from tensors that do not require grad?)",
-          shape_str(roots[r].shape())));
-    auto& buffer = buffers[edge.node.get()];
-    buffer.resize(edge.node->output_meta.size());
-    accumulate(buffer[edge.input_nr], grads[r]);
-    if (dependencies.emplace(edge.node.get(), 0).second) {
-      stack.push_back(edge.node);
-      nodes.push_back(edge.node);
-    }
+          shape_str(root.shape())));
+    bool inserted = false;
+    slot_of(root_edges.back().node, inserted);
   }
-  while (!stack.empty()) {
-    auto node = std::move(stack.back());
-    stack.pop_back();
-    if (node->released()) freed_graph_error(*node);
-    for (const auto& e : node->next_edges) {
+  for (std::size_t i = 0; i < nodes.size(); ++i) {  // `nodes` grows as the search goes
+    const Node& node = *nodes[i];
+    if (node.released()) freed_graph_error(node);
+    for (const auto& e : node.next_edges) {
       if (!e.valid()) continue;
-      auto [it, inserted] = dependencies.emplace(e.node.get(), 0);
-      ++it->second;
-      if (inserted) {
-        stack.push_back(e.node);
-        nodes.push_back(e.node);
-      }
+      bool inserted = false;
+      ++pending[slot_of(e.node, inserted)];
     }
   }
+  std::vector<std::size_t> first_grad(nodes.size() + 1, 0);
+  for (std::size_t i = 0; i < nodes.size(); ++i) first_grad[i + 1] = first_grad[i] + nodes[i]->output_meta.size();
+  std::vector<Tensor> grads_in(first_grad.back());
+  for (std::size_t r = 0; r < roots.size(); ++r)
+    accumulate(grads_in[first_grad[root_edges[r].node->walk_slot] + root_edges[r].input_nr], grads[r]);
 
   // 2. Run nodes once all their consumers have run (Kahn's order, later-created first).
-  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
-  for (const auto& n : nodes)
-    if (dependencies[n.get()] == 0) ready.push(n);
+  auto later_first = [&](std::size_t a, std::size_t b) { return nodes[a]->sequence_nr < nodes[b]->sequence_nr; };
+  std::vector<std::size_t> ready;  // a heap of slots
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    if (pending[i] == 0) ready.push_back(i);
+  std::make_heap(ready.begin(), ready.end(), later_first);
 
+  TensorList grad_outputs;
   while (!ready.empty()) {
-    auto node = ready.top();
-    ready.pop();
-    TensorList grad_outputs = std::move(buffers[node.get()]);
-    buffers.erase(node.get());
-    grad_outputs.resize(node->output_meta.size());
+    std::pop_heap(ready.begin(), ready.end(), later_first);
+    const std::size_t slot = ready.back();
+    ready.pop_back();
+    Node* node = nodes[slot].get();
+    grad_outputs.assign(std::make_move_iterator(grads_in.begin() + static_cast<std::ptrdiff_t>(first_grad[slot])),
+                        std::make_move_iterator(grads_in.begin() + static_cast<std::ptrdiff_t>(first_grad[slot + 1])));
 
     bool any_grad = false;
     for (const auto& g : grad_outputs) any_grad = any_grad || g.defined();
@@ -218,6 +222,7 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
           if (!node->materialize_grads) continue;  // the rule reads undefined as zero
           grad_outputs[i] = zeros(meta.shape, meta.dtype);
         }
+        if (i >= node->output_hooks.size()) continue;
         for (const auto& hook : node->output_hooks[i]) {
           Tensor replaced = hook(grad_outputs[i]);
           if (!replaced.defined()) continue;
@@ -236,10 +241,12 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
         throw std::runtime_error(fmt::format("backward of '{}' returned {} gradients for {} inputs", node->name(),
                                              grad_inputs.size(), node->next_edges.size()));
     }
+    grad_outputs.clear();  // drop this node's incoming gradients now
 
     for (std::size_t j = 0; j < node->next_edges.size(); ++j) {
       const Edge& e = node->next_edges[j];
       if (!e.valid()) continue;
+      const std::size_t next = e.node->walk_slot;
       if (j < grad_inputs.size() && grad_inputs[j].defined()) {
         const Tensor& g = grad_inputs[j];
         const auto& meta = node->input_meta[j];
@@ -247,13 +254,15 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
           throw std::runtime_error(fmt::format(
               "backward of '{}' returned a gradient {} {} for input {} of shape {} {}", node->name(),
               shape_str(g.shape()), dtype_name(g.dtype()), j, shape_str(meta.shape), dtype_name(meta.dtype)));
-        auto& buffer = buffers[e.node.get()];
-        buffer.resize(e.node->output_meta.size());
-        accumulate(buffer[e.input_nr], g);
+        accumulate(grads_in[first_grad[next] + e.input_nr], g);
       }
-      if (--dependencies[e.node.get()] == 0) ready.push(e.node);
+      if (--pending[next] == 0) {
+        ready.push_back(next);
+        std::push_heap(ready.begin(), ready.end(), later_first);
+      }
     }
-    if (!retain_graph && !dynamic_cast<AccumulateGrad*>(node.get())) node->mark_released();
+    grad_inputs.clear();
+    if (!retain_graph && !dynamic_cast<AccumulateGrad*>(node)) node->mark_released();
   }
 }
 

@@ -7,21 +7,26 @@
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
+#include "buffer_pool.hpp"
 
 namespace autograd {
 
 // ---- Storage ----
 
+namespace {
+// Bytes of the buffer behind `n` elements: a positive multiple of 64 (the alignment).
+std::size_t buffer_bytes(Dtype dt, std::int64_t n) {
+  const std::size_t bytes = (static_cast<std::size_t>(n) * dtype_size(dt) + 63) / 64 * 64;
+  return bytes == 0 ? 64 : bytes;
+}
+}  // namespace
+
 Storage::Storage(Dtype dt, std::int64_t n) : dtype(dt), numel(n) {
   if (n < 0) fail("Storage", "negative element count {}", n);
-  std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dt);
-  bytes = (bytes + 63) / 64 * 64;
-  if (bytes == 0) bytes = 64;
-  data = std::aligned_alloc(64, bytes);
-  if (data == nullptr) throw std::bad_alloc();
+  data = detail::buffer_alloc(buffer_bytes(dt, n));
 }
 
-Storage::~Storage() { std::free(data); }
+Storage::~Storage() { detail::buffer_free(data, buffer_bytes(dtype, numel)); }
 
 // ---- construction ----
 
@@ -202,7 +207,9 @@ void Tensor::register_hook(TensorHook hook) {
   check_defined("register_hook");
   if (!requires_grad()) fail("register_hook", "tensor does not require grad, so no gradient will reach it");
   if (impl_->grad_fn) {
-    impl_->grad_fn->output_hooks[impl_->output_nr].push_back(std::move(hook));
+    auto& hooks = impl_->grad_fn->output_hooks;
+    if (hooks.size() <= impl_->output_nr) hooks.resize(impl_->output_nr + 1);
+    hooks[impl_->output_nr].push_back(std::move(hook));
   } else {
     impl_->leaf_hooks.push_back(std::move(hook));  // on the tensor: its accumulator may be remade
   }

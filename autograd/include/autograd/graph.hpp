@@ -12,7 +12,10 @@
 // keeps in SavedTensors, which remember the version of the data they saved.
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,13 +60,18 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<Edge> next_edges;        // one per input
   std::vector<TensorMeta> input_meta;  // one per input
   std::vector<TensorMeta> output_meta; // one per output
-  std::vector<std::vector<TensorHook>> output_hooks;  // per output, run before apply
+  std::vector<std::vector<TensorHook>> output_hooks;  // per output, run before apply (empty: none)
   std::uint64_t sequence_nr;           // creation order; later nodes run first
   std::string creation_context;        // where it was made (filled under anomaly detection)
   // True (the default): an output that received no gradient is handed to apply() as zeros of
   // its shape. False: it is handed over undefined, and the rule must treat it as zero; rules
   // of multi-output ops set this to skip work (and memory) for outputs nobody used.
   bool materialize_grads = true;
+
+  // Scratch of the backward walk that reaches this node (its slot in the walk's tables, valid
+  // while walk_id matches that walk). Backward calls sharing nodes must not run concurrently.
+  std::uint64_t walk_id = 0;
+  std::size_t walk_slot = 0;
 
  private:
   std::string name_;
@@ -73,14 +81,18 @@ class Node : public std::enable_shared_from_this<Node> {
 // Backward rule given as a function: grads of outputs -> grads of inputs.
 using BackwardFn = std::function<TensorList(const TensorList& grad_outputs, const Node& node)>;
 
-class FunctionNode : public Node {
+// A node whose backward rule is a callable F(const TensorList&, const Node&) -> TensorList,
+// kept inside the node: recording an op makes one allocation (node and rule together), where a
+// std::function would make a second one for the rule's captures.
+template <class F>
+class FunctionNode final : public Node {
  public:
-  FunctionNode(std::string name, BackwardFn fn) : Node(std::move(name)), fn_(std::move(fn)) {}
-  TensorList apply(const TensorList& grad_outputs) override { return fn_(grad_outputs, *this); }
-  void release_saved() override { fn_ = nullptr; }
+  FunctionNode(std::string name, F fn) : Node(std::move(name)), fn_(std::move(fn)) {}
+  TensorList apply(const TensorList& grad_outputs) override { return (*fn_)(grad_outputs, *this); }
+  void release_saved() override { fn_.reset(); }  // drops the rule's SavedTensors
 
  private:
-  BackwardFn fn_;
+  std::optional<F> fn_;
 };
 
 // Adds the gradient into a leaf's .grad (in place once .grad exists).
@@ -113,6 +125,7 @@ class SavedTensor {
 bool needs_grad(const Tensor& a);
 bool needs_grad(const Tensor& a, const Tensor& b);
 bool needs_grad(const TensorList& inputs);
+bool needs_grad(std::span<const Tensor> inputs);
 
 // The edge that carries a gradient into t (its grad_fn, or its leaf accumulator); an invalid
 // edge when t needs no gradient.
@@ -120,13 +133,39 @@ Edge gradient_edge(const Tensor& t);
 // The AccumulateGrad node of a leaf that requires grad (made on first use, shared after).
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
 
-// Makes a node with backward rule `fn` that consumes `inputs` and produces `outputs`, and
-// points each output at it. Call only when needs_grad(inputs).
-void record(std::string name, const TensorList& inputs, const TensorList& outputs, BackwardFn fn);
-// Single-output shorthand that returns the output.
-Tensor record(std::string name, const TensorList& inputs, Tensor output, BackwardFn fn);
 // Connects an already built node (custom Node subclasses).
 void connect(const std::shared_ptr<Node>& node, const TensorList& inputs, const TensorList& outputs);
+// The same over spans, so that callers need not build vectors.
+void connect(const std::shared_ptr<Node>& node, std::span<const Tensor> inputs, std::span<const Tensor> outputs);
+
+// Makes a node with backward rule `fn` (a lambda or BackwardFn) that consumes `inputs` and
+// produces `outputs`, and points each output at it. Call only when needs_grad(inputs).
+// The braced-list overloads (`record("mul", {a, b}, y, rule)`) build no vector.
+template <class F>
+void record(std::string name, std::span<const Tensor> inputs, std::span<const Tensor> outputs, F&& fn) {
+  connect(std::make_shared<FunctionNode<std::decay_t<F>>>(std::move(name), std::forward<F>(fn)), inputs, outputs);
+}
+template <class F>
+void record(std::string name, const TensorList& inputs, const TensorList& outputs, F&& fn) {
+  record(std::move(name), std::span<const Tensor>(inputs), std::span<const Tensor>(outputs), std::forward<F>(fn));
+}
+template <class F>
+void record(std::string name, std::initializer_list<Tensor> inputs, const TensorList& outputs, F&& fn) {
+  record(std::move(name), std::span<const Tensor>(inputs.begin(), inputs.size()), std::span<const Tensor>(outputs),
+         std::forward<F>(fn));
+}
+// Single-output shorthands that return the output.
+template <class F>
+Tensor record(std::string name, const TensorList& inputs, Tensor output, F&& fn) {
+  record(std::move(name), std::span<const Tensor>(inputs), std::span<const Tensor>(&output, 1), std::forward<F>(fn));
+  return output;
+}
+template <class F>
+Tensor record(std::string name, std::initializer_list<Tensor> inputs, Tensor output, F&& fn) {
+  record(std::move(name), std::span<const Tensor>(inputs.begin(), inputs.size()), std::span<const Tensor>(&output, 1),
+         std::forward<F>(fn));
+  return output;
+}
 
 // Runs backward from `roots` seeded with `grads` (same shapes). Used by Tensor::backward.
 void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph);

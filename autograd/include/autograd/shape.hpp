@@ -1,5 +1,6 @@
 #pragma once
 // Shapes, argument checks and the error type every op throws on bad input.
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
@@ -9,9 +10,26 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "autograd/small_vector.hpp"
+
 namespace autograd {
 
-using Shape = std::vector<std::int64_t>;
+// A tensor's sizes, outermost first. Up to 6 dims live inside the object (no heap allocation);
+// it converts to and from std::vector<std::int64_t>, and reads like one.
+class Shape : public SmallVector<std::int64_t, 6> {
+ public:
+  using SmallVector::SmallVector;
+  Shape() = default;
+  Shape(const std::vector<std::int64_t>& v) : SmallVector(v.begin(), v.end()) {}  // NOLINT: implicit on purpose
+  operator std::vector<std::int64_t>() const { return {begin(), end()}; }         // NOLINT: implicit on purpose
+
+  friend bool operator==(const Shape& a, const Shape& b) {
+    return static_cast<const SmallVector&>(a) == static_cast<const SmallVector&>(b);
+  }
+  friend bool operator==(const Shape& a, const std::vector<std::int64_t>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+  }
+};
 
 // "[2, 3]" — the form every error message uses.
 std::string shape_str(const Shape& s);

@@ -39,6 +39,12 @@ struct Storage {
   std::uint64_t version = 0;
 };
 
+// Freed buffers are kept for reuse by the thread that freed them (up to 256 MiB per thread), so
+// a fixed-shape training loop stops calling the system allocator once warm. These report and
+// empty the calling thread's cache.
+std::size_t cached_buffer_bytes();
+void release_cached_buffers();
+
 using TensorHook = std::function<Tensor(const Tensor& grad)>;
 
 struct TensorImpl {

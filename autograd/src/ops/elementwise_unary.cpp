@@ -21,7 +21,7 @@ void check_defined_arg(std::string_view op, const Tensor& x) {
 
 // dx = f(dy, saved) elementwise, as the whole backward of a one-input op.
 template <class F>
-BackwardFn backward_with(std::string_view op, const Tensor& saved, F f) {
+auto backward_with(std::string_view op, const Tensor& saved, F f) {
   return [op, saved_t = SavedTensor(saved), f](const TensorList& g, const Node&) {
     return TensorList{kernels::map<2>(g[0].shape(), {g[0], saved_t.get(op)}, f)};
   };

@@ -97,7 +97,7 @@ void for_each_run(const BroadcastPlan<K>& plan, std::int64_t begin, std::int64_t
   const std::size_t rank = plan.sizes.size();
   const std::int64_t inner = plan.sizes.back();
   // Multi-index of `begin` over the collapsed dims.
-  std::vector<std::int64_t> index(rank);
+  Shape index(rank);  // inline storage: no allocation per call
   for (std::size_t d = rank, rest = static_cast<std::size_t>(begin); d-- > 0;) {
     index[d] = static_cast<std::int64_t>(rest % static_cast<std::size_t>(plan.sizes[d]));
     rest /= static_cast<std::size_t>(plan.sizes[d]);
