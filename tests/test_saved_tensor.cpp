@@ -66,7 +66,8 @@ BOOST_AUTO_TEST_CASE(optimizer_step_between_forward_and_backward_makes_backward_
   Tensor loss = ag::sum(ag::square(layer(x)));
   opt.step();
   const auto msg = runtime_error_message([&] { loss.backward(); });
-  BOOST_TEST(contains(msg, "matmul:"));
+  BOOST_TEST(contains(msg, "linear:"));  // nn::Linear runs the fused linear op, which saved the weight
+  BOOST_TEST(contains(msg, "changed in place after it was saved"));
 }
 
 BOOST_AUTO_TEST_CASE(change_through_a_view_sharing_storage_is_caught) {

@@ -37,13 +37,8 @@ ag::Tensor Linear::forward(const ag::Tensor& x) const {
   if (x.dtype() != weight_.dtype())
     ag::fail("Linear", "input dtype {} differs from the weight's {} (convert with .to())",
              ag::dtype_name(x.dtype()), ag::dtype_name(weight_.dtype()));
-  // Fold every leading dim into rows: one (N, in) · (in, out) product.
-  ag::Shape out_shape = x.shape();
-  out_shape.back() = options_.out_features;
-  ag::Tensor rows = ag::reshape(x, {-1, options_.in_features});  // (N, in)
-  ag::Tensor y = ag::matmul(rows, weight_);                        // (N, out)
-  if (bias_.defined()) y = y + bias_;                              // (N, out) + (out)
-  return ag::reshape(y, out_shape);                                // (..., out)
+  // Every leading dim folds into rows: one (N, in) · (in, out) product plus the bias, one op.
+  return ag::linear(x, weight_, bias_);  // (..., out)
 }
 
 std::string Linear::extra_repr() const {

@@ -15,10 +15,7 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // The seed's projection y = x · W + b on a (B, L, in) input: one (B·L, in) · (in, out) product.
 ag::Tensor project(const ag::Tensor& x, const ag::Tensor& W, const ag::Tensor& b) {
-  const std::int64_t B = x.size(0), L = x.size(1);
-  ag::Tensor y = ag::matmul(ag::reshape(x, {B * L, x.size(2)}), W);  // (B·L, out)
-  if (b.defined()) y = y + b;                                         // (B·L, out) + (out)
-  return ag::reshape(y, {B, L, W.size(1)});                           // (B, L, out)
+  return ag::linear(x, W, b);  // (B, L, out); b may be undefined (bias = false)
 }
 
 // (B, L, E) -> (B, H, L, d_k): head h takes columns h·d_k .. (h+1)·d_k - 1. Only a regrouping.

@@ -79,6 +79,10 @@ Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim = false);  // indi
 // ---- linear algebra — src/ops/matmul.cpp ----
 // 1-D·1-D, 2-D·2-D, and batched N-D with broadcast batch dims (PyTorch's torch.matmul).
 Tensor matmul(const Tensor& a, const Tensor& b);
+// x·W + b with W of shape (in, out) (the seed's and nn::Linear's layout), x of shape (..., in),
+// b of shape (out) or undefined: one fused op (src/ops/linear.cpp), the leading dims of x folded
+// into one GEMM.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 
 // ---- shape — src/ops/shape.cpp ----
 Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 may be inferred; shares storage
