@@ -4,6 +4,7 @@
 // (reshape, matmul, add, reshape) and no intermediate tensor.
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/gemm.hpp"
 
 namespace autograd {
 namespace {
@@ -44,12 +45,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     using T = decltype(zero);
     Mat<T> Y(y.data<T>(), rows, out);
     ConstMat<T> X(x.data<T>(), rows, in), W(w.data<T>(), in, out);
-    if (b.defined()) {
-      Y.rowwise() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b.data<T>(), out);
-      Y.noalias() += X * W;
-    } else {
-      Y.noalias() = X * W;
-    }
+    if (b.defined()) Y.rowwise() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b.data<T>(), out);
+    gemm<T>(false, false, rows, out, in, T(1), X.data(), in, W.data(), out, b.defined() ? T(1) : T(0), Y.data(), out);
   });
   if (!needs_grad(x, w) && !needs_grad(b)) return y;
   // Y = X·W + 1·bᵀ (X the rows of x)  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,  db = Σ_rows dY
@@ -61,12 +58,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
       ConstMat<T> dY(g[0].data<T>(), rows, out);
       if (n.needs_input_grad(0)) {
         grads[0] = Tensor::empty(n.input_meta[0].shape, g[0].dtype());
-        Mat<T>(grads[0].data<T>(), rows, in).noalias() = dY * ConstMat<T>(saved_w.get("linear").data<T>(), in, out).transpose();
+        gemm<T>(false, true, rows, in, out, T(1), dY.data(), out, saved_w.get("linear").data<T>(), out, T(0),
+                grads[0].data<T>(), in);  // dY·Wᵀ
       }
       if (n.needs_input_grad(1)) {
         grads[1] = Tensor::empty({in, out}, g[0].dtype());
-        Mat<T>(grads[1].data<T>(), in, out).noalias() =
-            ConstMat<T>(saved_x.get("linear").data<T>(), rows, in).transpose() * dY;
+        gemm<T>(true, false, in, out, rows, T(1), saved_x.get("linear").data<T>(), in, dY.data(), out, T(0),
+                grads[1].data<T>(), out);  // Xᵀ·dY
       }
       if (n.needs_input_grad(2)) {
         grads[2] = Tensor::empty({out}, g[0].dtype());
