@@ -596,3 +596,91 @@ BOOST_AUTO_TEST_CASE(other_shape_and_argument_errors) {
   BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, q, q, Tensor(), false, 0.0, -0.1), std::invalid_argument);
   BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, q, q, Tensor(), false, kInf), std::invalid_argument);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Heads-last storage (B, L, H·d): the same op without the split into heads and the merge after
+
+namespace {
+
+// (B, L, H·d) -> (B, H, L, d) with plain ops: the reference for the heads-last entry point.
+Tensor split_heads(const Tensor& x, std::int64_t H) {
+  return ag::transpose(ag::reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), 1, 2);
+}
+Tensor merge_heads(const Tensor& x) {
+  return ag::reshape(ag::transpose(x, 1, 2), {x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(heads_last_matches_split_heads_forward_and_backward) {
+  struct Case {
+    const char* name;
+    std::int64_t B, H, T, S, d_k, d_v;
+    bool mask, causal;
+    double dropout;
+  };
+  const Case cases[] = {
+      {"plain_with_mask", 2, 3, 5, 7, 4, 3, true, false, 0.0},
+      {"causal_row_blocks", 1, 2, 70, 70, 8, 5, true, true, 0.0},
+      {"dropout", 2, 2, 6, 4, 3, 2, false, false, 0.3},
+  };
+  std::uint64_t seed = 700;
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT("case " << c.name) {
+      Tensor q = randn64({c.B, c.T, c.H * c.d_k}, seed++), k = randn64({c.B, c.S, c.H * c.d_k}, seed++);
+      Tensor v = randn64({c.B, c.S, c.H * c.d_v}, seed++);
+      Tensor mask = c.mask ? randn64({c.T, c.S}, seed++) : Tensor();
+      Tensor r1 = randn64({c.B, c.T, c.H * c.d_v}, seed++, false), r2 = randn64({c.B, c.H, c.T, c.S}, seed++, false);
+      std::vector<Tensor> inputs{q, k, v};
+      if (mask.defined()) inputs.push_back(mask);
+      auto grads = [&](const Tensor& out, const Tensor& weights) {
+        for (auto t : inputs) t.set_grad(Tensor());
+        (ag::sum(out * r1) + ag::sum(weights * r2)).backward();
+        std::vector<Tensor> g;
+        for (const auto& t : inputs) g.push_back(t.grad());
+        return g;
+      };
+      ag::Generator gen_last(seed), gen_first(seed);
+      ++seed;
+      auto last = ag::scaled_dot_product_attention_heads_last(q, k, v, c.H, mask, c.causal, 0.0, c.dropout, &gen_last);
+      auto first = ag::scaled_dot_product_attention(split_heads(q, c.H), split_heads(k, c.H), split_heads(v, c.H), mask,
+                                                    c.causal, 0.0, c.dropout, &gen_first);
+      BOOST_TEST(last.output.shape() == (ag::Shape{c.B, c.T, c.H * c.d_v}));
+      BOOST_TEST(max_abs_diff(last.output, merge_heads(first.output)) < 1e-12);
+      BOOST_TEST(max_abs_diff(last.weights, first.weights) < 1e-12);
+      const auto g_last = grads(last.output, last.weights);
+      const auto g_first = grads(merge_heads(first.output), first.weights);
+      for (std::size_t i = 0; i < inputs.size(); ++i) BOOST_TEST(max_abs_diff(g_last[i], g_first[i]) < 1e-12);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_heads_last) {
+  Tensor q = randn64({2, 3, 4}, 801), k = randn64({2, 5, 4}, 802), v = randn64({2, 5, 6}, 803);
+  Tensor mask = randn64({3, 5}, 804, false);
+  check_gradcheck(
+      [mask](const std::vector<Tensor>& x) {
+        return both(ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2, mask));
+      },
+      {q, k, v});
+}
+
+BOOST_AUTO_TEST_CASE(heads_last_argument_errors_name_the_op_and_shapes) {
+  Tensor q = ag::zeros({1, 3, 4}, F64);
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_heads_last(ag::zeros({1, 1, 3, 4}, F64), q, q, 2); }) ==
+             "scaled_dot_product_attention_heads_last: q, k and v must be 3-D (B, seq, heads * head_dim); got q "
+             "[1, 1, 3, 4], k [1, 3, 4], v [1, 3, 4]");
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_heads_last(q, q, q, 3); }) ==
+             "scaled_dot_product_attention_heads_last: the last dims of q [1, 3, 4], k [1, 3, 4], v [1, 3, 4] must "
+             "be divisible by num_heads = 3");
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_heads_last(q, q, q, 0); }) ==
+             "scaled_dot_product_attention_heads_last: num_heads must be positive, got 0");
+  const std::string causal = error_of([&] {
+    ag::scaled_dot_product_attention_heads_last(q, ag::zeros({1, 5, 4}, F64), ag::zeros({1, 5, 4}, F64), 2,
+                                                Tensor(), true);
+  });
+  BOOST_TEST(causal.find("scaled_dot_product_attention_heads_last: is_causal needs as many queries as keys") == 0);
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention_heads_last(q, q, q, 2, ag::zeros({2, 3}, F64)),
+                    std::invalid_argument);
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention_heads_last(q, Tensor(), q, 2), std::invalid_argument);
+}

@@ -85,7 +85,7 @@ CombinedMask combine_masks(const ag::Tensor& key_padding_mask, const ag::Tensor&
 }
 
 struct CoreResult {
-  ag::Tensor context;  // (B, H, T, d_k)
+  ag::Tensor context;  // (B, H, T, d_k); undefined from the fused core, which writes the concat
   ag::Tensor weights;  // (B, H, T, S')
 };
 
@@ -273,25 +273,29 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
     k = ag::cat({k, zero}, 1);  // (B, S', E)
     v = ag::cat({v, zero}, 1);  // (B, S', E)
   }
-  ag::Tensor qh = split_heads(q, H);  // (B, H, T, d_k)
-  ag::Tensor kh = split_heads(k, H);  // (B, H, S', d_k)
-  ag::Tensor vh = split_heads(v, H);  // (B, H, S', d_k)
 
-  // ---- attend in every head at once ----
+  // ---- attend in every head at once, then concat the heads ----
   const double dropout_p = is_training() ? options_.dropout : 0.0;
   CoreResult core;
   AttentionStudy study;
+  ag::Tensor concat;  // (B, T, E): the heads' contexts side by side
   if (composed) {
+    ag::Tensor qh = split_heads(q, H);  // (B, H, T, d_k)
+    ag::Tensor kh = split_heads(k, H);  // (B, H, S', d_k)
+    ag::Tensor vh = split_heads(v, H);  // (B, H, S', d_k)
     core = compose_attention(qh, kh, vh, mask, dropout_p, dropout_gen_, options_.study ? &study : nullptr);
+    concat = merge_heads(core.context);
   } else {
-    ag::SdpaResult r = ag::scaled_dot_product_attention(qh, kh, vh, mask.additive, mask.causal, 0.0, dropout_p,
-                                                        &dropout_gen_);
-    core = {r.output, r.weights};
+    // The fused op reads head h from columns h·d_k .. (h+1)·d_k − 1 of q, k, v in place and writes
+    // the concat directly: no split into (B, H, L, d_k) copies, no merge.
+    ag::SdpaResult r = ag::scaled_dot_product_attention_heads_last(q, k, v, H, mask.additive, mask.causal, 0.0,
+                                                                   dropout_p, &dropout_gen_);
+    core = {ag::Tensor(), r.weights};
+    concat = r.output;
   }
 
-  // ---- concat the heads, mix with W_O ----
-  ag::Tensor concat = merge_heads(core.context);  // (B, T, E)
-  ag::Tensor out = project(concat, W_O_, b_O_);   // (B, T, E)
+  // ---- mix with W_O ----
+  ag::Tensor out = project(concat, W_O_, b_O_);  // (B, T, E)
 
   if (options_.study) {
     study.concat = concat;

@@ -6,9 +6,9 @@
 //   S = scale·Q·Kᵀ + M        [T, S]
 //   P = softmax(S) by rows    [T, S]   <- `weights`
 //   O = (P ⊙ Z)·V             [T, d_v] <- `output`
-// Forward and backward are hand-written kernels (Eigen GEMMs on each slice, slices in parallel
-// with OpenMP). Each slice is computed by one thread alone, so results do not depend on the
-// thread count.
+// Forward and backward are hand-written kernels (GEMMs on each slice through OpenBLAS or Eigen,
+// slices in parallel with OpenMP). Each slice is computed by one thread alone, so results do not
+// depend on the thread count.
 #include "autograd/random.hpp"
 #include "autograd/tensor.hpp"
 
@@ -39,5 +39,15 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
                                         const Tensor& attn_mask = Tensor(), bool is_causal = false,
                                         double scale = 0.0, double dropout_p = 0.0,
                                         Generator* gen = nullptr);
+
+// The same op on heads-last storage, the layout of a multi-head layer's projections: q
+// (B, T, H·d_k), k (B, S, H·d_k), v (B, S, H·d_v), head h in columns h·d .. (h+1)·d − 1 of each
+// row. The heads are read and the output (B, T, H·d_v) is written in place, with no split into
+// (B, H, L, d) copies or merge after; weights are (B, H, T, S) as above, and so are the mask,
+// the dropout draws and the results (the output is the other op's, heads side by side).
+SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                   std::int64_t num_heads, const Tensor& attn_mask = Tensor(),
+                                                   bool is_causal = false, double scale = 0.0,
+                                                   double dropout_p = 0.0, Generator* gen = nullptr);
 
 }  // namespace autograd

@@ -30,8 +30,20 @@ using ConstSliceMap = Eigen::Map<const RowMatrix<T>>;
 // slice: starting a team costs more than it saves.
 constexpr std::int64_t kParallelWork = 1 << 16;
 
+// Where slice (b, h)'s matrix of q, k, v or the output lives: it starts at b·sb + h·sh and its
+// rows are sr apart. (B, H, L, d) storage: sb = H·L·d, sh = L·d, sr = d. Heads-last (B, L, H·d)
+// storage: sb = L·H·d, sh = d, sr = H·d (the head is a column block of each row).
+struct Layout {
+  std::int64_t sb = 0, sh = 0, sr = 0;
+  std::int64_t at(std::int64_t b, std::int64_t h) const { return b * sb + h * sh; }
+};
+
+Layout heads_first(std::int64_t H, std::int64_t L, std::int64_t d) { return {H * L * d, L * d, d}; }
+Layout heads_last(std::int64_t H, std::int64_t L, std::int64_t d) { return {L * H * d, d, H * d}; }
+
 struct Dims {
   std::int64_t B, H, T, S, d_k, d_v;
+  Layout q, k, v, out;  // the gradients of q, k, v and out share their layouts
   std::int64_t slices() const { return B * H; }
   // Threads split the slices, never one slice's products. Inside a team Eigen and the BLAS
   // run their GEMMs single-threaded, so every slice is computed the same way whatever the thread
@@ -78,6 +90,9 @@ MaskStrides mask_strides(const Shape& mask_shape) {
   return {stride(0), stride(1), stride(2), stride(3)};
 }
 
+void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const Shape& vs, Dtype dtype,
+                   const Tensor& mask, bool is_causal, double scale, double dropout_p);
+
 void check_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                 double scale, double dropout_p) {
   if (!q.defined() || !k.defined() || !v.defined()) fail(kOp, "q, k and v must be defined tensors");
@@ -88,7 +103,13 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
     fail(kOp, "dtypes differ: q {}, k {}, v {}", dtype_name(q.dtype()), dtype_name(k.dtype()),
          dtype_name(v.dtype()));
-  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  check_logical(kOp, q.shape(), k.shape(), v.shape(), q.dtype(), mask, is_causal, scale, dropout_p);
+}
+
+// The checks on the logical (B, H, L, d) shapes, for both entry points.
+void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const Shape& vs, Dtype dtype,
+                   const Tensor& mask, bool is_causal, double scale, double dropout_p) {
+  const std::string_view kOp = op;
   if (qs[0] != ks[0] || qs[1] != ks[1] || qs[0] != vs[0] || qs[1] != vs[1])
     fail(kOp, "batch and head dims differ: q {}, k {}, v {}", shape_str(qs), shape_str(ks), shape_str(vs));
   if (qs[3] != ks[3]) fail(kOp, "q and k head dims differ: {} and {}", shape_str(qs), shape_str(ks));
@@ -106,8 +127,8 @@ void check_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
     }
     if (!ok)
       fail(kOp, "attn_mask of shape {} does not broadcast to (B, H, T, S) = {}", shape_str(ms), shape_str(target));
-    if (mask.dtype() != q.dtype())
-      fail(kOp, "attn_mask dtype {} differs from q's {}", dtype_name(mask.dtype()), dtype_name(q.dtype()));
+    if (mask.dtype() != dtype)
+      fail(kOp, "attn_mask dtype {} differs from q's {}", dtype_name(mask.dtype()), dtype_name(dtype));
   }
   if (!std::isfinite(scale)) fail(kOp, "scale must be finite, got {}", scale);
   if (!(dropout_p >= 0.0 && dropout_p <= 1.0)) fail(kOp, "dropout_p must be in [0, 1], got {}", dropout_p);
@@ -123,17 +144,18 @@ void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
                     bool causal, T scale, const T* keep, T* weights, T* out) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const RowBlocks blocks = row_blocks(d, causal);
+  const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
 #pragma omp parallel if (d.parallel())
   {
     RowMatrix<T> dropped;  // P ⊙ Z of a block, per thread
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
       const std::int64_t b = bh / d.H, h = bh % d.H;
-      const T* Q = q + bh * d.T * d.d_k;  // [T, d_k]
-      const T* K = k + bh * d.S * d.d_k;  // [S, d_k]
-      const T* V = v + bh * d.S * d.d_v;  // [S, d_v]
-      T* P = weights + bh * d.T * d.S;    // [T, S]: scores, then weights in place
-      T* O = out + bh * d.T * d.d_v;      // [T, d_v]
+      const T* Q = q + d.q.at(b, h);    // [T, d_k], rows lq apart
+      const T* K = k + d.k.at(b, h);    // [S, d_k], rows lk apart
+      const T* V = v + d.v.at(b, h);    // [S, d_v], rows lv apart
+      T* P = weights + bh * d.T * d.S;  // [T, S]: scores, then weights in place
+      T* O = out + d.out.at(b, h);      // [T, d_v], rows lo apart
       const T* Z = keep != nullptr ? keep + bh * d.T * d.S : nullptr;
 
       for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
@@ -141,7 +163,7 @@ void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
         const std::int64_t cols = blocks.cols(r1);  // keys rows r0..r1-1 can see
         T* Pb = P + r0 * d.S;                       // [rows, cols] of row stride S
         // S = scale·Q·Kᵀ                               [rows, d_k] x [d_k, cols] -> [rows, cols]
-        gemm<T>(false, true, rows, cols, d.d_k, scale, Q + r0 * d.d_k, d.d_k, K, d.d_k, T(0), Pb, d.S);
+        gemm<T>(false, true, rows, cols, d.d_k, scale, Q + r0 * lq, lq, K, lk, T(0), Pb, d.S);
         // S += M (broadcast)
         if (mask != nullptr) {
           const T* mb = mask + b * ms.sb + h * ms.sh;
@@ -187,8 +209,8 @@ void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
           Pd = dropped.data();
           ld = cols;
         }
-        gemm<T>(false, false, rows, d.d_v, cols, T(1), Pd, std::max<std::int64_t>(ld, 1), V, d.d_v, T(0),
-                O + r0 * d.d_v, d.d_v);
+        gemm<T>(false, false, rows, d.d_v, cols, T(1), Pd, std::max<std::int64_t>(ld, 1), V, lv, T(0), O + r0 * lo,
+                lo);
       }
     }
   }
@@ -207,17 +229,19 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
   const bool need_ds = dq != nullptr || dk != nullptr || dscores != nullptr;
   const RowBlocks blocks = row_blocks(d, causal);
   const std::int64_t key_step = causal ? blocks.step : std::max<std::int64_t>(d.S, 1);
+  const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
 #pragma omp parallel if (d.parallel())
   {
     RowMatrix<T> dropped;  // P ⊙ Z, per thread
     RowMatrix<T> dP;       // dL/dP, then dL/dS in place, per thread
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
-      const T* Q = q + bh * d.T * d.d_k;        // [T, d_k]
-      const T* K = k + bh * d.S * d.d_k;        // [S, d_k]
-      const T* V = v + bh * d.S * d.d_v;        // [S, d_v]
-      const T* P = weights + bh * d.T * d.S;    // [T, S]
-      const T* dO = dout != nullptr ? dout + bh * d.T * d.d_v : nullptr;       // [T, d_v], null = 0
+      const std::int64_t b = bh / d.H, h = bh % d.H;
+      const T* Q = q + d.q.at(b, h);          // [T, d_k], rows lq apart (so are dQ's)
+      const T* K = k + d.k.at(b, h);          // [S, d_k], rows lk apart (so are dK's)
+      const T* V = v + d.v.at(b, h);          // [S, d_v], rows lv apart (so are dV's)
+      const T* P = weights + bh * d.T * d.S;  // [T, S]
+      const T* dO = dout != nullptr ? dout + d.out.at(b, h) : nullptr;         // [T, d_v], rows lo apart; null = 0
       const T* dW = dweights != nullptr ? dweights + bh * d.T * d.S : nullptr;  // [T, S], null = 0
       const T* Z = keep != nullptr ? keep + bh * d.T * d.S : nullptr;
       // Queries that see key block [c0, c1): all of them, or c0..T-1 when causal.
@@ -226,9 +250,9 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
       // forward: O = Pd·V with Pd = P ⊙ Z (Pd = P without dropout)
       //   => dV = Pdᵀ·dO                                    [S, T] x [T, d_v] -> [S, d_v]
       if (dv != nullptr) {
-        T* dV = dv + bh * d.S * d.d_v;
+        T* dV = dv + d.v.at(b, h);
         if (d.T == 0 || dO == nullptr) {
-          SliceMap<T>(dV, d.S, d.d_v).setZero();
+          StridedMap<T>(dV, d.S, d.d_v, Eigen::OuterStride<>(lv)).setZero();
         } else {
           const T* Pd = P;
           if (Z != nullptr) {
@@ -237,8 +261,8 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
           }
           for (std::int64_t c0 = 0; c0 < d.S; c0 += key_step) {
             const std::int64_t c1 = std::min(d.S, c0 + key_step), i0 = first_query(c0);
-            gemm<T>(true, false, c1 - c0, d.d_v, d.T - i0, T(1), Pd + i0 * d.S + c0, d.S, dO + i0 * d.d_v, d.d_v,
-                    T(0), dV + c0 * d.d_v, d.d_v);
+            gemm<T>(true, false, c1 - c0, d.d_v, d.T - i0, T(1), Pd + i0 * d.S + c0, d.S, dO + i0 * lo, lo, T(0),
+                    dV + c0 * lv, lv);
           }
         }
       }
@@ -254,7 +278,7 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
         if (d.d_v == 0 || dO == nullptr) {
           dPm.setZero();
         } else {
-          gemm<T>(false, true, rows, cols, d.d_v, T(1), dO + r0 * d.d_v, d.d_v, V, d.d_v, T(0), dPb, d.S);
+          gemm<T>(false, true, rows, cols, d.d_v, T(1), dO + r0 * lo, lo, V, lv, T(0), dPb, d.S);
           // forward: Pd = P ⊙ Z  =>  dP = dPd ⊙ Z
           if (Z != nullptr) dPm.array() *= StridedMap<const T>(Z + r0 * d.S, rows, cols, d.S).array();
         }
@@ -273,8 +297,7 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
         // forward: S = scale·Q·Kᵀ + M
         //   => dQ = scale·dS·K                            [rows, cols] x [cols, d_k] -> [rows, d_k]
         if (dq != nullptr)
-          gemm<T>(false, false, rows, d.d_k, cols, scale, dPb, d.S, K, d.d_k, T(0), dq + (bh * d.T + r0) * d.d_k,
-                  d.d_k);
+          gemm<T>(false, false, rows, d.d_k, cols, scale, dPb, d.S, K, lk, T(0), dq + d.q.at(b, h) + r0 * lq, lq);
         //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
         if (dscores != nullptr) {
           T* out = dscores + (bh * d.T + r0) * d.S;
@@ -285,14 +308,14 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
       const T* dS = dP.data();
       //   => dK = scale·dSᵀ·Q                               [S, T] x [T, d_k] -> [S, d_k]
       if (dk != nullptr) {
-        T* dK = dk + bh * d.S * d.d_k;
+        T* dK = dk + d.k.at(b, h);
         if (d.T == 0) {
-          SliceMap<T>(dK, d.S, d.d_k).setZero();
+          StridedMap<T>(dK, d.S, d.d_k, Eigen::OuterStride<>(lk)).setZero();
         } else {
           for (std::int64_t c0 = 0; c0 < d.S; c0 += key_step) {
             const std::int64_t c1 = std::min(d.S, c0 + key_step), i0 = first_query(c0);
-            gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, scale, dS + i0 * d.S + c0, d.S, Q + i0 * d.d_k, d.d_k,
-                    T(0), dK + c0 * d.d_k, d.d_k);
+            gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, scale, dS + i0 * d.S + c0, d.S, Q + i0 * lq, lq, T(0),
+                    dK + c0 * lk, lk);
           }
         }
       }
@@ -302,10 +325,13 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
 
 }  // namespace
 
-SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                        bool is_causal, double scale, double dropout_p, Generator* gen) {
-  check_args(q, k, v, attn_mask, is_causal, scale, dropout_p);
-  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+namespace {
+
+// Both entry points, once the arguments are checked: d says where each slice lives, out_shape is
+// the output's shape (its layout is d.out).
+SdpaResult attend(std::string_view op_name, const Dims& d, const Shape& out_shape, const Tensor& q, const Tensor& k,
+                  const Tensor& v, const Tensor& attn_mask, bool is_causal, double scale, double dropout_p,
+                  Generator* gen) {
   // scale 0 means 1/sqrt(d_k); with d_k = 0 every product is 0 and the scale does not matter.
   if (scale == 0.0) scale = d.d_k > 0 ? 1.0 / std::sqrt(static_cast<double>(d.d_k)) : 1.0;
   const MaskStrides ms = attn_mask.defined() ? mask_strides(attn_mask.shape()) : MaskStrides{};
@@ -324,7 +350,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     });
   }
 
-  Tensor output = Tensor::empty({d.B, d.H, d.T, d.d_v}, q.dtype());
+  Tensor output = Tensor::empty(out_shape, q.dtype());
   Tensor weights = Tensor::empty({d.B, d.H, d.T, d.S}, q.dtype());
   dispatch(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -338,11 +364,10 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   if (!needs_grad(inputs)) return {output, weights};
 
   // Saved for backward: q, k, v, the weights P and the dropout factors Z. Not the scores.
-  record(std::string(kOp), inputs, TensorList{output, weights},
+  record(std::string(op_name), inputs, TensorList{output, weights},
          [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), sp = SavedTensor(weights),
           sz = SavedTensor(keep), mask_shape = attn_mask.defined() ? attn_mask.shape() : Shape{}, d, scale,
-          causal = is_causal](const TensorList& g, const Node& node) {
-           const std::string_view op = kOp;
+          causal = is_causal, op = op_name](const TensorList& g, const Node& node) {
            const Tensor qt = sq.get(op), kt = sk.get(op), vt = sv.get(op), pt = sp.get(op);
            const Tensor zt = sz.defined() ? sz.get(op) : Tensor();
            const Dtype dtype = qt.dtype();
@@ -369,6 +394,43 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   // [B, H, T, S] tensor of zeros is made and added.
   output.grad_fn()->materialize_grads = false;
   return {output, weights};
+}
+
+}  // namespace
+
+SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                        bool is_causal, double scale, double dropout_p, Generator* gen) {
+  check_args(q, k, v, attn_mask, is_causal, scale, dropout_p);
+  const std::int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2), d_k = q.size(3), d_v = v.size(3);
+  const Dims d{B, H, T, S, d_k, d_v, heads_first(H, T, d_k), heads_first(H, S, d_k), heads_first(H, S, d_v),
+               heads_first(H, T, d_v)};
+  return attend(kOp, d, {B, H, T, d_v}, q, k, v, attn_mask, is_causal, scale, dropout_p, gen);
+}
+
+SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                   std::int64_t num_heads, const Tensor& attn_mask, bool is_causal,
+                                                   double scale, double dropout_p, Generator* gen) {
+  constexpr std::string_view op = "scaled_dot_product_attention_heads_last";
+  if (!q.defined() || !k.defined() || !v.defined()) fail(op, "q, k and v must be defined tensors");
+  for (const auto* t : {&q, &k, &v})
+    if (t->dim() != 3)
+      fail(op, "q, k and v must be 3-D (B, seq, heads * head_dim); got q {}, k {}, v {}", shape_str(q.shape()),
+           shape_str(k.shape()), shape_str(v.shape()));
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
+    fail(op, "dtypes differ: q {}, k {}, v {}", dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype()));
+  const std::int64_t H = num_heads;
+  if (H <= 0) fail(op, "num_heads must be positive, got {}", H);
+  for (const auto* t : {&q, &k, &v})
+    if (t->size(2) % H != 0)
+      fail(op, "the last dims of q {}, k {}, v {} must be divisible by num_heads = {}", shape_str(q.shape()),
+           shape_str(k.shape()), shape_str(v.shape()), H);
+  const std::int64_t B = q.size(0), T = q.size(1), S = k.size(1), d_k = q.size(2) / H, d_v = v.size(2) / H;
+  // The same checks as the (B, H, L, d) op, on the shapes the heads-last tensors stand for.
+  check_logical(op, {B, H, T, d_k}, {k.size(0), H, S, k.size(2) / H}, {v.size(0), H, v.size(1), d_v}, q.dtype(),
+                attn_mask, is_causal, scale, dropout_p);
+  const Dims d{B, H, T, S, d_k, d_v, heads_last(H, T, d_k), heads_last(H, S, d_k), heads_last(H, S, d_v),
+               heads_last(H, T, d_v)};
+  return attend(op, d, {B, T, H * d_v}, q, k, v, attn_mask, is_causal, scale, dropout_p, gen);
 }
 
 }  // namespace autograd
