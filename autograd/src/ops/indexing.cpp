@@ -5,6 +5,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/parallel.hpp"
 
 namespace autograd {
 
@@ -52,11 +53,11 @@ Tensor gather_along(std::string op, const Tensor& x, std::int64_t d, std::vector
       using T = decltype(zero);
       const T* src = x.data<T>();
       T* dst = y.data<T>();
-#pragma omp parallel for collapse(2) if (y.numel() > kParallelElements)
-      for (std::int64_t o = 0; o < outer; ++o)
-        for (std::int64_t k = 0; k < count; ++k)
-          std::memcpy(dst + (o * count + k) * inner, src + (o * size + index[static_cast<std::size_t>(k)]) * inner,
-                      static_cast<std::size_t>(inner) * sizeof(T));
+      parallel_for(outer * count, y.numel() > kParallelElements, [&](std::int64_t ok) {
+        const std::int64_t o = ok / count, k = ok % count;
+        std::memcpy(dst + ok * inner, src + (o * size + index[static_cast<std::size_t>(k)]) * inner,
+                    static_cast<std::size_t>(inner) * sizeof(T));
+      });
     });
   }
   if (needs_grad(x)) {
@@ -74,12 +75,12 @@ Tensor gather_along(std::string op, const Tensor& x, std::int64_t d, std::vector
         const T* src = g[0].data<T>();
         T* dst = dx.data<T>();
         // Parallel over `outer` only: within one o, repeated indices add into the same row.
-#pragma omp parallel for if (outer > 1 && g[0].numel() > kParallelElements)
-        for (std::int64_t o = 0; o < outer; ++o)
+        parallel_for(outer, g[0].numel() > kParallelElements, [&](std::int64_t o) {
           for (std::int64_t k = 0; k < count; ++k) {
             Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> row(dst + (o * size + index[static_cast<std::size_t>(k)]) * inner, inner);
             row += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src + (o * count + k) * inner, inner);
           }
+        });
       });
       return TensorList{dx};
     });

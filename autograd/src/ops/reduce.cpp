@@ -13,6 +13,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/parallel.hpp"
 
 namespace autograd {
 namespace {
@@ -76,8 +77,7 @@ class ReduceWalk {
     const Group& g = groups_[0];
     if (!g.reduced && groups_.size() > 1 && g.size * in_stride_[0] >= (1 << 16)) {
       // Outermost group kept: its slices write disjoint outputs.
-#pragma omp parallel for schedule(static)
-      for (std::int64_t i = 0; i < g.size; ++i) sum_at(in + i * in_stride_[0], out + i * out_stride_[0], 1);
+      parallel_for(g.size, true, [&](std::int64_t i) { sum_at(in + i * in_stride_[0], out + i * out_stride_[0], 1); });
     } else {
       sum_at(in, out, 0);
     }

@@ -7,6 +7,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/parallel.hpp"
 
 namespace autograd {
 
@@ -115,8 +116,7 @@ void gather_strided(const T* src, T* dst, Shape shape, Shape src_strides) {
     const std::int64_t blocks = n / (rows * cols);
     constexpr std::int64_t tile = 16;
     using SourceMap = Eigen::Map<const RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-#pragma omp parallel for if (n > kParallelElements)
-    for (std::int64_t b = 0; b < blocks; ++b) {
+    parallel_for(blocks, n > kParallelElements, [&](std::int64_t b) {
       std::int64_t offset = 0, rest = b;
       for (std::int64_t d = rank - 3; d >= 0; --d) {
         offset += (rest % shape[d]) * src_strides[d];
@@ -129,14 +129,13 @@ void gather_strided(const T* src, T* dst, Shape shape, Shape src_strides) {
           const std::int64_t bi = std::min(tile, rows - i0), bj = std::min(tile, cols - j0);
           out.block(i0, j0, bi, bj) = s.block(j0, i0, bj, bi).transpose();
         }
-    }
+    });
     return;
   }
 
   // General path: the innermost dim as a plain loop (a memcpy when contiguous).
   const std::int64_t lines = n / inner;
-#pragma omp parallel for if (n > kParallelElements)
-  for (std::int64_t line = 0; line < lines; ++line) {
+  parallel_for(lines, n > kParallelElements, [&](std::int64_t line) {
     std::int64_t offset = 0, rest = line;
     for (std::int64_t d = rank - 2; d >= 0; --d) {
       offset += (rest % shape[d]) * src_strides[d];
@@ -151,7 +150,7 @@ void gather_strided(const T* src, T* dst, Shape shape, Shape src_strides) {
     } else {
       for (std::int64_t j = 0; j < inner; ++j) out[j] = s[j * inner_stride];
     }
-  }
+  });
 }
 
 // out[..., k, ...] = x[..., dims permuted ...]: the copy behind permute and transpose.
@@ -188,8 +187,7 @@ Tensor slice_copy(const Tensor& x, std::int64_t dim, std::int64_t start, std::in
     using T = decltype(zero);
     const T* src = x.data<T>();
     T* dst = y.data<T>();
-#pragma omp parallel for if (y.numel() > kParallelElements)
-    for (std::int64_t o = 0; o < outer; ++o) {
+    parallel_for(outer, y.numel() > kParallelElements, [&](std::int64_t o) {
       const T* s = src + (o * size + start) * inner;
       T* d = dst + o * count * inner;
       if (step == 1) {
@@ -200,7 +198,7 @@ Tensor slice_copy(const Tensor& x, std::int64_t dim, std::int64_t start, std::in
         for (std::int64_t k = 0; k < count; ++k)
           std::memcpy(d + k * inner, s + k * step * inner, static_cast<std::size_t>(inner) * sizeof(T));
       }
-    }
+    });
   });
   return y;
 }
@@ -218,13 +216,12 @@ Tensor slice_scatter(const Tensor& g, const Shape& in_shape, std::int64_t dim, s
     using T = decltype(zero);
     const T* src = g.data<T>();
     T* dst = dx.data<T>();
-#pragma omp parallel for if (g.numel() > kParallelElements)
-    for (std::int64_t o = 0; o < outer; ++o) {
+    parallel_for(outer, g.numel() > kParallelElements, [&](std::int64_t o) {
       const T* s = src + o * count * inner;
       T* d = dst + (o * size + start) * inner;
       for (std::int64_t k = 0; k < count; ++k)
         std::memcpy(d + k * step * inner, s + k * inner, static_cast<std::size_t>(inner) * sizeof(T));
-    }
+    });
   });
   return dx;
 }
@@ -244,9 +241,9 @@ Tensor cat_copy(const TensorList& xs, std::int64_t dim, const Shape& out_shape, 
       const std::int64_t block = x.shape()[static_cast<std::size_t>(dim)] * inner;
       const T* src = x.data<T>();
       if (block > 0) {
-#pragma omp parallel for if (outer * block > kParallelElements)
-        for (std::int64_t o = 0; o < outer; ++o)
+        parallel_for(outer, outer * block > kParallelElements, [&](std::int64_t o) {
           std::memcpy(dst + o * out_block + offset, src + o * block, static_cast<std::size_t>(block) * sizeof(T));
+        });
       }
       offset += block;
     }

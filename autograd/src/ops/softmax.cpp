@@ -16,6 +16,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/parallel.hpp"
 
 namespace autograd {
 namespace {
@@ -54,8 +55,7 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
   const T neg_inf = static_cast<T>(kNegInf);
   const std::int64_t slab = l.n * l.inner;
   if (l.inner == 1) {
-#pragma omp parallel for schedule(static) if (l.outer * l.n >= kParallelElements)
-    for (std::int64_t o = 0; o < l.outer; ++o) {
+    parallel_for(l.outer, l.outer * l.n >= kParallelElements, [&](std::int64_t o) {
       ConstVecMap<T> xr(x + o * l.n, l.n);
       VecMap<T> yr(y + o * l.n, l.n);
       const T m = xr.template maxCoeff<Eigen::PropagateNaN>();
@@ -70,11 +70,10 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
         yr = (xr == neg_inf).select(T(0), (xr - m).exp());
         yr *= T(1) / yr.sum();
       }
-    }
+    });
     return;
   }
-#pragma omp parallel for schedule(static) if (l.outer * slab >= kParallelElements)
-  for (std::int64_t o = 0; o < l.outer; ++o) {
+  parallel_for(l.outer, l.outer * slab >= kParallelElements, [&](std::int64_t o) {
     const T* xs = x + o * slab;
     T* ys = y + o * slab;
     auto row = [&](const T* base, std::int64_t k) { return ConstVecMap<T>(base + k * l.inner, l.inner); };
@@ -96,7 +95,7 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
       const Vec<T> inv = (s == T(0)).select(T(0), s.inverse());
       for (std::int64_t k = 0; k < l.n; ++k) VecMap<T>(ys + k * l.inner, l.inner) *= inv;
     }
-  }
+  });
 }
 
 // y = softmax(x)  =>  dx = y ⊙ (dy − Σ_row dy ⊙ y)   (zero on fully masked rows, where y = 0)
@@ -104,16 +103,14 @@ template <class T>
 void softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
   const std::int64_t slab = l.n * l.inner;
   if (l.inner == 1) {
-#pragma omp parallel for schedule(static) if (l.outer * l.n >= kParallelElements)
-    for (std::int64_t o = 0; o < l.outer; ++o) {
+    parallel_for(l.outer, l.outer * l.n >= kParallelElements, [&](std::int64_t o) {
       ConstVecMap<T> yr(y + o * l.n, l.n), gr(dy + o * l.n, l.n);
       const T dot = (yr * gr).sum();
       VecMap<T>(dx + o * l.n, l.n) = yr * (gr - dot);
-    }
+    });
     return;
   }
-#pragma omp parallel for schedule(static) if (l.outer * slab >= kParallelElements)
-  for (std::int64_t o = 0; o < l.outer; ++o) {
+  parallel_for(l.outer, l.outer * slab >= kParallelElements, [&](std::int64_t o) {
     const std::int64_t base = o * slab;
     Vec<T> dot = Vec<T>::Zero(l.inner);
     for (std::int64_t k = 0; k < l.n; ++k) {
@@ -124,7 +121,7 @@ void softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
       const std::int64_t at = base + k * l.inner;
       VecMap<T>(dx + at, l.inner) = ConstVecMap<T>(y + at, l.inner) * (ConstVecMap<T>(dy + at, l.inner) - dot);
     }
-  }
+  });
 }
 
 // y = log_softmax(x)  =>  dx = dy − exp(y) · Σ_row dy   (zero on fully masked rows, y = -inf)
@@ -133,18 +130,16 @@ void log_softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
   const T neg_inf = static_cast<T>(kNegInf);
   const std::int64_t slab = l.n * l.inner;
   if (l.inner == 1) {
-#pragma omp parallel for schedule(static) if (l.outer * l.n >= kParallelElements)
-    for (std::int64_t o = 0; o < l.outer; ++o) {
+    parallel_for(l.outer, l.outer * l.n >= kParallelElements, [&](std::int64_t o) {
       ConstVecMap<T> yr(y + o * l.n, l.n), gr(dy + o * l.n, l.n);
       VecMap<T> dr(dx + o * l.n, l.n);
       // A normal row's maximum has y = -log Σ exp(x - m) > -inf; only a masked row is all -inf.
       if (yr(0) == neg_inf && yr.maxCoeff() == neg_inf) dr.setZero();
       else dr = gr - yr.exp() * gr.sum();
-    }
+    });
     return;
   }
-#pragma omp parallel for schedule(static) if (l.outer * slab >= kParallelElements)
-  for (std::int64_t o = 0; o < l.outer; ++o) {
+  parallel_for(l.outer, l.outer * slab >= kParallelElements, [&](std::int64_t o) {
     const std::int64_t base = o * slab;
     Vec<T> s = Vec<T>::Zero(l.inner);
     Vec<T> top = Vec<T>::Constant(l.inner, neg_inf);
@@ -160,7 +155,7 @@ void log_softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
                                         .select(T(0), ConstVecMap<T>(dy + at, l.inner) -
                                                           ConstVecMap<T>(y + at, l.inner).exp() * s);
     }
-  }
+  });
 }
 
 Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool log) {
