@@ -58,7 +58,7 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
   if (!impl || !impl->requires_grad || impl->grad_fn)
     fail("grad_accumulator", "only leaves that require grad have one");
   if (auto existing = impl->grad_accumulator.lock()) return existing;
-  auto node = std::make_shared<AccumulateGrad>(impl);
+  auto node = std::allocate_shared<AccumulateGrad>(detail::PoolAllocator<AccumulateGrad>{}, impl);
   impl->grad_accumulator = node;
   return node;
 }

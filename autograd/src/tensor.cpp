@@ -7,6 +7,7 @@
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
+#include "autograd/detail/small_pool.hpp"
 #include "buffer_pool.hpp"
 
 namespace autograd {
@@ -33,10 +34,10 @@ Storage::~Storage() { detail::buffer_free(data, buffer_bytes(dtype, numel)); }
 Tensor Tensor::empty(const Shape& shape, Dtype dtype) {
   for (auto d : shape)
     if (d < 0) fail("empty", "negative dimension in shape {}", shape_str(shape));
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = std::allocate_shared<TensorImpl>(detail::PoolAllocator<TensorImpl>{});
   impl->shape = shape;
   impl->dtype = dtype;
-  impl->storage = std::make_shared<Storage>(dtype, shape_numel(shape));
+  impl->storage = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>{}, dtype, shape_numel(shape));
   return Tensor(std::move(impl));
 }
 
@@ -107,7 +108,7 @@ Tensor Tensor::to(Dtype target) const {
 
 Tensor Tensor::detach() const {
   check_defined("detach");
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = std::allocate_shared<TensorImpl>(detail::PoolAllocator<TensorImpl>{});
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;
   impl->storage = impl_->storage;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/detail/small_pool.hpp"
 #include "autograd/tensor.hpp"
 
 namespace autograd {
@@ -57,9 +58,10 @@ class Node : public std::enable_shared_from_this<Node> {
   void mark_released();
   bool needs_input_grad(std::size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
 
-  std::vector<Edge> next_edges;        // one per input
-  std::vector<TensorMeta> input_meta;  // one per input
-  std::vector<TensorMeta> output_meta; // one per output
+  // (Lists from the per-thread small-object pool: no system allocation once warm.)
+  std::vector<Edge, detail::PoolAllocator<Edge>> next_edges;              // one per input
+  std::vector<TensorMeta, detail::PoolAllocator<TensorMeta>> input_meta;  // one per input
+  std::vector<TensorMeta, detail::PoolAllocator<TensorMeta>> output_meta; // one per output
   std::vector<std::vector<TensorHook>> output_hooks;  // per output, run before apply (empty: none)
   std::uint64_t sequence_nr;           // creation order; later nodes run first
   std::string creation_context;        // where it was made (filled under anomaly detection)
@@ -143,7 +145,8 @@ void connect(const std::shared_ptr<Node>& node, std::span<const Tensor> inputs, 
 // The braced-list overloads (`record("mul", {a, b}, y, rule)`) build no vector.
 template <class F>
 void record(std::string name, std::span<const Tensor> inputs, std::span<const Tensor> outputs, F&& fn) {
-  connect(std::make_shared<FunctionNode<std::decay_t<F>>>(std::move(name), std::forward<F>(fn)), inputs, outputs);
+  connect(std::allocate_shared<FunctionNode<std::decay_t<F>>>(detail::PoolAllocator<FunctionNode<std::decay_t<F>>>{}, std::move(name),
+                                                          std::forward<F>(fn)), inputs, outputs);
 }
 template <class F>
 void record(std::string name, const TensorList& inputs, const TensorList& outputs, F&& fn) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "autograd/detail/small_pool.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/parallel.hpp"
@@ -28,7 +29,7 @@ std::int64_t product(const Shape& s, std::size_t begin, std::size_t end) {
 
 // A new TensorImpl of another shape over the same Storage (like Tensor::detach).
 Tensor view_as_shape(const Tensor& x, const Shape& shape) {
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = std::allocate_shared<TensorImpl>(detail::PoolAllocator<TensorImpl>{});
   impl->shape = shape;
   impl->dtype = x.dtype();
   impl->storage = x.impl()->storage;
