@@ -10,58 +10,30 @@
 
 #include <autograd/autograd.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Shape;
 using ag::Tensor;
 using ag::TensorList;
+using test_support::check_gradients;
+using test_support::error_of;
+using test_support::f64;
+using test_support::input;
 
 namespace {
 
-// Every element of t against the expected values, to `tol` (absolute, plus relative).
+// Every element of t against the expected values, to `tol` (absolute, plus relative); an
+// expected NaN must come out NaN, an expected ±inf exactly equal.
 void check_values(const Tensor& t, const Shape& shape, const std::vector<double>& expected, double tol = 1e-12) {
-  BOOST_TEST(ag::shape_str(t.shape()) == ag::shape_str(shape));
-  const std::vector<double> got = t.to_vector();
-  BOOST_REQUIRE_EQUAL(got.size(), expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(expected[i])) {
-      BOOST_TEST(std::isnan(got[i]), "element " << i << ": " << got[i] << ", expected NaN");
-      continue;
-    }
-    if (got[i] == expected[i]) continue;  // exact, infinities included
-    BOOST_TEST(std::abs(got[i] - expected[i]) <= tol * (1.0 + std::abs(expected[i])),
-               "element " << i << ": " << got[i] << " vs expected " << expected[i]);
-  }
-}
-
-Tensor f64(const std::vector<double>& v, const Shape& s) { return ag::tensor(v, s, Dtype::Float64); }
-
-// Standard normal float64 input requiring grad.
-Tensor input(const Shape& shape, std::uint64_t seed) {
-  ag::Generator gen(seed);
-  return ag::randn(shape, Dtype::Float64, gen).requires_grad_();
+  test_support::check_values(t, shape, expected, tol, {.nan = true, .inf = true});
 }
 
 // Uniform in [low, high), float64, requiring grad.
 Tensor input_in(const Shape& shape, double low, double high, std::uint64_t seed) {
   ag::Generator gen(seed);
   return ag::uniform(shape, low, high, Dtype::Float64, gen).requires_grad_();
-}
-
-void check_gradients(const ag::GradcheckFn& fn, const TensorList& inputs) {
-  const ag::GradcheckResult r = ag::gradcheck(fn, inputs);
-  BOOST_TEST(r.ok, fmt::format("{}", r));
-  BOOST_TEST_MESSAGE(fmt::format("worst abs error {:.3g}", r.max_abs_error));
-}
-
-// The message of the std::invalid_argument that f throws ("" if it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

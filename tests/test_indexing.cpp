@@ -11,46 +11,21 @@
 
 #include <autograd/autograd.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Shape;
 using ag::Tensor;
 using ag::TensorList;
+using test_support::check_gradients;
+using test_support::check_values;
+using test_support::error_of;
+using test_support::f64;
+using test_support::input;
+using test_support::iota;
 
 namespace {
-
-void check_values(const Tensor& t, const Shape& shape, const std::vector<double>& expected, double tol = 1e-12) {
-  BOOST_TEST(ag::shape_str(t.shape()) == ag::shape_str(shape));
-  const std::vector<double> got = t.to_vector();
-  BOOST_REQUIRE_EQUAL(got.size(), expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i)
-    BOOST_TEST(std::abs(got[i] - expected[i]) <= tol * (1.0 + std::abs(expected[i])),
-               "element " << i << ": " << got[i] << " vs expected " << expected[i]);
-}
-
-Tensor f64(const std::vector<double>& v, const Shape& s) { return ag::tensor(v, s, Dtype::Float64); }
-
-Tensor iota(const Shape& s) { return ag::reshape(ag::arange(static_cast<double>(ag::shape_numel(s)), Dtype::Float64), s); }
-
-Tensor input(const Shape& shape, std::uint64_t seed) {
-  ag::Generator gen(seed);
-  return ag::randn(shape, Dtype::Float64, gen).requires_grad_();
-}
-
-void check_gradients(const ag::GradcheckFn& fn, const TensorList& inputs) {
-  const ag::GradcheckResult r = ag::gradcheck(fn, inputs);
-  BOOST_TEST(r.ok, fmt::format("{}", r));
-  BOOST_TEST_MESSAGE(fmt::format("worst abs error {:.3g}", r.max_abs_error));
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

@@ -14,19 +14,41 @@ namespace test_support {
 
 namespace ag = autograd;
 
-// t has `shape` and, element by element, the `expected` values within tol·(1 + |expected|).
+// Which non-finite expected values check_values accepts. By default neither: a NaN or an
+// infinity in `expected` fails the check, whatever was computed.
+struct NonFinite {
+  bool nan = false;  // an expected NaN passes when the value is NaN too
+  bool inf = false;  // an expected ±inf passes when the value equals it exactly
+};
+
+// t has `shape` and, element by element, the `expected` values within tol·(1 + |expected|)
+// (non-finite expected values only as `non_finite` allows).
 inline void check_values(const ag::Tensor& t, const ag::Shape& shape, const std::vector<double>& expected,
-                         double tol = 1e-12) {
+                         double tol = 1e-12, NonFinite non_finite = {}) {
   BOOST_TEST(ag::shape_str(t.shape()) == ag::shape_str(shape));
   const std::vector<double> got = t.to_vector();
   BOOST_REQUIRE_EQUAL(got.size(), expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i)
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (non_finite.nan && std::isnan(expected[i])) {
+      BOOST_TEST(std::isnan(got[i]), "element " << i << ": " << got[i] << ", expected NaN");
+      continue;
+    }
+    if (non_finite.inf && std::isinf(expected[i])) {
+      BOOST_TEST(got[i] == expected[i], "element " << i << ": " << got[i] << " vs expected " << expected[i]);
+      continue;
+    }
     BOOST_TEST(std::abs(got[i] - expected[i]) <= tol * (1.0 + std::abs(expected[i])),
                "element " << i << ": " << got[i] << " vs expected " << expected[i]);
+  }
 }
 
 inline ag::Tensor f64(const std::vector<double>& v, const ag::Shape& s) {
   return ag::tensor(v, s, ag::Dtype::Float64);
+}
+
+// 0, 1, 2, ... in the given shape (float64 unless told).
+inline ag::Tensor iota(const ag::Shape& s, ag::Dtype dtype = ag::Dtype::Float64) {
+  return ag::reshape(ag::arange(static_cast<double>(ag::shape_numel(s)), dtype), s);
 }
 
 // Standard-normal float64 values from a seeded generator, requiring grad.
@@ -43,14 +65,31 @@ inline void check_gradients(const std::string& what, const std::function<ag::Ten
   BOOST_TEST_MESSAGE(fmt::format("{}: worst abs error {:.3g}", what, r.max_abs_error));
 }
 
-// The message of the std::invalid_argument f throws ("" when it throws none).
-inline std::string error_of(const std::function<void()>& f) {
+// The same, unnamed: the report alone on failure.
+inline void check_gradients(const ag::GradcheckFn& f, const ag::TensorList& inputs) {
+  const ag::GradcheckResult r = ag::gradcheck(f, inputs);
+  BOOST_TEST(r.ok, fmt::format("{}", r));
+  BOOST_TEST_MESSAGE(fmt::format("worst abs error {:.3g}, rel {:.3g}", r.max_abs_error, r.max_rel_error));
+}
+
+// The message of the std::invalid_argument f throws (`if_none` when it throws none).
+inline std::string error_of(const std::function<void()>& f, const std::string& if_none = "") {
   try {
     f();
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
-  return "";
+  return if_none;
+}
+
+// f throws a std::invalid_argument whose message contains `fragment`.
+inline void check_message(const std::function<void()>& f, const std::string& fragment) {
+  try {
+    f();
+    BOOST_ERROR("no error; expected one mentioning: " << fragment);
+  } catch (const std::invalid_argument& e) {
+    BOOST_CHECK_MESSAGE(std::string(e.what()).find(fragment) != std::string::npos, e.what());
+  }
 }
 
 }  // namespace test_support
