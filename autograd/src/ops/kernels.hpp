@@ -178,14 +178,27 @@ template <std::size_t K, class F>
 Tensor map(const Shape& shape, const std::array<Tensor, K>& in, F&& f) {
   const Dtype dtype = in[0].dtype();
   Tensor out = Tensor::empty(shape, dtype);
-  std::array<const Shape*, K> shapes;
-  for (std::size_t k = 0; k < K; ++k) shapes[k] = &in[k].shape();
-  const BroadcastPlan<K> plan = make_plan<K>(shape, shapes);
+  bool same_shapes = true;  // the common case: one run over contiguous arrays, no plan
+  for (std::size_t k = 0; k < K; ++k) same_shapes = same_shapes && in[k].shape() == shape;
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     std::array<const T*, K> ptr;
     for (std::size_t k = 0; k < K; ++k) ptr[k] = in[k].template data<T>();
-    map_into<T, K>(plan, out.data<T>(), ptr, f);
+    T* dst_data = out.data<T>();
+    if (same_shapes) {
+      const std::array<bool, K> fixed{};
+      parallel_chunks(out.numel(), [&](std::int64_t begin, std::int64_t end) {
+        std::array<const T*, K> p;
+        for (std::size_t k = 0; k < K; ++k) p[k] = ptr[k] + begin;
+        ArrayMap<T> dst(dst_data + begin, end - begin);
+        auto assign = [&](const auto&... exprs) { dst = f(exprs...); };
+        detail::bind_inputs<T, K>(p, fixed, end - begin, assign);
+      });
+      return;
+    }
+    std::array<const Shape*, K> shapes;
+    for (std::size_t k = 0; k < K; ++k) shapes[k] = &in[k].shape();
+    map_into<T, K>(make_plan<K>(shape, shapes), dst_data, ptr, f);
   });
   return out;
 }
