@@ -11,8 +11,11 @@
 
 #include <autograd/autograd.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Tensor;
+using test_support::check_gradients;
 
 namespace {
 
@@ -70,12 +73,6 @@ bool all_zero(const Tensor& t) {
   return true;
 }
 
-void check_gradcheck(const ag::GradcheckFn& fn, const std::vector<Tensor>& inputs) {
-  const ag::GradcheckResult r = ag::gradcheck(fn, inputs);
-  BOOST_TEST(r.ok, fmt::format("{}", r));
-  BOOST_TEST_MESSAGE(fmt::format("worst abs error {:.3g}, rel {:.3g}", r.max_abs_error, r.max_rel_error));
-}
-
 // Gradients of L = Σ out ⊙ R1 + Σ weights ⊙ R2 with respect to `inputs`.
 std::vector<Tensor> grads_of(const ag::SdpaResult& r, const Tensor& r1, const Tensor& r2,
                              const std::vector<Tensor>& inputs) {
@@ -87,14 +84,8 @@ std::vector<Tensor> grads_of(const ag::SdpaResult& r, const Tensor& r1, const Te
   return g;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+// The message of the std::invalid_argument f throws, "(no exception)" when it throws none.
+std::string error_of(const std::function<void()>& f) { return test_support::error_of(f, "(no exception)"); }
 
 }  // namespace
 
@@ -204,14 +195,14 @@ BOOST_AUTO_TEST_CASE(no_graph_without_grad) {
 
 BOOST_AUTO_TEST_CASE(gradcheck_q_k_v_without_mask) {
   Tensor q = randn64({2, 2, 3, 3}, 11), k = randn64({2, 2, 4, 3}, 12), v = randn64({2, 2, 4, 2}, 13);
-  check_gradcheck([](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2])); },
+  check_gradients([](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2])); },
                   {q, k, v});
 }
 
 BOOST_AUTO_TEST_CASE(gradcheck_dv_differs_from_dk_and_t_from_s) {
   // d_k = 2, d_v = 5, T = 4, S = 2, explicit scale.
   Tensor q = randn64({1, 2, 4, 2}, 21), k = randn64({1, 2, 2, 2}, 22), v = randn64({1, 2, 2, 5}, 23);
-  check_gradcheck(
+  check_gradients(
       [](const std::vector<Tensor>& x) {
         return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), false, 0.7));
       },
@@ -220,13 +211,13 @@ BOOST_AUTO_TEST_CASE(gradcheck_dv_differs_from_dk_and_t_from_s) {
 
 BOOST_AUTO_TEST_CASE(gradcheck_through_output_only) {
   Tensor q = randn64({2, 1, 3, 2}, 31), k = randn64({2, 1, 4, 2}, 32), v = randn64({2, 1, 4, 3}, 33);
-  check_gradcheck([](const std::vector<Tensor>& x) { return ag::scaled_dot_product_attention(x[0], x[1], x[2]).output; },
+  check_gradients([](const std::vector<Tensor>& x) { return ag::scaled_dot_product_attention(x[0], x[1], x[2]).output; },
                   {q, k, v});
 }
 
 BOOST_AUTO_TEST_CASE(gradcheck_through_weights_only) {
   Tensor q = randn64({2, 1, 3, 2}, 41), k = randn64({2, 1, 4, 2}, 42), v = randn64({2, 1, 4, 3}, 43);
-  check_gradcheck([](const std::vector<Tensor>& x) { return ag::scaled_dot_product_attention(x[0], x[1], x[2]).weights; },
+  check_gradients([](const std::vector<Tensor>& x) { return ag::scaled_dot_product_attention(x[0], x[1], x[2]).weights; },
                   {q, k, v});
 }
 
@@ -235,7 +226,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_full_mask_and_blocked_entries) {
   Tensor q = randn64({1, 2, 3, 2}, 51), k = randn64({1, 2, 4, 2}, 52), v = randn64({1, 2, 4, 3}, 53);
   Tensor mask = randn64({1, 2, 3, 4}, 54, false);
   for (int i : {1, 6, 14, 19}) mask.data<double>()[i] = -kInf;
-  check_gradcheck(
+  check_gradients(
       [mask](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], mask)); },
       {q, k, v});
 }
@@ -250,14 +241,14 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_broadcast_masks) {
   // (1, H, T, 1): a per-head, per-query offset (softmax-invariant, but must still broadcast).
   Tensor row = randn64({1, 2, 3, 1}, 65, false);
   for (const Tensor& mask : {ts, pad, row})
-    check_gradcheck(
+    check_gradients(
         [mask](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], mask)); },
         {q, k, v});
 }
 
 BOOST_AUTO_TEST_CASE(gradcheck_causal) {
   Tensor q = randn64({2, 2, 4, 3}, 71), k = randn64({2, 2, 4, 3}, 72), v = randn64({2, 2, 4, 2}, 73);
-  check_gradcheck(
+  check_gradients(
       [](const std::vector<Tensor>& x) {
         return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true));
       },
@@ -267,7 +258,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_causal) {
 BOOST_AUTO_TEST_CASE(gradcheck_causal_with_mask) {
   Tensor q = randn64({1, 2, 4, 2}, 81), k = randn64({1, 2, 4, 2}, 82), v = randn64({1, 2, 4, 2}, 83);
   Tensor mask = randn64({4, 4}, 84, false);
-  check_gradcheck(
+  check_gradients(
       [mask](const std::vector<Tensor>& x) {
         return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], mask, true));
       },
@@ -281,7 +272,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_mask_is_differentiable) {
   Tensor shared_bias = randn64({3, 4}, 95);
   Tensor padding_bias = randn64({2, 1, 1, 4}, 96);
   for (const Tensor& bias : {full_bias, shared_bias, padding_bias})
-    check_gradcheck(
+    check_gradients(
         [](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], x[3])); },
         {q, k, v, bias});
 }
@@ -418,7 +409,7 @@ BOOST_AUTO_TEST_CASE(causal_with_first_key_blocked_leaves_row_zero) {
 BOOST_AUTO_TEST_CASE(gradcheck_with_fully_masked_rows) {
   Tensor q = randn64({2, 1, 3, 2}, 221), k = randn64({2, 1, 4, 2}, 222), v = randn64({2, 1, 4, 2}, 223);
   Tensor pad = ag::tensor({-kInf, -kInf, -kInf, -kInf, 0, 0, -kInf, 0}, {2, 1, 1, 4}, F64);  // batch 0: all padding
-  check_gradcheck(
+  check_gradients(
       [pad](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], pad)); },
       {q, k, v});
 }
@@ -492,7 +483,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_dropout_and_fixed_generator) {
   Tensor q = randn64({2, 2, 3, 2}, 321), k = randn64({2, 2, 4, 2}, 322), v = randn64({2, 2, 4, 3}, 323);
   Tensor mask = randn64({3, 4}, 324, false);
   auto gen = std::make_shared<ag::Generator>();
-  check_gradcheck(
+  check_gradients(
       [gen, mask](const std::vector<Tensor>& x) {
         gen->manual_seed(99);  // the same dropout mask at every evaluation
         return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], mask, false, 0.0, 0.5, gen.get()));
@@ -658,7 +649,7 @@ BOOST_AUTO_TEST_CASE(heads_last_matches_split_heads_forward_and_backward) {
 BOOST_AUTO_TEST_CASE(gradcheck_heads_last) {
   Tensor q = randn64({2, 3, 4}, 801), k = randn64({2, 5, 4}, 802), v = randn64({2, 5, 6}, 803);
   Tensor mask = randn64({3, 5}, 804, false);
-  check_gradcheck(
+  check_gradients(
       [mask](const std::vector<Tensor>& x) {
         return both(ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2, mask));
       },

@@ -10,21 +10,15 @@
 
 #include <autograd/autograd.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Tensor;
 using ag::TensorList;
+using test_support::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 double fraction_zero(const Tensor& t) {
   const auto v = t.to_vector();

@@ -10,26 +10,15 @@
 
 #include <nn/nn.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
+using test_support::check_gradients;
+using test_support::check_message;
 
 namespace {
 
 constexpr auto F64 = ag::Dtype::Float64;
-
-void check_gradcheck(const ag::GradcheckFn& fn, const std::vector<ag::Tensor>& inputs) {
-  const auto r = ag::gradcheck(fn, inputs);
-  BOOST_CHECK_MESSAGE(r.ok, fmt::format("{}", r));
-  BOOST_TEST_MESSAGE("worst abs error " << r.max_abs_error);
-}
-
-void check_message(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    BOOST_ERROR("no error; expected one mentioning: " << fragment);
-  } catch (const std::invalid_argument& e) {
-    BOOST_CHECK_MESSAGE(std::string(e.what()).find(fragment) != std::string::npos, e.what());
-  }
-}
 
 std::vector<std::string> names_of(const nn::Module& m) {
   std::vector<std::string> out;
@@ -91,10 +80,10 @@ BOOST_AUTO_TEST_CASE(layer_norm_gradchecks_in_input_weight_and_bias) {
   randomize(ln, 11);
   ag::Tensor x = ag::randn({2, 3, 5}, F64, gen).requires_grad_(true);
   ag::Tensor proj = ag::randn({2, 3, 5}, F64, gen);  // a random projection, so dy is not uniform
-  check_gradcheck([&](const std::vector<ag::Tensor>& in) { return ag::sum(ag::mul(ln(in[0]), proj)); },
+  check_gradients([&](const std::vector<ag::Tensor>& in) { return ag::sum(ag::mul(ln(in[0]), proj)); },
                   {x, ln.weight(), ln.bias()});
   // the full Jacobian too (non-scalar output)
-  check_gradcheck([&](const std::vector<ag::Tensor>& in) { return ln(in[0]); }, {x, ln.weight(), ln.bias()});
+  check_gradients([&](const std::vector<ag::Tensor>& in) { return ln(in[0]); }, {x, ln.weight(), ln.bias()});
 }
 
 BOOST_AUTO_TEST_CASE(layer_norm_over_two_dims_and_without_affine_gradchecks) {
@@ -102,10 +91,10 @@ BOOST_AUTO_TEST_CASE(layer_norm_over_two_dims_and_without_affine_gradchecks) {
   ag::Tensor x = ag::randn({3, 2, 4}, F64, gen).requires_grad_(true);
   nn::LayerNorm ln(nn::LayerNormOptions{.normalized_shape = {2, 4}, .dtype = F64});
   randomize(ln, 5);
-  check_gradcheck([&](const std::vector<ag::Tensor>& in) { return ln(in[0]); }, {x, ln.weight(), ln.bias()});
+  check_gradients([&](const std::vector<ag::Tensor>& in) { return ln(in[0]); }, {x, ln.weight(), ln.bias()});
   nn::LayerNorm plain(nn::LayerNormOptions{.normalized_shape = {4}, .elementwise_affine = false, .dtype = F64});
   BOOST_CHECK_EQUAL(plain.num_parameters(), 0);
-  check_gradcheck([&](const std::vector<ag::Tensor>& in) { return plain(in[0]); }, {x});
+  check_gradients([&](const std::vector<ag::Tensor>& in) { return plain(in[0]); }, {x});
 }
 
 BOOST_AUTO_TEST_CASE(layer_norm_rejects_a_mismatched_input) {
@@ -136,7 +125,7 @@ BOOST_AUTO_TEST_CASE(embedding_gradient_adds_up_over_repeated_indices) {
   BOOST_CHECK(emb.weight().grad().to_vector() == (std::vector<double>{0, 0, 2, 2, 0, 0, 1, 1}));
   ag::Generator gen(9);
   ag::Tensor proj = ag::randn({3, 2}, F64, gen);
-  check_gradcheck([&](const std::vector<ag::Tensor>&) { return ag::sum(ag::mul(emb(idx), proj)); }, {emb.weight()});
+  check_gradients([&](const std::vector<ag::Tensor>&) { return ag::sum(ag::mul(emb(idx), proj)); }, {emb.weight()});
 }
 
 BOOST_AUTO_TEST_CASE(embedding_is_seeded_by_its_generator) {
@@ -163,9 +152,9 @@ BOOST_AUTO_TEST_CASE(relu_and_gelu_modules_apply_their_functions) {
 
 BOOST_AUTO_TEST_CASE(activations_gradcheck) {
   ag::Tensor x = ag::tensor({-1.5, -0.3, 0.4, 2.0}, {4}, F64).requires_grad_(true);  // away from relu's kink
-  check_gradcheck([](const std::vector<ag::Tensor>& in) { return nn::ReLU()(in[0]); }, {x});
-  check_gradcheck([](const std::vector<ag::Tensor>& in) { return nn::GELU()(in[0]); }, {x});
-  check_gradcheck([](const std::vector<ag::Tensor>& in) { return nn::GELU(true)(in[0]); }, {x});
+  check_gradients([](const std::vector<ag::Tensor>& in) { return nn::ReLU()(in[0]); }, {x});
+  check_gradients([](const std::vector<ag::Tensor>& in) { return nn::GELU()(in[0]); }, {x});
+  check_gradients([](const std::vector<ag::Tensor>& in) { return nn::GELU(true)(in[0]); }, {x});
 }
 
 BOOST_AUTO_TEST_CASE(sequential_applies_modules_in_order_and_names_them_by_index) {
@@ -180,7 +169,7 @@ BOOST_AUTO_TEST_CASE(sequential_applies_modules_in_order_and_names_them_by_index
   ag::Tensor x = ag::randn({3, 4}, F64, gen).requires_grad_(true);
   const auto by_hand = fc2->forward(ag::gelu(fc1->forward(x))).to_vector();
   BOOST_CHECK(seq(x).to_vector() == by_hand);
-  check_gradcheck([&](const std::vector<ag::Tensor>& in) { return seq(in[0]); },
+  check_gradients([&](const std::vector<ag::Tensor>& in) { return seq(in[0]); },
                   {x, fc1->weight(), fc1->bias(), fc2->weight(), fc2->bias()});
 }
 
@@ -230,11 +219,11 @@ BOOST_AUTO_TEST_CASE(transformer_block_gradchecks_in_input_and_every_parameter) 
   ag::Tensor proj = ag::randn({2, 3, 4}, F64, gen);
   std::vector<ag::Tensor> inputs{x};
   for (auto& p : block.parameters()) inputs.push_back(p);
-  check_gradcheck([&](const std::vector<ag::Tensor>& in) { return ag::sum(ag::mul(block(in[0]), proj)); }, inputs);
+  check_gradients([&](const std::vector<ag::Tensor>& in) { return ag::sum(ag::mul(block(in[0]), proj)); }, inputs);
   // causal, with the weights returned
   nn::AttentionOptions causal;
   causal.is_causal = true;
-  check_gradcheck([&](const std::vector<ag::Tensor>& in) { return ag::sum(ag::mul(block.forward(in[0], causal).output, proj)); },
+  check_gradients([&](const std::vector<ag::Tensor>& in) { return ag::sum(ag::mul(block.forward(in[0], causal).output, proj)); },
                   inputs);
 }
 

@@ -9,7 +9,11 @@
 
 #include <nn/nn.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
+using test_support::check_gradients;
+using test_support::check_message;
 
 namespace {
 
@@ -20,21 +24,6 @@ ag::Tensor logits3x3(bool requires_grad = false) {
   ag::Tensor x = ag::tensor({1, 2, 3, 0.5, -1, 2, 3, 0, -2}, {3, 3}, F64);
   if (requires_grad) x.requires_grad_(true);
   return x;
-}
-
-void check_gradcheck(const ag::GradcheckFn& fn, const std::vector<ag::Tensor>& inputs) {
-  const auto r = ag::gradcheck(fn, inputs);
-  BOOST_CHECK_MESSAGE(r.ok, fmt::format("{}", r));
-  BOOST_TEST_MESSAGE("worst abs error " << r.max_abs_error);
-}
-
-void check_message(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    BOOST_ERROR("no error; expected one mentioning: " << fragment);
-  } catch (const std::invalid_argument& e) {
-    BOOST_CHECK_MESSAGE(std::string(e.what()).find(fragment) != std::string::npos, e.what());
-  }
 }
 
 }  // namespace
@@ -101,13 +90,13 @@ BOOST_AUTO_TEST_CASE(cross_entropy_gradchecks_for_every_reduction) {
   ag::Tensor x = ag::randn({2, 3, 5}, F64, gen).requires_grad_(true);
   ag::Tensor t = ag::tensor({4, 0, -100, 2, 3, 1}, {2, 3}, F64);
   for (auto red : {nn::Reduction::Mean, nn::Reduction::Sum, nn::Reduction::None}) {
-    check_gradcheck([&](const std::vector<ag::Tensor>& in) { return nn::cross_entropy(in[0], t, {.reduction = red}); }, {x});
+    check_gradients([&](const std::vector<ag::Tensor>& in) { return nn::cross_entropy(in[0], t, {.reduction = red}); }, {x});
   }
-  check_gradcheck(
+  check_gradients(
       [&](const std::vector<ag::Tensor>& in) { return nn::cross_entropy(in[0], t, {.label_smoothing = 0.1}); }, {x});
   // through an upstream op, so that the incoming gradient is not all ones
   ag::Tensor w = ag::randn({2, 3, 5}, F64, gen).requires_grad_(true);
-  check_gradcheck(
+  check_gradients(
       [&](const std::vector<ag::Tensor>& in) {
         return ag::sum(ag::mul(nn::cross_entropy(ag::mul(in[0], in[1]), t, {.reduction = nn::Reduction::None}),
                                ag::tensor({1, -2, 3, 0.5, 4, -1}, {2, 3}, F64)));
@@ -165,7 +154,7 @@ BOOST_AUTO_TEST_CASE(mse_loss_gradchecks_in_both_arguments) {
   ag::Tensor a = ag::randn({3, 4}, F64, gen).requires_grad_(true);
   ag::Tensor b = ag::randn({3, 4}, F64, gen).requires_grad_(true);
   for (auto red : {nn::Reduction::Mean, nn::Reduction::Sum, nn::Reduction::None})
-    check_gradcheck([&](const std::vector<ag::Tensor>& in) { return nn::mse_loss(in[0], in[1], red); }, {a, b});
+    check_gradients([&](const std::vector<ag::Tensor>& in) { return nn::mse_loss(in[0], in[1], red); }, {a, b});
 }
 
 BOOST_AUTO_TEST_CASE(mse_loss_rejects_mismatched_arguments) {
