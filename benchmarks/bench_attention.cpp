@@ -22,33 +22,6 @@
 
 namespace ag = autograd;
 
-namespace {
-
-// A module, an input that requires grad (as inside a network), and one step:
-// zero the gradients, forward, loss = sum, backward.
-struct AttentionStep {
-  nn::MultiHeadAttention mha;
-  ag::Tensor x;
-  nn::AttentionOptions options;
-
-  AttentionStep(const bench::AttentionShape& s, nn::AttentionCore core)
-      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H, .core = core}) {
-    ag::Generator gen(42);
-    x = ag::randn({s.B, s.T, s.E}, ag::Dtype::Float32, gen).requires_grad_();
-    options.need_weights = false;
-    options.is_causal = s.causal;
-  }
-
-  void operator()() {
-    mha.zero_grad();
-    if (x.grad().defined()) x.grad().zero_();
-    ag::Tensor out = mha.forward(x, options).output;  // (B, T, E)
-    ag::sum(out).backward();
-  }
-};
-
-}  // namespace
-
 int main(int argc, char** argv) {
   const bench::Args args(argc, argv);
   if (args.flag("--help")) {
@@ -90,7 +63,7 @@ int main(int argc, char** argv) {
       if (!(wanted.size() == 1 && wanted[0] == "all") &&
           std::find(wanted.begin(), wanted.end(), s.name) == wanted.end())
         continue;
-      AttentionStep step(s, core);
+      bench::AttentionStep step(s, core);
       for (int i = 0; i < 3; ++i) step();  // warm up: grads and caches exist
       const int reps = bench::calibrate(step, min_time);
       std::vector<double> times;

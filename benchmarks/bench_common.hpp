@@ -1,6 +1,6 @@
 #pragma once
-// Shared by the benchmark programs: the shapes of issue 5, the FLOP count of one training step of
-// multi-head attention, a timer that reports medians, and the machine's FP32 peak.
+// Shared by the benchmark programs: the shapes of issue 5, one training step of multi-head
+// attention and its FLOP count, a timer that reports medians, and the machine's FP32 peak.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -11,6 +11,9 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <autograd/autograd.hpp>
+#include <nn/nn.hpp>
 
 namespace bench {
 
@@ -36,6 +39,30 @@ inline double attention_flops(const AttentionShape& s) {
   const double B = static_cast<double>(s.B), T = static_cast<double>(s.T), E = static_cast<double>(s.E);
   return 3.0 * (8.0 * B * T * E * E + 4.0 * B * T * T * E);
 }
+
+// One training step of nn::MultiHeadAttention on a shape, float32: a module, an input that
+// requires grad (as inside a network), and a call that zeroes the gradients, runs forward with
+// need_weights = false, and backward from loss = sum of the output.
+struct AttentionStep {
+  nn::MultiHeadAttention mha;
+  autograd::Tensor x;
+  nn::AttentionOptions options;
+
+  AttentionStep(const AttentionShape& s, nn::AttentionCore core)
+      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H, .core = core}) {
+    autograd::Generator gen(42);
+    x = autograd::randn({s.B, s.T, s.E}, autograd::Dtype::Float32, gen).requires_grad_();
+    options.need_weights = false;
+    options.is_causal = s.causal;
+  }
+
+  void operator()() {
+    mha.zero_grad();
+    if (x.grad().defined()) x.grad().zero_();
+    autograd::Tensor out = mha.forward(x, options).output;  // (B, T, E)
+    autograd::sum(out).backward();
+  }
+};
 
 using Clock = std::chrono::steady_clock;
 

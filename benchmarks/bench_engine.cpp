@@ -178,28 +178,10 @@ void bench_backward() {
   report("tiny graph build + backward: allocations", n, "/call", fmt::format("{:.0f} bytes", bytes));
 }
 
-struct MhaStep {
-  nn::MultiHeadAttention mha;
-  ag::Tensor x;
-  nn::AttentionOptions options;
-  MhaStep(const bench::AttentionShape& s, nn::AttentionCore core)
-      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H, .core = core}) {
-    ag::Generator gen(42);
-    x = ag::randn({s.B, s.T, s.E}, ag::Dtype::Float32, gen).requires_grad_();
-    options.need_weights = false;
-    options.is_causal = s.causal;
-  }
-  void operator()() {
-    mha.zero_grad();
-    if (x.grad().defined()) x.grad().zero_();
-    ag::sum(mha.forward(x, options).output).backward();
-  }
-};
-
 void bench_core() {
   for (const auto& s : bench::attention_shapes()) {
     if (s.name != "toy" && s.name != "medium" && s.name != "medium-causal") continue;
-    MhaStep fused(s, nn::AttentionCore::Fused), composed(s, nn::AttentionCore::Composed);
+    bench::AttentionStep fused(s, nn::AttentionCore::Fused), composed(s, nn::AttentionCore::Composed);
     for (int i = 0; i < 3; ++i) {
       fused();
       composed();
@@ -216,7 +198,7 @@ void bench_core() {
     report(fmt::format("MHA {} composed / fused", s.name), c / f, "x");
   }
   bench::AttentionShape toy{"toy", 8, 32, 64, 4};
-  MhaStep step(toy, nn::AttentionCore::Fused);
+  bench::AttentionStep step(toy, nn::AttentionCore::Fused);
   const auto [n, bytes] = allocations_per_call(step);
   report("MHA fwd+bwd toy: allocations", n, "/step", fmt::format("{:.0f} bytes", bytes));
 }
@@ -284,7 +266,7 @@ double max_rss_mib() {
 
 void bench_memory() {
   const bench::AttentionShape large{"large", 8, 256, 384, 6};
-  MhaStep step(large, nn::AttentionCore::Fused);
+  bench::AttentionStep step(large, nn::AttentionCore::Fused);
   const double before = max_rss_mib();
   step();
   const double after = max_rss_mib();
