@@ -5,25 +5,16 @@
 
 #include <autograd/autograd.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Tensor;
 using ag::TensorList;
+using test_support::Cube;
+using test_support::input;
 
 namespace {
-
-// y = x³ with a correct hand-written backward.
-struct Cube : ag::Function<Cube> {
-  static constexpr const char* name = "cube";
-  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
-    ctx.save_for_backward({x});
-    return x * x * x;
-  }
-  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
-    Tensor x = ctx.saved_tensors()[0];
-    return {g[0] * 3.0 * x * x};  // d(x³)/dx = 3x²
-  }
-};
 
 // The same forward, with a backward that is wrong at exactly one element (flat index 4).
 struct CubeWrongAtFour : ag::Function<CubeWrongAtFour> {
@@ -52,11 +43,6 @@ struct ProductAndSum : ag::Function<ProductAndSum> {
     return {g[0] * s[1] + g[1], g[0] * s[0] + g[1]};
   }
 };
-
-Tensor input(ag::Shape shape, std::uint64_t seed) {
-  ag::Generator gen(seed);
-  return ag::randn(shape, Dtype::Float64, gen).requires_grad_();
-}
 
 }  // namespace
 

@@ -8,9 +8,12 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Tensor;
+using test_support::Cube;
 
 namespace {
 
@@ -139,20 +142,6 @@ BOOST_AUTO_TEST_CASE(changing_a_key_of_fused_attention_is_caught) {
   bump(k, 0.5);
   BOOST_TEST(contains(runtime_error_message([&] { loss.backward(); }), "scaled_dot_product_attention"));
 }
-
-namespace {
-struct Cube : ag::Function<Cube> {
-  static constexpr const char* name = "cube";
-  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
-    ctx.save_for_backward({x});
-    return x * x * x;
-  }
-  static ag::TensorList backward(ag::FunctionCtx& ctx, const ag::TensorList& g) {
-    Tensor x = ctx.saved_tensors()[0];
-    return {g[0] * 3.0 * x * x};  // d(x³)/dx = 3x²
-  }
-};
-}  // namespace
 
 BOOST_AUTO_TEST_CASE(changing_a_tensor_saved_by_a_custom_function_names_it) {
   Tensor x = leaf({1, 2}, {2});

@@ -1,5 +1,6 @@
 #pragma once
-// Helpers shared by the test programs: value checks, float64 inputs, gradchecks, error text.
+// Helpers shared by the test programs: value checks, float64 inputs, gradchecks, error text, and
+// a small custom Function.
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
@@ -91,5 +92,18 @@ inline void check_message(const std::function<void()>& f, const std::string& fra
     BOOST_CHECK_MESSAGE(std::string(e.what()).find(fragment) != std::string::npos, e.what());
   }
 }
+
+// y = x³ as a custom Function with a correct hand-written backward (its node is named "cube").
+struct Cube : ag::Function<Cube> {
+  static constexpr const char* name = "cube";
+  static ag::Tensor forward(ag::FunctionCtx& ctx, const ag::Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x * x;
+  }
+  static ag::TensorList backward(ag::FunctionCtx& ctx, const ag::TensorList& g) {
+    ag::Tensor x = ctx.saved_tensors()[0];
+    return {g[0] * 3.0 * x * x};  // d(x³)/dx = 3x²
+  }
+};
 
 }  // namespace test_support
