@@ -12,6 +12,7 @@
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "gemm.hpp"
+#include "parallel.hpp"
 
 namespace autograd {
 namespace {
@@ -98,12 +99,11 @@ void forward(const MatmulPlan& p, const T* a, const T* b, T* c) {
     gemm<T>(false, false, p.batch * m, n, k, T(1), a, k, b, n, T(0), c, n);
     return;
   }
-#pragma omp parallel for schedule(static) if (p.parallel())
-  for (std::int64_t i = 0; i < p.batch; ++i) {
+  parallel_for(p.batch, p.parallel(), [&](std::int64_t i) {
     const auto s = static_cast<std::size_t>(i);
     gemm<T>(false, false, m, n, k, T(1), a + p.a_index[s] * m * k, k, b + p.b_index[s] * k * n, n, T(0),
             c + i * m * n, n);
-  }
+  });
 }
 
 // C = A·B  =>  dA = dC·Bᵀ  [M,N]x[N,K], summed over the slices that share a matrix of A.
@@ -115,12 +115,11 @@ void grad_a(const MatmulPlan& p, const T* dc, const T* b, T* da) {
     return;
   }
   if (p.a_mats == p.batch) {  // one slice per matrix of A: plain assignment, slices independent
-#pragma omp parallel for schedule(static) if (p.parallel())
-    for (std::int64_t i = 0; i < p.batch; ++i) {
+    parallel_for(p.batch, p.parallel(), [&](std::int64_t i) {
       const auto s = static_cast<std::size_t>(i);
       gemm<T>(false, true, m, k, n, T(1), dc + i * m * n, n, b + p.b_index[s] * k * n, n, T(0),
               da + p.a_index[s] * m * k, k);
-    }
+    });
     return;
   }
   Mat<T>(da, p.a_mats * m, k).setZero();
@@ -140,12 +139,11 @@ void grad_b(const MatmulPlan& p, const T* dc, const T* a, T* db) {
     return;
   }
   if (p.b_mats == p.batch) {
-#pragma omp parallel for schedule(static) if (p.parallel())
-    for (std::int64_t i = 0; i < p.batch; ++i) {
+    parallel_for(p.batch, p.parallel(), [&](std::int64_t i) {
       const auto s = static_cast<std::size_t>(i);
       gemm<T>(true, false, k, n, m, T(1), a + p.a_index[s] * m * k, k, dc + i * m * n, n, T(0),
               db + p.b_index[s] * k * n, n);
-    }
+    });
     return;
   }
   Mat<T>(db, p.b_mats * k, n).setZero();
