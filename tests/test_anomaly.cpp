@@ -10,26 +10,21 @@
 
 #include <autograd/autograd.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
+using test_support::contains;
 
 namespace {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 // Runs f, expects an AnomalyError, returns its message.
 template <class F>
 std::string anomaly_message(F&& f) {
-  try {
-    f();
-  } catch (const ag::AnomalyError& e) {
-    return e.what();
-  }
-  BOOST_FAIL("expected an AnomalyError");
-  return {};
+  return test_support::message_of<ag::AnomalyError>(f, "an AnomalyError");
 }
 
 ag::Tensor leaf(std::vector<double> values, ag::Shape shape) {

@@ -13,23 +13,17 @@
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Tensor;
+using test_support::contains;
 using test_support::Cube;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-// Runs f, expects a std::runtime_error, returns its message.
+// Runs f, expects a std::runtime_error, returns (and logs) its message.
 template <class F>
 std::string runtime_error_message(F&& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    BOOST_TEST_MESSAGE("  -> " << e.what());
-    return e.what();
-  }
-  BOOST_FAIL("expected a std::runtime_error");
-  return {};
+  const std::string message = test_support::message_of<std::runtime_error>(f, "a std::runtime_error");
+  BOOST_TEST_MESSAGE("  -> " << message);
+  return message;
 }
 
 Tensor leaf(const std::vector<double>& values, const ag::Shape& shape) {

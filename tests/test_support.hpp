@@ -83,6 +83,21 @@ inline std::string error_of(const std::function<void()>& f, const std::string& i
   return if_none;
 }
 
+// Runs f, which must throw an E; returns its message. When f throws none the test case stops
+// with "expected <expected>".
+template <class E, class F>
+std::string message_of(F&& f, const std::string& expected) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  BOOST_FAIL("expected " << expected);
+  return {};
+}
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 // f throws a std::invalid_argument whose message contains `fragment`.
 inline void check_message(const std::function<void()>& f, const std::string& fragment) {
   try {
