@@ -23,27 +23,6 @@
 
 namespace ag = autograd;
 
-namespace {
-
-struct OurStep {
-  nn::MultiHeadAttention mha;
-  ag::Tensor x;
-  nn::AttentionOptions options;
-  explicit OurStep(const bench::AttentionShape& s)
-      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H}) {
-    ag::Generator gen(42);
-    x = ag::randn({s.B, s.T, s.E}, ag::Dtype::Float32, gen).requires_grad_();
-    options.need_weights = false;
-    options.is_causal = s.causal;
-  }
-  void operator()() {
-    mha.zero_grad();
-    if (x.grad().defined()) x.grad().zero_();
-    ag::sum(mha.forward(x, options).output).backward();
-  }
-};
-
-}  // namespace
 
 int main(int argc, char** argv) {
   const bench::Args args(argc, argv);
@@ -63,7 +42,7 @@ int main(int argc, char** argv) {
       if (!(wanted.size() == 1 && wanted[0] == "all") &&
           std::find(wanted.begin(), wanted.end(), s.name) == wanted.end())
         continue;
-      OurStep ours(s);
+      bench::AttentionStep ours(s, nn::AttentionCore::Fused);
       bench::TorchMhaStep theirs(s.B, s.T, s.E, s.H, s.causal);
       for (int i = 0; i < 3; ++i) {
         ours();
