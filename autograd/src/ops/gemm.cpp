@@ -111,31 +111,24 @@ void blas_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
   const std::int64_t pieces = std::max<std::int64_t>(1, std::min({kMaxPieces, side / kPieceMin, M * N * K / kPieceWork}));
   const std::int64_t step = ((side + pieces - 1) / pieces + 15) / 16 * 16;
   const std::int64_t count = (side + step - 1) / step;
-  const int threads = omp_get_max_threads();
-  if (count == 1 || threads == 1) {
-    // OpenBLAS follows omp_get_max_threads(): hold it at 1 for the call.
-    if (threads > 1) omp_set_num_threads(1);
-    for (std::int64_t p = 0; p < count; ++p) {
-      const std::int64_t lo = p * step, len = std::min(step, side - lo);
-      if (by_rows) {
-        blas_call(trans_a, trans_b, len, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc,
-                  ldc);
-      } else {
-        blas_call(trans_a, trans_b, M, len, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
-      }
-    }
-    if (threads > 1) omp_set_num_threads(threads);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (std::int64_t p = 0; p < count; ++p) {
+  auto piece = [&](std::int64_t p) {
     const std::int64_t lo = p * step, len = std::min(step, side - lo);
     if (by_rows) {
       blas_call(trans_a, trans_b, len, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
     } else {
       blas_call(trans_a, trans_b, M, len, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
     }
+  };
+  const int threads = omp_get_max_threads();
+  if (count > 1 && threads > 1) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t p = 0; p < count; ++p) piece(p);
+    return;
   }
+  // OpenBLAS follows omp_get_max_threads(): hold it at 1 for the call.
+  if (threads > 1) omp_set_num_threads(1);
+  for (std::int64_t p = 0; p < count; ++p) piece(p);
+  if (threads > 1) omp_set_num_threads(threads);
 }
 #endif  // HEADGRAD_HAVE_BLAS
 
