@@ -146,9 +146,7 @@ void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const RowBlocks blocks = row_blocks(d, causal);
   const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
-  // One OpenMP region only when it gets more than one thread (see parallel.hpp); the
-  // worksharing loop inside runs the whole range when called outside a region.
-  auto run = [&] {
+  parallel_region(d.parallel(), [&] {
     RowMatrix<T> dropped;  // P ⊙ Z of a block, per thread
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
@@ -215,13 +213,7 @@ void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
                 lo);
       }
     }
-  };
-  if (d.parallel() && threads_available()) {
-#pragma omp parallel
-    run();
-  } else {
-    run();
-  }
+  });
 }
 
 // ---- backward ----
@@ -238,9 +230,7 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
   const RowBlocks blocks = row_blocks(d, causal);
   const std::int64_t key_step = causal ? blocks.step : std::max<std::int64_t>(d.S, 1);
   const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
-  // One OpenMP region only when it gets more than one thread (see parallel.hpp); the
-  // worksharing loop inside runs the whole range when called outside a region.
-  auto run = [&] {
+  parallel_region(d.parallel(), [&] {
     RowMatrix<T> dropped;  // P ⊙ Z, per thread
     RowMatrix<T> dP;       // dL/dP, then dL/dS in place, per thread
 #pragma omp for schedule(static)
@@ -329,13 +319,7 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
         }
       }
     }
-  };
-  if (d.parallel() && threads_available()) {
-#pragma omp parallel
-    run();
-  } else {
-    run();
-  }
+  });
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 
 #include "autograd/shape.hpp"
 #include "autograd/tensor.hpp"
+#include "ops/parallel.hpp"
 
 namespace autograd::kernels {
 
@@ -126,7 +127,7 @@ void for_each_run(const BroadcastPlan<K>& plan, std::int64_t begin, std::int64_t
 // Splits [0, numel) over the threads (in cache-line multiples) when the work is large enough.
 template <class Chunk>
 void parallel_chunks(std::int64_t numel, Chunk&& chunk) {
-  const int threads = numel >= kParallelThreshold ? omp_get_max_threads() : 1;
+  const int threads = numel >= kParallelThreshold && threads_available() ? omp_get_max_threads() : 1;
   if (threads <= 1) {
     chunk(std::int64_t{0}, numel);
     return;

@@ -26,4 +26,17 @@ void parallel_for(std::int64_t n, bool parallel, Body&& body) {
   }
 }
 
+// f() on every thread of one region when `parallel` holds and threads are available, else once on
+// the calling thread. Worksharing loops (`#pragma omp for`) inside f split their range among the
+// region's threads, or cover all of it when f runs alone; per-thread scratch lives inside f.
+template <class F>
+void parallel_region(bool parallel, F&& f) {
+  if (parallel && threads_available()) {
+#pragma omp parallel
+    f();
+  } else {
+    f();
+  }
+}
+
 }  // namespace autograd
