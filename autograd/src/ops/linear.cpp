@@ -43,10 +43,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = Tensor::empty(out_shape, x.dtype());
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    Mat<T> Y(y.data<T>(), rows, out);
-    ConstMat<T> X(x.data<T>(), rows, in), W(w.data<T>(), in, out);
-    if (b.defined()) Y.rowwise() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b.data<T>(), out);
-    gemm<T>(false, false, rows, out, in, T(1), X.data(), in, W.data(), out, b.defined() ? T(1) : T(0), Y.data(), out);
+    if (b.defined())
+      Mat<T>(y.data<T>(), rows, out).rowwise() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b.data<T>(), out);
+    gemm<T>(false, false, rows, out, in, T(1), x.data<T>(), in, w.data<T>(), out, b.defined() ? T(1) : T(0),
+            y.data<T>(), out);
   });
   if (!needs_grad(x, w) && !needs_grad(b)) return y;
   // Y = X·W + 1·bᵀ (X the rows of x)  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,  db = Σ_rows dY
