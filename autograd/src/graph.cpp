@@ -157,9 +157,8 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
   const std::uint64_t walk = next_walk_id++;
   std::vector<std::shared_ptr<Node>> nodes;
   std::vector<int> pending;
-  auto slot_of = [&](const std::shared_ptr<Node>& n, bool& inserted) {
-    inserted = n->walk_id != walk;
-    if (inserted) {
+  auto slot_of = [&](const std::shared_ptr<Node>& n) {
+    if (n->walk_id != walk) {
       n->walk_id = walk;
       n->walk_slot = nodes.size();
       nodes.push_back(n);
@@ -178,16 +177,14 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
           "backward: the tensor of shape {} does not require grad and has no grad_fn (was it computed "
           "under NoGradGuard, or only from tensors that do not require grad?)",
           shape_str(root.shape())));
-    bool inserted = false;
-    slot_of(root_edges.back().node, inserted);
+    slot_of(root_edges.back().node);
   }
   for (std::size_t i = 0; i < nodes.size(); ++i) {  // `nodes` grows as the search goes
     const Node& node = *nodes[i];
     if (node.released()) freed_graph_error(node);
     for (const auto& e : node.next_edges) {
       if (!e.valid()) continue;
-      bool inserted = false;
-      ++pending[slot_of(e.node, inserted)];
+      ++pending[slot_of(e.node)];
     }
   }
   std::vector<std::size_t> first_grad(nodes.size() + 1, 0);
