@@ -10,7 +10,9 @@
 //               shape (getrusage), above what the module and input take; run it alone
 //               (`bench_engine memory`), since the peak is a high-water mark of the whole process
 //
-//   bench_engine [op] [backward] [core] [train] [memory] [--threads N] [--tsv]
+//   bench_engine [op] [backward] [core] [train] [memory] [--threads N] [--tsv] [--trace-allocs]
+//   (--trace-allocs: after `train`, prints the call stack of each allocation of one more step)
+#include <execinfo.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -36,9 +38,22 @@ namespace ag = autograd;
 namespace {
 std::atomic<std::uint64_t> g_allocations{0};
 std::atomic<std::uint64_t> g_allocated_bytes{0};
+// --trace-allocs: while set, each allocation prints its call stack to stderr (addresses; pipe
+// through `c++filt` and `addr2line -e bench_engine` to read them).
+bool g_trace = false;
+thread_local bool t_in_trace = false;
 void count(std::size_t size) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   g_allocated_bytes.fetch_add(size, std::memory_order_relaxed);
+  if (g_trace && !t_in_trace) {
+    t_in_trace = true;  // backtrace() may allocate on its first call
+    void* frames[24];
+    const int n = backtrace(frames, 24);
+    fmt::print(stderr, "allocation of {} bytes:\n", size);
+    std::fflush(stderr);
+    backtrace_symbols_fd(frames, n, 2);
+    t_in_trace = false;
+  }
 }
 }  // namespace
 
@@ -109,6 +124,7 @@ void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::f
 namespace {
 
 bool g_tsv = false;
+bool g_trace_train = false;  // --trace-allocs: trace the allocations of one more warm training step
 
 void report(const std::string& key, double value, const std::string& unit, const std::string& note = "") {
   if (g_tsv)
@@ -256,6 +272,11 @@ void bench_train() {
   report("toy model training steps per second", 1.0 / t, "steps/s");
   const auto [n, bytes] = allocations_per_call(step);
   report("toy model training step: allocations", n, "/step", fmt::format("{:.0f} bytes (goal: 0)", bytes));
+  if (g_trace_train) {
+    g_trace = true;
+    step();
+    g_trace = false;
+  }
 }
 
 double max_rss_mib() {
@@ -279,6 +300,7 @@ void bench_memory() {
 int main(int argc, char** argv) {
   const bench::Args args(argc, argv);
   g_tsv = args.flag("--tsv");
+  g_trace_train = args.flag("--trace-allocs");
   ag::set_num_threads(static_cast<int>(args.num("--threads", 1)));
   std::vector<std::string> what;
   for (const auto& a : args.argv)

@@ -34,7 +34,7 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
   output_meta.push_back({leaf_->shape, leaf_->dtype});
 }
 
-TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
+void AccumulateGrad::apply(const TensorList& grad_outputs, TensorList&) {
   Tensor g = grad_outputs[0];
   for (const auto& hook : leaf_->leaf_hooks) {
     Tensor replaced = hook(g);
@@ -50,7 +50,6 @@ TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
   } else {
     leaf_->grad = g.detach().clone().impl();  // own copy: g may be shared with other edges
   }
-  return {};
 }
 
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
@@ -143,20 +142,84 @@ namespace {
 
 void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slot, g) : g; }
 
+
+// The tables of one backward walk. Each thread keeps the tables of finished walks and reuses
+// them (cleared, capacity kept), so a warm walk allocates nothing; a walk started inside
+// another (from a hook) takes tables of its own.
+struct WalkTables {
+  std::vector<std::shared_ptr<Node>> nodes;  // every node reached; keeps them alive during the walk
+  std::vector<int> pending;                  // per node: consumers not yet run
+  std::vector<std::size_t> first_grad;       // per node: where its outputs' gradients start in grads_in
+  std::vector<Tensor> grads_in;              // the gradients arriving at each node's outputs
+  std::vector<Edge> root_edges;
+  std::vector<std::size_t> ready;  // a heap of slots
+  TensorList grad_outputs, grad_inputs;
+  void clear() {  // drops every tensor and node held, keeps the capacity
+    nodes.clear();
+    pending.clear();
+    first_grad.clear();
+    grads_in.clear();
+    root_edges.clear();
+    ready.clear();
+    grad_outputs.clear();
+    grad_inputs.clear();
+  }
+};
+
+class WalkTablesLease {
+ public:
+  WalkTablesLease() {
+    if (free_list().empty()) {
+      tables_ = std::make_unique<WalkTables>();
+    } else {
+      tables_ = std::move(free_list().back());
+      free_list().pop_back();
+    }
+  }
+  ~WalkTablesLease() {
+    tables_->clear();
+    try {
+      free_list().push_back(std::move(tables_));
+    } catch (...) {  // no room to keep them: let them go
+    }
+  }
+  WalkTablesLease(const WalkTablesLease&) = delete;
+  WalkTablesLease& operator=(const WalkTablesLease&) = delete;
+  WalkTables& operator*() { return *tables_; }
+
+ private:
+  static std::vector<std::unique_ptr<WalkTables>>& free_list() {
+    thread_local std::vector<std::unique_ptr<WalkTables>> list;
+    return list;
+  }
+  std::unique_ptr<WalkTables> tables_;
+};
+
 }  // namespace
 
 void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
+  run_backward(std::span<const Tensor>(roots), std::span<const Tensor>(grads), retain_graph);
+}
+
+void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph) {
   if (roots.size() != grads.size())
     fail("backward", "{} roots but {} gradients", roots.size(), grads.size());
   NoGradGuard no_grad;  // backward rules compute with plain ops; no graph of the graph
 
-  // Every node the walk reaches gets a slot: its index in `nodes` (which keeps it alive during
-  // the walk), `pending` (consumers not yet run) and `first_grad` (where its outputs' gradient
-  // buffers start in the flat `grads_in`). No per-node allocation.
+  // Every node the walk reaches gets a slot: its index in `nodes`, `pending` and `first_grad`.
+  // No per-node allocation.
   static std::atomic<std::uint64_t> next_walk_id{1};
   const std::uint64_t walk = next_walk_id++;
-  std::vector<std::shared_ptr<Node>> nodes;
-  std::vector<int> pending;
+  WalkTablesLease lease;
+  WalkTables& t = *lease;
+  auto& nodes = t.nodes;
+  auto& pending = t.pending;
+  auto& first_grad = t.first_grad;
+  auto& grads_in = t.grads_in;
+  auto& root_edges = t.root_edges;
+  auto& ready = t.ready;
+  auto& grad_outputs = t.grad_outputs;
+  auto& grad_inputs = t.grad_inputs;
   auto slot_of = [&](const std::shared_ptr<Node>& n) {
     if (n->walk_id != walk) {
       n->walk_id = walk;
@@ -168,7 +231,6 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
   };
 
   // 1. Find every node reachable from the roots, counting each node's consumers.
-  std::vector<Edge> root_edges;
   root_edges.reserve(roots.size());
   for (const auto& root : roots) {
     root_edges.push_back(gradient_edge(root));
@@ -187,20 +249,18 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
       ++pending[slot_of(e.node)];
     }
   }
-  std::vector<std::size_t> first_grad(nodes.size() + 1, 0);
+  first_grad.assign(nodes.size() + 1, 0);
   for (std::size_t i = 0; i < nodes.size(); ++i) first_grad[i + 1] = first_grad[i] + nodes[i]->output_meta.size();
-  std::vector<Tensor> grads_in(first_grad.back());
+  grads_in.resize(first_grad.back());
   for (std::size_t r = 0; r < roots.size(); ++r)
     accumulate(grads_in[first_grad[root_edges[r].node->walk_slot] + root_edges[r].input_nr], grads[r]);
 
   // 2. Run nodes once all their consumers have run (Kahn's order, later-created first).
   auto later_first = [&](std::size_t a, std::size_t b) { return nodes[a]->sequence_nr < nodes[b]->sequence_nr; };
-  std::vector<std::size_t> ready;  // a heap of slots
   for (std::size_t i = 0; i < nodes.size(); ++i)
     if (pending[i] == 0) ready.push_back(i);
   std::make_heap(ready.begin(), ready.end(), later_first);
 
-  TensorList grad_outputs;
   while (!ready.empty()) {
     std::pop_heap(ready.begin(), ready.end(), later_first);
     const std::size_t slot = ready.back();
@@ -211,7 +271,7 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
 
     bool any_grad = false;
     for (const auto& g : grad_outputs) any_grad = any_grad || g.defined();
-    TensorList grad_inputs;
+    grad_inputs.clear();
     if (any_grad) {
       for (std::size_t i = 0; i < grad_outputs.size(); ++i) {
         const auto& meta = node->output_meta[i];
@@ -231,7 +291,7 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
           grad_outputs[i] = replaced;
         }
       }
-      grad_inputs = node->apply(grad_outputs);
+      node->apply(grad_outputs, grad_inputs);
       // Anomaly detection (anomaly.hpp): no NaN/Inf gradient may leave a backward rule.
       if (is_anomaly_enabled()) detail::anomaly_check_backward(*node, grad_inputs);
       if (!grad_inputs.empty() && grad_inputs.size() != node->next_edges.size())

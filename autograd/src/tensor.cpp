@@ -170,7 +170,8 @@ void Tensor::backward(bool retain_graph) const {
     throw std::runtime_error(fmt::format(
         "backward: a gradient can be created implicitly only for a one-element tensor, got shape {}; "
         "pass a gradient: t.backward(grad)", shape_str(shape())));
-  run_backward({*this}, {ones(shape(), dtype())}, retain_graph);
+  const Tensor seed = ones(shape(), dtype());
+  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&seed, 1), retain_graph);
 }
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {
@@ -182,7 +183,7 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
   if (grad.shape() != shape() || grad.dtype() != dtype())
     fail("backward", "gradient {} {} does not match tensor {} {}", shape_str(grad.shape()),
          dtype_name(grad.dtype()), shape_str(shape()), dtype_name(dtype()));
-  run_backward({*this}, {grad}, retain_graph);
+  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&grad, 1), retain_graph);
 }
 
 Tensor& Tensor::retain_grad() {

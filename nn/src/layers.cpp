@@ -134,7 +134,7 @@ ag::Tensor layer_norm(const ag::Tensor& x, const ag::Shape& normalized_shape, co
             }
           }
         });
-        ag::TensorList grads{dx};
+        ag::GradList grads{dx};
         if (has_weight) grads.push_back(dw);
         if (has_bias) grads.push_back(db);
         return grads;

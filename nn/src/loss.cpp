@@ -125,7 +125,7 @@ ag::Tensor cross_entropy(const ag::Tensor& logits, const std::vector<std::int64_
                           drow[t] = static_cast<T>(static_cast<double>(drow[t]) - gn * (1.0 - eps));
                         }
                       });
-                      return ag::TensorList{dx};
+                      return ag::GradList{dx};
                     });
 }
 

@@ -10,12 +10,15 @@
 // Backward rules receive the gradients of the node's outputs as arguments and return the
 // gradients of its inputs (flashlight's style); what a rule needs from the forward pass it
 // keeps in SavedTensors, which remember the version of the data they saved.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,39 @@
 namespace autograd {
 
 using TensorList = std::vector<Tensor>;
+
+// The gradients a built-in backward rule returns: up to N tensors held inline, so that returning
+// them allocates nothing (a TensorList would allocate once per node and backward call). Rules
+// with more inputs than that return a TensorList.
+template <std::size_t N>
+class InlineTensorList {
+ public:
+  InlineTensorList() = default;
+  explicit InlineTensorList(std::size_t n) { resize(n); }
+  InlineTensorList(std::initializer_list<Tensor> items) {
+    for (const auto& t : items) push_back(t);
+  }
+  void resize(std::size_t n) {
+    if (n > N) throw std::length_error("InlineTensorList: more tensors than its capacity");
+    for (std::size_t i = n; i < size_; ++i) items_[i] = Tensor();
+    size_ = n;
+  }
+  void push_back(Tensor t) {
+    if (size_ == N) throw std::length_error("InlineTensorList: more tensors than its capacity");
+    items_[size_++] = std::move(t);
+  }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  Tensor& operator[](std::size_t i) { return items_[i]; }
+  const Tensor& operator[](std::size_t i) const { return items_[i]; }
+  Tensor* begin() { return items_.data(); }
+  Tensor* end() { return items_.data() + size_; }
+
+ private:
+  std::array<Tensor, N> items_;
+  std::size_t size_ = 0;
+};
+using GradList = InlineTensorList<4>;
 
 struct Edge {
   std::shared_ptr<Node> node;  // null: that input needs no gradient
@@ -47,9 +83,9 @@ class Node : public std::enable_shared_from_this<Node> {
   Node& operator=(const Node&) = delete;
 
   // grad_outputs has one tensor per output (zeros where none arrived, or undefined when
-  // materialize_grads is false); returns one
-  // gradient per input edge (undefined where that input needs none).
-  virtual TensorList apply(const TensorList& grad_outputs) = 0;
+  // materialize_grads is false); fills grad_inputs (empty on entry; the caller reuses its
+  // capacity) with one gradient per input edge, undefined where that input needs none.
+  virtual void apply(const TensorList& grad_outputs, TensorList& grad_inputs) = 0;
   // Drops what was saved for backward; the node can no longer be applied.
   virtual void release_saved() {}
 
@@ -83,14 +119,17 @@ class Node : public std::enable_shared_from_this<Node> {
 // Backward rule given as a function: grads of outputs -> grads of inputs.
 using BackwardFn = std::function<TensorList(const TensorList& grad_outputs, const Node& node)>;
 
-// A node whose backward rule is a callable F(const TensorList&, const Node&) -> TensorList,
-// kept inside the node: recording an op makes one allocation (node and rule together), where a
-// std::function would make a second one for the rule's captures.
+// A node whose backward rule is a callable F(const TensorList&, const Node&) returning a
+// TensorList or a GradList, kept inside the node: recording an op makes one allocation (node
+// and rule together), where a std::function would make a second one for the rule's captures.
 template <class F>
 class FunctionNode final : public Node {
  public:
   FunctionNode(std::string name, F fn) : Node(std::move(name)), fn_(std::move(fn)) {}
-  TensorList apply(const TensorList& grad_outputs) override { return (*fn_)(grad_outputs, *this); }
+  void apply(const TensorList& grad_outputs, TensorList& grad_inputs) override {
+    auto grads = (*fn_)(grad_outputs, *this);
+    grad_inputs.assign(std::make_move_iterator(grads.begin()), std::make_move_iterator(grads.end()));
+  }
   void release_saved() override { fn_.reset(); }  // drops the rule's SavedTensors
 
  private:
@@ -101,7 +140,7 @@ class FunctionNode final : public Node {
 class AccumulateGrad : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
-  TensorList apply(const TensorList& grad_outputs) override;
+  void apply(const TensorList& grad_outputs, TensorList& grad_inputs) override;
   const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
 
  private:
@@ -172,6 +211,7 @@ Tensor record(std::string name, std::initializer_list<Tensor> inputs, Tensor out
 
 // Runs backward from `roots` seeded with `grads` (same shapes). Used by Tensor::backward.
 void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph);
+void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph);
 
 // Sums a broadcast gradient back to `shape` (NumPy broadcasting rules in reverse).
 Tensor sum_to(const Tensor& grad, const Shape& shape);

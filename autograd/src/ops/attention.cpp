@@ -370,7 +370,7 @@ SdpaResult attend(std::string_view op_name, const Dims& d, const Shape& out_shap
            const Tensor qt = sq.get(op), kt = sk.get(op), vt = sv.get(op), pt = sp.get(op);
            const Tensor zt = sz.defined() ? sz.get(op) : Tensor();
            const Dtype dtype = qt.dtype();
-           TensorList grads(node.next_edges.size());
+           GradList grads(node.next_edges.size());
            Tensor dq, dk, dv, dscores;
            if (node.needs_input_grad(0)) dq = Tensor::empty(qt.shape(), dtype);
            if (node.needs_input_grad(1)) dk = Tensor::empty(kt.shape(), dtype);

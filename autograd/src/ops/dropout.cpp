@@ -49,7 +49,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   if (keep_mask) {
     // y = x · mask  =>  dx = dy · mask  (the same mask: it is kept, not redrawn)
     return record("dropout", {x}, y, [mask = SavedTensor(mask)](const TensorList& g, const Node&) {
-      return TensorList{times_mask(g[0], mask.get("dropout"))};
+      return GradList{times_mask(g[0], mask.get("dropout"))};
     });
   }
   return y;

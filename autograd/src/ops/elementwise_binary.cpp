@@ -49,7 +49,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   if (!needs_grad(a, b)) return y;
   // y = a + b  =>  da = sum_to(dy), db = sum_to(dy)
   return record("add", {a, b}, y, [](const TensorList& g, const Node& n) {
-    return TensorList{grad_if(n, 0, [&] { return sum_to(g[0], n.input_meta[0].shape); }),
+    return GradList{grad_if(n, 0, [&] { return sum_to(g[0], n.input_meta[0].shape); }),
                       grad_if(n, 1, [&] { return sum_to(g[0], n.input_meta[1].shape); })};
   });
 }
@@ -60,7 +60,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   if (!needs_grad(a, b)) return y;
   // y = a - b  =>  da = sum_to(dy), db = -sum_to(dy)
   return record("sub", {a, b}, y, [](const TensorList& g, const Node& n) {
-    return TensorList{grad_if(n, 0, [&] { return sum_to(g[0], n.input_meta[0].shape); }),
+    return GradList{grad_if(n, 0, [&] { return sum_to(g[0], n.input_meta[0].shape); }),
                       grad_if(n, 1, [&] { return neg(sum_to(g[0], n.input_meta[1].shape)); })};
   });
 }
@@ -72,7 +72,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   // y = a·b  =>  da = sum_to(dy·b), db = sum_to(dy·a)
   SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(a.requires_grad() ? b : Tensor());
   return record("mul", {a, b}, y, [saved_a, saved_b](const TensorList& g, const Node& n) {
-    return TensorList{grad_if(n, 0, [&] { return sum_to(mul(g[0], saved_b.get("mul")), n.input_meta[0].shape); }),
+    return GradList{grad_if(n, 0, [&] { return sum_to(mul(g[0], saved_b.get("mul")), n.input_meta[0].shape); }),
                       grad_if(n, 1, [&] { return sum_to(mul(g[0], saved_a.get("mul")), n.input_meta[1].shape); })};
   });
 }
@@ -85,7 +85,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(b);
   return record("div", {a, b}, y, [saved_a, saved_b](const TensorList& g, const Node& n) {
     const Tensor bv = saved_b.get("div");
-    return TensorList{
+    return GradList{
         grad_if(n, 0, [&] { return sum_to(div(g[0], bv), n.input_meta[0].shape); }),
         grad_if(n, 1, [&] {
           const Tensor av = saved_a.get("div");
@@ -105,7 +105,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   SavedTensor saved_a(a), saved_b(b), saved_y(b.requires_grad() ? y : Tensor());
   return record("pow", {a, b}, y, [saved_a, saved_b, saved_y](const TensorList& g, const Node& n) {
     const Tensor av = saved_a.get("pow"), bv = saved_b.get("pow");
-    return TensorList{
+    return GradList{
         grad_if(n, 0, [&] {
           return sum_to(kernels::map<3>(g[0].shape(), {g[0], av, bv},
                                         [](const auto& dy, const auto& x, const auto& z) {
@@ -158,7 +158,7 @@ Tensor extremum(std::string_view op, const Tensor& a, const Tensor& b) {
                                     }),
                     n.input_meta[i].shape);
     };
-    return TensorList{grad_if(n, 0, [&] { return share(av, bv, 0); }), grad_if(n, 1, [&] { return share(bv, av, 1); })};
+    return GradList{grad_if(n, 0, [&] { return share(av, bv, 0); }), grad_if(n, 1, [&] { return share(bv, av, 1); })};
   });
 }
 
@@ -174,7 +174,7 @@ Tensor add(const Tensor& a, double b) {
   Tensor y = kernels::map1(a, [b](const auto& x) { return x + scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a + c  =>  da = dy
-  return record("add", {a}, y, [](const TensorList& g, const Node&) { return TensorList{g[0]}; });
+  return record("add", {a}, y, [](const TensorList& g, const Node&) { return GradList{g[0]}; });
 }
 
 Tensor sub(const Tensor& a, double b) {
@@ -182,7 +182,7 @@ Tensor sub(const Tensor& a, double b) {
   Tensor y = kernels::map1(a, [b](const auto& x) { return x - scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a - c  =>  da = dy
-  return record("sub", {a}, y, [](const TensorList& g, const Node&) { return TensorList{g[0]}; });
+  return record("sub", {a}, y, [](const TensorList& g, const Node&) { return GradList{g[0]}; });
 }
 
 Tensor rsub(const Tensor& a, double b) {
@@ -190,7 +190,7 @@ Tensor rsub(const Tensor& a, double b) {
   Tensor y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) - x; });
   if (!needs_grad(a)) return y;
   // y = c - a  =>  da = -dy
-  return record("rsub", {a}, y, [](const TensorList& g, const Node&) { return TensorList{neg(g[0])}; });
+  return record("rsub", {a}, y, [](const TensorList& g, const Node&) { return GradList{neg(g[0])}; });
 }
 
 Tensor mul(const Tensor& a, double b) {
@@ -198,7 +198,7 @@ Tensor mul(const Tensor& a, double b) {
   Tensor y = kernels::map1(a, [b](const auto& x) { return x * scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a·c  =>  da = dy·c
-  return record("mul", {a}, y, [b](const TensorList& g, const Node&) { return TensorList{mul(g[0], b)}; });
+  return record("mul", {a}, y, [b](const TensorList& g, const Node&) { return GradList{mul(g[0], b)}; });
 }
 
 Tensor div(const Tensor& a, double b) {
@@ -206,7 +206,7 @@ Tensor div(const Tensor& a, double b) {
   Tensor y = kernels::map1(a, [b](const auto& x) { return x / scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a / c  =>  da = dy / c
-  return record("div", {a}, y, [b](const TensorList& g, const Node&) { return TensorList{div(g[0], b)}; });
+  return record("div", {a}, y, [b](const TensorList& g, const Node&) { return GradList{div(g[0], b)}; });
 }
 
 Tensor rdiv(const Tensor& a, double b) {
@@ -216,7 +216,7 @@ Tensor rdiv(const Tensor& a, double b) {
   // y = c / a  =>  da = -dy·c / a² = -dy·y / a
   SavedTensor saved_a(a), saved_y(y);
   return record("rdiv", {a}, y, [saved_a, saved_y](const TensorList& g, const Node&) {
-    return TensorList{kernels::map<3>(g[0].shape(), {g[0], saved_y.get("rdiv"), saved_a.get("rdiv")},
+    return GradList{kernels::map<3>(g[0].shape(), {g[0], saved_y.get("rdiv"), saved_a.get("rdiv")},
                                       [](const auto& dy, const auto& out, const auto& x) { return -dy * out / x; })};
   });
 }
@@ -239,13 +239,13 @@ Tensor pow(const Tensor& a, double exponent) {
   // y = a^e  =>  da = dy·e·a^(e-1)   (0 when e == 0)
   SavedTensor saved_a(a);
   return record("pow", {a}, y, [saved_a, exponent](const TensorList& g, const Node&) {
-    if (exponent == 0.0) return TensorList{zeros_like(g[0])};
+    if (exponent == 0.0) return GradList{zeros_like(g[0])};
     const Tensor av = saved_a.get("pow");
     if (exponent == 2.0)
-      return TensorList{kernels::map<2>(g[0].shape(), {g[0], av}, [](const auto& dy, const auto& x) {
+      return GradList{kernels::map<2>(g[0].shape(), {g[0], av}, [](const auto& dy, const auto& x) {
         return dy * x * scalar_t<decltype(dy)>(2);
       })};
-    return TensorList{kernels::map<2>(g[0].shape(), {g[0], av}, [exponent](const auto& dy, const auto& x) {
+    return GradList{kernels::map<2>(g[0].shape(), {g[0], av}, [exponent](const auto& dy, const auto& x) {
       using T = scalar_t<decltype(dy)>;
       return dy * T(exponent) * x.pow(T(exponent - 1.0));
     })};
@@ -284,7 +284,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   // y = mask ? c : x  =>  dx = mask ? 0 : dy
   SavedTensor saved_mask(m);
   return record("masked_fill", {x}, y, [saved_mask](const TensorList& g, const Node&) {
-    return TensorList{kernels::map<2>(g[0].shape(), {g[0], saved_mask.get("masked_fill")},
+    return GradList{kernels::map<2>(g[0].shape(), {g[0], saved_mask.get("masked_fill")},
                                       [](const auto& dy, const auto& keep_out) {
                                         using T = scalar_t<decltype(dy)>;
                                         return (keep_out != T(0)).select(T(0), dy);
@@ -306,7 +306,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   SavedTensor saved_cond(c);
   return record("where", {a, b}, y, [saved_cond](const TensorList& g, const Node& n) {
     const Tensor cv = saved_cond.get("where");
-    return TensorList{grad_if(n, 0, [&] {
+    return GradList{grad_if(n, 0, [&] {
                         return sum_to(kernels::map<2>(g[0].shape(), {g[0], cv},
                                                       [](const auto& dy, const auto& take_a) {
                                                         using T = scalar_t<decltype(dy)>;

@@ -23,7 +23,7 @@ void check_defined_arg(std::string_view op, const Tensor& x) {
 template <class F>
 auto backward_with(std::string_view op, const Tensor& saved, F f) {
   return [op, saved_t = SavedTensor(saved), f](const TensorList& g, const Node&) {
-    return TensorList{kernels::map<2>(g[0].shape(), {g[0], saved_t.get(op)}, f)};
+    return GradList{kernels::map<2>(g[0].shape(), {g[0], saved_t.get(op)}, f)};
   };
 }
 
@@ -39,7 +39,7 @@ Tensor neg(const Tensor& x) {
   Tensor y = kernels::map1(x, [](const auto& v) { return -v; });
   if (!needs_grad(x)) return y;
   // y = -x  =>  dx = -dy
-  return record("neg", {x}, y, [](const TensorList& g, const Node&) { return TensorList{neg(g[0])}; });
+  return record("neg", {x}, y, [](const TensorList& g, const Node&) { return GradList{neg(g[0])}; });
 }
 
 Tensor exp(const Tensor& x) {

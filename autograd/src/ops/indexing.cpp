@@ -69,7 +69,7 @@ Tensor gather_along(std::string op, const Tensor& x, std::int64_t d, std::vector
       const std::int64_t inner = product(in_shape, static_cast<std::size_t>(d) + 1, in_shape.size());
       const auto count = static_cast<std::int64_t>(index.size());
       Tensor dx = zeros(in_shape, g[0].dtype());
-      if (g[0].numel() == 0) return TensorList{dx};
+      if (g[0].numel() == 0) return GradList{dx};
       dispatch(dx.dtype(), [&](auto zero) {
         using T = decltype(zero);
         const T* src = g[0].data<T>();
@@ -82,7 +82,7 @@ Tensor gather_along(std::string op, const Tensor& x, std::int64_t d, std::vector
           }
         });
       });
-      return TensorList{dx};
+      return GradList{dx};
     });
   }
   return y;

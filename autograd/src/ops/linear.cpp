@@ -52,7 +52,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   // Y = X·W + 1·bᵀ (X the rows of x)  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,  db = Σ_rows dY
   SavedTensor saved_x(w.requires_grad() ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
   return record("linear", {x, w, b}, y, [saved_x, saved_w, rows, in, out](const TensorList& g, const Node& n) {
-    TensorList grads(3);
+    GradList grads(3);
     dispatch(g[0].dtype(), [&](auto zero) {
       using T = decltype(zero);
       ConstMat<T> dY(g[0].data<T>(), rows, out);

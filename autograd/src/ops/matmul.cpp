@@ -171,7 +171,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     return record("matmul", {a, b}, c,
                   [plan, a_shape = a.shape(), b_shape = b.shape(), saved_a = SavedTensor(a), saved_b = SavedTensor(b)](
                       const TensorList& g, const Node& node) {
-                    TensorList grads(2);
+                    GradList grads(2);
                     const Tensor& dc = g[0];
                     dispatch(dc.dtype(), [&](auto zero) {
                       using T = decltype(zero);

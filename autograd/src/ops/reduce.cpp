@@ -149,7 +149,7 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const std::vector<bool>&
                       using T = decltype(zero);
                       walk.broadcast(g[0].data<T>(), dx.data<T>(), static_cast<T>(scale));
                     });
-                    return TensorList{dx};
+                    return GradList{dx};
                   });
   }
   return y;
@@ -262,7 +262,7 @@ Tensor max(const Tensor& x) {
         else d = (xs == top).template cast<T>();
         d *= *g[0].data<T>() / d.sum();
       });
-      return TensorList{dx};
+      return GradList{dx};
     });
   }
   return y;
@@ -285,7 +285,7 @@ Tensor max(const Tensor& x, std::int64_t dim, bool keepdim) {
                         for (std::int64_t i = 0; i < inner; ++i)
                           d[(o * n + idx[o * inner + i]) * inner + i] = dy[o * inner + i];
                     });
-                    return TensorList{dx};
+                    return GradList{dx};
                   });
   }
   return r.values;

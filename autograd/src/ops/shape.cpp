@@ -42,7 +42,7 @@ Tensor view_op(std::string name, const Tensor& x, const Shape& shape) {
   if (needs_grad(x)) {
     // y = x viewed as shape  =>  dx = dy viewed as x.shape
     return record(std::move(name), {x}, y, [in_shape = x.shape()](const TensorList& g, const Node&) {
-      return TensorList{reshape(g[0], in_shape)};
+      return GradList{reshape(g[0], in_shape)};
     });
   }
   return y;
@@ -282,7 +282,7 @@ TensorList split_sizes(std::string name, const Tensor& x, const std::vector<std:
   if (needs_grad(x)) {
     // y_i = x[..., offset_i : offset_i + size_i, ...]  =>  dx = cat(dy_0, dy_1, ...) along dim
     record(std::move(name), {x}, pieces, [dim](const TensorList& g, const Node&) {
-      return TensorList{cat(g, dim)};
+      return GradList{cat(g, dim)};
     });
   }
   return pieces;
@@ -361,7 +361,7 @@ Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims) {
     for (std::size_t i = 0; i < perm.size(); ++i) inverse[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
     // y[i_0..i_k] = x[i_perm⁻¹...], y.dim(i) = x.dim(perm[i])  =>  dx = permute(dy, perm⁻¹)
     return record("permute", {x}, y, [inverse](const TensorList& g, const Node&) {
-      return TensorList{permute(g[0], inverse)};
+      return GradList{permute(g[0], inverse)};
     });
   }
   return y;
@@ -383,7 +383,7 @@ Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1) {
   if (needs_grad(x)) {
     // y = x with dims d0, d1 swapped  =>  dx = dy with them swapped back
     return record("transpose", {x}, y, [d0, d1](const TensorList& g, const Node&) {
-      return TensorList{transpose(g[0], d0, d1)};
+      return GradList{transpose(g[0], d0, d1)};
     });
   }
   return y;
@@ -420,7 +420,7 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   if (needs_grad(x)) {
     // y = broadcast(x)  =>  dx = dy summed over the broadcast dims
     return record("expand", {x}, y, [in_shape = in](const TensorList& g, const Node&) {
-      return TensorList{sum_to(g[0], in_shape)};
+      return GradList{sum_to(g[0], in_shape)};
     });
   }
   return y;
@@ -443,7 +443,7 @@ Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_
   if (needs_grad(x)) {
     // y = x[..., start : start + length, ...]  =>  dx = zeros with dy written at those positions
     return record("narrow", {x}, y, [in_shape = x.shape(), d, start](const TensorList& g, const Node&) {
-      return TensorList{slice_scatter(g[0], in_shape, d, start, 1)};
+      return GradList{slice_scatter(g[0], in_shape, d, start, 1)};
     });
   }
   return y;
@@ -465,7 +465,7 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   if (needs_grad(x)) {
     // y = x[..., start : end : step, ...]  =>  dx = zeros with dy written at those positions
     return record("slice", {x}, y, [in_shape = x.shape(), d, start, step](const TensorList& g, const Node&) {
-      return TensorList{slice_scatter(g[0], in_shape, d, start, step)};
+      return GradList{slice_scatter(g[0], in_shape, d, start, step)};
     });
   }
   return y;

@@ -171,13 +171,13 @@ Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool
   return record(std::string(op), {x}, y, [l, log, saved_y = SavedTensor(y)](const TensorList& g, const Node&) {
     const Tensor yv = saved_y.get(log ? "log_softmax" : "softmax");
     Tensor dx = Tensor::empty(yv.shape(), yv.dtype());
-    if (yv.numel() == 0) return TensorList{dx};
+    if (yv.numel() == 0) return GradList{dx};
     dispatch(yv.dtype(), [&](auto zero) {
       using T = decltype(zero);
       if (log) log_softmax_backward<T>(l, yv.data<T>(), g[0].data<T>(), dx.data<T>());
       else softmax_backward<T>(l, yv.data<T>(), g[0].data<T>(), dx.data<T>());
     });
-    return TensorList{dx};
+    return GradList{dx};
   });
 }
 
