@@ -10,7 +10,7 @@ namespace autograd {
 
 namespace {
 
-std::string escape(const std::string& s) {
+std::string escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     if (c == '"') out += '\\';

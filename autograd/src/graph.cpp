@@ -16,7 +16,7 @@ namespace {
 std::atomic<std::uint64_t> next_sequence_nr{0};
 }
 
-Node::Node(std::string name) : sequence_nr(next_sequence_nr++), name_(std::move(name)) {}
+Node::Node(std::string_view name) : sequence_nr(next_sequence_nr++), name_(name) {}
 Node::~Node() = default;
 
 void Node::mark_released() {

@@ -19,7 +19,7 @@ constexpr std::size_t kClasses = kSmallObjectMax / kGranule;
 #ifdef HEADGRAD_SMALL_POOL_OFF
 constexpr std::size_t kSmallListMax = 0;
 #else
-constexpr std::size_t kSmallListMax = 4096;  // per size, per thread: at most 2 MiB at 512 bytes
+constexpr std::size_t kSmallListMax = 4096;  // per size, per thread: at most 4 MiB at 1024 bytes
 #endif
 
 struct FreeBlock {

@@ -20,6 +20,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "autograd/detail/small_pool.hpp"
@@ -77,7 +78,7 @@ struct TensorMeta {
 
 class Node : public std::enable_shared_from_this<Node> {
  public:
-  explicit Node(std::string name);
+  explicit Node(std::string_view name);
   virtual ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -89,7 +90,7 @@ class Node : public std::enable_shared_from_this<Node> {
   // Drops what was saved for backward; the node can no longer be applied.
   virtual void release_saved() {}
 
-  const std::string& name() const { return name_; }
+  std::string_view name() const { return name_; }
   bool released() const { return released_; }
   void mark_released();
   bool needs_input_grad(std::size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
@@ -112,7 +113,9 @@ class Node : public std::enable_shared_from_this<Node> {
   std::size_t walk_slot = 0;
 
  private:
-  std::string name_;
+  // (From the small-object pool too: a name longer than the string's inline buffer, such as
+  // "scaled_dot_product_attention", would otherwise allocate on every record.)
+  std::basic_string<char, std::char_traits<char>, detail::PoolAllocator<char>> name_;
   bool released_ = false;
 };
 
@@ -125,7 +128,7 @@ using BackwardFn = std::function<TensorList(const TensorList& grad_outputs, cons
 template <class F>
 class FunctionNode final : public Node {
  public:
-  FunctionNode(std::string name, F fn) : Node(std::move(name)), fn_(std::move(fn)) {}
+  FunctionNode(std::string_view name, F fn) : Node(name), fn_(std::move(fn)) {}
   void apply(const TensorList& grad_outputs, TensorList& grad_inputs) override {
     auto grads = (*fn_)(grad_outputs, *this);
     grad_inputs.assign(std::make_move_iterator(grads.begin()), std::make_move_iterator(grads.end()));
@@ -183,28 +186,28 @@ void connect(const std::shared_ptr<Node>& node, std::span<const Tensor> inputs, 
 // produces `outputs`, and points each output at it. Call only when needs_grad(inputs).
 // The braced-list overloads (`record("mul", {a, b}, y, rule)`) build no vector.
 template <class F>
-void record(std::string name, std::span<const Tensor> inputs, std::span<const Tensor> outputs, F&& fn) {
-  connect(std::allocate_shared<FunctionNode<std::decay_t<F>>>(detail::PoolAllocator<FunctionNode<std::decay_t<F>>>{}, std::move(name),
+void record(std::string_view name, std::span<const Tensor> inputs, std::span<const Tensor> outputs, F&& fn) {
+  connect(std::allocate_shared<FunctionNode<std::decay_t<F>>>(detail::PoolAllocator<FunctionNode<std::decay_t<F>>>{}, name,
                                                           std::forward<F>(fn)), inputs, outputs);
 }
 template <class F>
-void record(std::string name, const TensorList& inputs, const TensorList& outputs, F&& fn) {
-  record(std::move(name), std::span<const Tensor>(inputs), std::span<const Tensor>(outputs), std::forward<F>(fn));
+void record(std::string_view name, const TensorList& inputs, const TensorList& outputs, F&& fn) {
+  record(name, std::span<const Tensor>(inputs), std::span<const Tensor>(outputs), std::forward<F>(fn));
 }
 template <class F>
-void record(std::string name, std::initializer_list<Tensor> inputs, const TensorList& outputs, F&& fn) {
-  record(std::move(name), std::span<const Tensor>(inputs.begin(), inputs.size()), std::span<const Tensor>(outputs),
+void record(std::string_view name, std::initializer_list<Tensor> inputs, const TensorList& outputs, F&& fn) {
+  record(name, std::span<const Tensor>(inputs.begin(), inputs.size()), std::span<const Tensor>(outputs),
          std::forward<F>(fn));
 }
 // Single-output shorthands that return the output.
 template <class F>
-Tensor record(std::string name, const TensorList& inputs, Tensor output, F&& fn) {
-  record(std::move(name), std::span<const Tensor>(inputs), std::span<const Tensor>(&output, 1), std::forward<F>(fn));
+Tensor record(std::string_view name, const TensorList& inputs, Tensor output, F&& fn) {
+  record(name, std::span<const Tensor>(inputs), std::span<const Tensor>(&output, 1), std::forward<F>(fn));
   return output;
 }
 template <class F>
-Tensor record(std::string name, std::initializer_list<Tensor> inputs, Tensor output, F&& fn) {
-  record(std::move(name), std::span<const Tensor>(inputs.begin(), inputs.size()), std::span<const Tensor>(&output, 1),
+Tensor record(std::string_view name, std::initializer_list<Tensor> inputs, Tensor output, F&& fn) {
+  record(name, std::span<const Tensor>(inputs.begin(), inputs.size()), std::span<const Tensor>(&output, 1),
          std::forward<F>(fn));
   return output;
 }

@@ -7,6 +7,7 @@
 #include "autograd/attention.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -231,8 +232,10 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
   const std::int64_t key_step = causal ? blocks.step : std::max<std::int64_t>(d.S, 1);
   const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
   parallel_region(d.parallel(), [&] {
-    RowMatrix<T> dropped;  // P ⊙ Z, per thread
-    RowMatrix<T> dP;       // dL/dP, then dL/dS in place, per thread
+    // Scratch of each thread, kept between calls (a warm training step allocates nothing); it
+    // holds the largest slice the thread has seen.
+    thread_local RowMatrix<T> dropped;  // P ⊙ Z
+    thread_local RowMatrix<T> dP;       // dL/dP, then dL/dS in place
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
       const std::int64_t b = bh / d.H, h = bh % d.H;
@@ -358,12 +361,13 @@ SdpaResult attend(std::string_view op_name, const Dims& d, const Shape& out_shap
                       keep.defined() ? keep.data<T>() : nullptr, weights.data<T>(), output.data<T>());
   });
 
-  TensorList inputs{q, k, v};
-  if (attn_mask.defined()) inputs.push_back(attn_mask);
+  const std::array<Tensor, 4> all_inputs{q, k, v, attn_mask};
+  const std::span<const Tensor> inputs(all_inputs.data(), attn_mask.defined() ? 4 : 3);
   if (!needs_grad(inputs)) return {output, weights};
 
   // Saved for backward: q, k, v, the weights P and the dropout factors Z. Not the scores.
-  record(std::string(op_name), inputs, TensorList{output, weights},
+  const std::array<Tensor, 2> outputs{output, weights};
+  record(op_name, inputs, outputs,
          [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), sp = SavedTensor(weights),
           sz = SavedTensor(keep), mask_shape = attn_mask.defined() ? attn_mask.shape() : Shape{}, d, scale,
           causal = is_causal, op = op_name](const TensorList& g, const Node& node) {

@@ -11,7 +11,7 @@
 
 namespace autograd::detail {
 
-inline constexpr std::size_t kSmallObjectMax = 512;
+inline constexpr std::size_t kSmallObjectMax = 1024;
 
 void* small_alloc(std::size_t bytes);
 void small_free(void* p, std::size_t bytes) noexcept;
