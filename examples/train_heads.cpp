@@ -388,13 +388,14 @@ RunResult train(const Config& c, std::int64_t heads) {
   const auto start = std::chrono::steady_clock::now();
   nn::CrossEntropyOptions ce{.ignore_index = kIgnore};
   double batch_acc = 0.0;
+  const std::vector<ag::Tensor> params = model.parameters();
   for (std::int64_t step = 1; step <= c.steps; ++step) {
     const Batch b = make_batch(data_gen, c, c.batch);
     const auto out = model.forward(b.token_tensor, false);
     ag::Tensor loss = nn::cross_entropy(out.logits, b.targets, ce);
     opt.zero_grad();
     loss.backward();
-    nn::clip_grad_norm_(model.parameters(), c.clip);
+    nn::clip_grad_norm_(params, c.clip);
     opt.step();
     sched.step();
     r.losses.push_back(loss.item());

@@ -323,16 +323,4 @@ void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, 
   }
 }
 
-Tensor sum_to(const Tensor& grad, const Shape& shape) {
-  if (grad.shape() == shape) return grad;
-  const auto lead = static_cast<std::int64_t>(grad.dim()) - static_cast<std::int64_t>(shape.size());
-  if (lead < 0) fail("sum_to", "cannot reduce {} to the larger rank of {}", shape_str(grad.shape()), shape_str(shape));
-  std::vector<std::int64_t> dims;
-  for (std::int64_t i = 0; i < lead; ++i) dims.push_back(i);
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] == 1 && grad.shape()[lead + i] != 1) dims.push_back(lead + static_cast<std::int64_t>(i));
-  Tensor reduced = dims.empty() ? grad : sum(grad, dims, /*keepdim=*/true);
-  return reshape(reduced, shape);
-}
-
 }  // namespace autograd

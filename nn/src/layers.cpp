@@ -1,7 +1,9 @@
 #include "nn/layers.hpp"
 
+#include <array>
 #include <cmath>
 #include <memory>
+#include <span>
 
 #include "nn/init.hpp"
 
@@ -29,15 +31,6 @@ std::string Embedding::extra_repr() const {
 
 // ---- LayerNorm ----
 
-namespace {
-
-struct LayerNormStats {
-  std::vector<double> mean;
-  std::vector<double> rstd;  // 1/√(var + eps)
-};
-
-}  // namespace
-
 ag::Tensor layer_norm(const ag::Tensor& x, const ag::Shape& normalized_shape, const ag::Tensor& weight,
                       const ag::Tensor& bias, double eps) {
   constexpr const char* op = "layer_norm";
@@ -60,9 +53,9 @@ ag::Tensor layer_norm(const ag::Tensor& x, const ag::Shape& normalized_shape, co
   const std::int64_t D = ag::shape_numel(normalized_shape);
   const std::int64_t N = D == 0 ? 0 : x.numel() / D;
 
-  auto stats = std::make_shared<LayerNormStats>();
-  stats->mean.resize(static_cast<std::size_t>(N));
-  stats->rstd.resize(static_cast<std::size_t>(N));
+  // Per row: the mean and 1/√(var + eps), in float64 (a tensor, so its buffer is reused warm).
+  const ag::Tensor stats = ag::Tensor::empty({N, 2}, ag::Dtype::Float64);
+  double* st = stats.data<double>();
   ag::Tensor y = ag::Tensor::empty(x.shape(), x.dtype());
   ag::dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -79,26 +72,29 @@ ag::Tensor layer_norm(const ag::Tensor& x, const ag::Shape& normalized_shape, co
       const double mu = row.template cast<double>().mean();
       const double var = (row.template cast<double>() - mu).square().mean();
       const double rstd = 1.0 / std::sqrt(var + eps);
-      stats->mean[static_cast<std::size_t>(n)] = mu;
-      stats->rstd[static_cast<std::size_t>(n)] = rstd;
+      st[2 * n] = mu;
+      st[2 * n + 1] = rstd;
       out = (row - static_cast<T>(mu)) * static_cast<T>(rstd);
       if (w) out *= Row(w, D);
       if (b) out += Row(b, D);
     }
   });
-  ag::TensorList inputs{x};
-  if (weight.defined()) inputs.push_back(weight);
-  if (bias.defined()) inputs.push_back(bias);
+  std::array<ag::Tensor, 3> all_inputs{x};
+  std::size_t n_inputs = 1;
+  if (weight.defined()) all_inputs[n_inputs++] = weight;
+  if (bias.defined()) all_inputs[n_inputs++] = bias;
+  const std::span<const ag::Tensor> inputs(all_inputs.data(), n_inputs);
   if (!ag::needs_grad(inputs)) return y;
 
   const bool has_weight = weight.defined(), has_bias = bias.defined();
   // y = x̂·w + b, x̂ = (x − μ)·r  =>  db = Σ_rows dy,  dw = Σ_rows dy·x̂,
   //                                  dx = r · (dx̂ − mean(dx̂) − x̂ · mean(dx̂·x̂)),  dx̂ = dy·w
-  return ag::record(
-      "layer_norm", inputs, y,
+  ag::record(
+      "layer_norm", inputs, std::span<const ag::Tensor>(&y, 1),
       [stats, saved_x = ag::SavedTensor(x), saved_w = has_weight ? ag::SavedTensor(weight) : ag::SavedTensor(),
        has_weight, has_bias, normalized_shape, D, N](const ag::TensorList& g, const ag::Node& node) {
         const ag::Tensor xv = saved_x.get("layer_norm");
+        const double* st = stats.data<double>();
         const ag::Tensor wv = has_weight ? saved_w.get("layer_norm") : ag::Tensor();
         const bool need_x = node.needs_input_grad(0);
         const bool need_w = has_weight && node.needs_input_grad(1);
@@ -114,11 +110,13 @@ ag::Tensor layer_norm(const ag::Tensor& x, const ag::Shape& normalized_shape, co
           using RowOut = Eigen::Map<Arr>;
           const T* xs = xv.data<T>();
           const T* dys = g[0].data<T>();
-          Arr xhat(D), dxhat(D);
+          // x̂ and dx̂ of one row, in a pooled buffer (no allocation once warm)
+          const ag::Tensor scratch = ag::Tensor::empty({2, D}, xv.dtype());
+          RowOut xhat(scratch.data<T>(), D), dxhat(scratch.data<T>() + D, D);
           for (std::int64_t n = 0; n < N; ++n) {
             Row row(xs + n * D, D), dy(dys + n * D, D);
-            const T mu = static_cast<T>(stats->mean[static_cast<std::size_t>(n)]);
-            const T r = static_cast<T>(stats->rstd[static_cast<std::size_t>(n)]);
+            const T mu = static_cast<T>(st[2 * n]);
+            const T r = static_cast<T>(st[2 * n + 1]);
             xhat = (row - mu) * r;
             if (need_b) RowOut(db.data<T>(), D) += dy;
             if (need_w) RowOut(dw.data<T>(), D) += dy * xhat;
@@ -139,6 +137,7 @@ ag::Tensor layer_norm(const ag::Tensor& x, const ag::Shape& normalized_shape, co
         if (has_bias) grads.push_back(db);
         return grads;
       });
+  return y;
 }
 
 LayerNorm::LayerNorm(std::int64_t normalized_size, double eps)

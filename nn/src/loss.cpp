@@ -9,11 +9,13 @@ namespace nn {
 
 namespace {
 
+// What backward needs, per row: the target (−1 for an ignored row) and logsumexp, in a Float64
+// tensor [N, 2] (a tensor, so a warm loop reuses its buffer). Targets are below the class
+// count, so float64 holds them exactly.
 struct CrossEntropyContext {
-  std::vector<std::int64_t> targets;  // per row; ignore_index for ignored rows
-  std::vector<double> logsumexp;      // per row
+  ag::Tensor rows;
   std::int64_t classes = 0;
-  std::int64_t counted = 0;           // rows not ignored
+  std::int64_t counted = 0;  // rows not ignored
 };
 
 }  // namespace
@@ -31,17 +33,19 @@ ag::Tensor cross_entropy(const ag::Tensor& logits, const std::vector<std::int64_
   if (static_cast<std::int64_t>(targets.size()) != N)
     ag::fail(op, "{} targets for logits {} ({} rows of {} classes)", targets.size(), ag::shape_str(logits.shape()), N, C);
 
-  auto ctx = std::make_shared<CrossEntropyContext>();
-  ctx->targets = targets;
-  ctx->classes = C;
-  ctx->logsumexp.resize(static_cast<std::size_t>(N));
+  CrossEntropyContext ctx;
+  ctx.rows = ag::Tensor::empty({N, 2}, ag::Dtype::Float64);
+  ctx.classes = C;
+  double* rows = ctx.rows.data<double>();
   for (std::int64_t n = 0; n < N; ++n) {
     const std::int64_t t = targets[static_cast<std::size_t>(n)];
+    rows[2 * n] = t == options.ignore_index ? -1.0 : static_cast<double>(t);
+    rows[2 * n + 1] = 0.0;
     if (t == options.ignore_index) continue;
     if (t < 0 || t >= C)
       ag::fail(op, "target {} at position {} is out of range for {} classes (ignore_index is {})", t, n, C,
                options.ignore_index);
-    ++ctx->counted;
+    ++ctx.counted;
   }
 
   const double eps = options.label_smoothing;
@@ -68,7 +72,7 @@ ag::Tensor cross_entropy(const ag::Tensor& logits, const std::vector<std::int64_
         row_sum += static_cast<double>(row[c]);
       }
       const double lse = m + std::log(s);
-      ctx->logsumexp[static_cast<std::size_t>(n)] = lse;
+      rows[2 * n + 1] = lse;
       // smoothed: (1−ε)(lse − x_t) + ε·mean_c(lse − x_c)
       const double loss = (1.0 - eps) * (lse - static_cast<double>(row[t])) + eps * (lse - row_sum / static_cast<double>(C));
       out[n] = static_cast<T>(loss);
@@ -86,22 +90,22 @@ ag::Tensor cross_entropy(const ag::Tensor& logits, const std::vector<std::int64_
       result = ag::scalar_tensor(total, logits.dtype());
       break;
     case Reduction::Mean:
-      scale = 1.0 / static_cast<double>(ctx->counted);
-      result = ag::scalar_tensor(ctx->counted > 0 ? total * scale : std::numeric_limits<double>::quiet_NaN(),
+      scale = 1.0 / static_cast<double>(ctx.counted);
+      result = ag::scalar_tensor(ctx.counted > 0 ? total * scale : std::numeric_limits<double>::quiet_NaN(),
                                  logits.dtype());
       break;
   }
   if (!ag::needs_grad(logits)) return result;
 
   const Reduction reduction = options.reduction;
-  const std::int64_t ignore = options.ignore_index;
   // loss_n = lse(x_n) − Σ_c q_c x_nc, q = (1−ε)·onehot(t) + ε/C  =>  dx_nc = dloss_n · (softmax(x_n)_c − q_c)
   return ag::record("cross_entropy", {logits}, result,
-                    [ctx, saved = ag::SavedTensor(logits), reduction, ignore, eps, scale](const ag::TensorList& g,
+                    [ctx, saved = ag::SavedTensor(logits), reduction, eps, scale](const ag::TensorList& g,
                                                                                          const ag::Node&) {
                       const ag::Tensor x = saved.get("cross_entropy");
-                      const std::int64_t C = ctx->classes;
-                      const std::int64_t N = static_cast<std::int64_t>(ctx->targets.size());
+                      const std::int64_t C = ctx.classes;
+                      const std::int64_t N = ctx.rows.size(0);
+                      const double* rows = ctx.rows.data<double>();
                       ag::Tensor dx = ag::Tensor::empty(x.shape(), x.dtype());
                       ag::dispatch(x.dtype(), [&](auto zero) {
                         using T = decltype(zero);
@@ -111,14 +115,14 @@ ag::Tensor cross_entropy(const ag::Tensor& logits, const std::vector<std::int64_
                         const double smooth = eps / static_cast<double>(C);
                         for (std::int64_t n = 0; n < N; ++n) {
                           T* drow = d + n * C;
-                          const std::int64_t t = ctx->targets[static_cast<std::size_t>(n)];
-                          if (t == ignore) {
+                          const auto t = static_cast<std::int64_t>(rows[2 * n]);
+                          if (t < 0) {  // ignored
                             std::fill(drow, drow + C, T(0));
                             continue;
                           }
                           const double gn = (reduction == Reduction::None ? static_cast<double>(gs[n])
                                                                           : static_cast<double>(gs[0])) * scale;
-                          const double lse = ctx->logsumexp[static_cast<std::size_t>(n)];
+                          const double lse = rows[2 * n + 1];
                           const T* row = xs + n * C;
                           for (std::int64_t c = 0; c < C; ++c)
                             drow[c] = static_cast<T>(gn * (std::exp(static_cast<double>(row[c]) - lse) - smooth));

@@ -39,9 +39,15 @@ NamedTensors Module::named_parameters(bool recurse) const {
 }
 
 std::vector<ag::Tensor> Module::parameters(bool recurse) const {
-  std::vector<ag::Tensor> out;
-  for (auto& [name, p] : named_parameters(recurse)) out.push_back(p);
+  std::vector<ag::Tensor> out;  // in named_parameters' order, without building the names
+  collect_tensors(recurse, out);
   return out;
+}
+
+void Module::collect_tensors(bool recurse, std::vector<ag::Tensor>& out) const {
+  for (const auto& entry : params_) out.push_back(entry.second);
+  if (!recurse) return;
+  for (const auto& entry : children_) entry.second->collect_tensors(true, out);
 }
 
 std::int64_t Module::num_parameters() const {

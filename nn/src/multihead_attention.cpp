@@ -1,5 +1,6 @@
 #include "nn/multihead_attention.hpp"
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -260,6 +261,27 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
   const CombinedMask mask =
       combine_masks(key_padding_mask, ao.attn_mask, ao.is_causal, causal_in_mask, B, H, T, S, S_total, dtype);
 
+  const double dropout_p = is_training() ? options_.dropout : 0.0;
+  // Self-attention (one tensor as query, key and value) on the fused core: one projection by
+  // [W_Q | W_K | W_V] gives q, k, v side by side in each row, and the fused op reads them there.
+  // One GEMM forward and one per operand backward instead of three each (and no sum of three dX).
+  if (!composed && !options_.add_bias_kv && !options_.add_zero_attn && query.is_same(key) &&
+      key.is_same(value)) {
+    const std::array<ag::Tensor, 3> weights{W_Q_, W_K_, W_V_}, biases{b_Q_, b_K_, b_V_};
+    const ag::Tensor qkv = ag::linear_cat(query3, weights, options_.bias ? std::span<const ag::Tensor>(biases)
+                                                                          : std::span<const ag::Tensor>());  // (B, T, 3E)
+    ag::SdpaResult r = ag::scaled_dot_product_attention_packed(qkv, H, mask.additive, mask.causal, 0.0, dropout_p,
+                                                               &dropout_gen_);
+    ag::Tensor out = project(r.output, W_O_, b_O_);  // (B, T, E)
+    AttentionOutput result;
+    result.output = batched ? out : ag::squeeze(out, 0);  // (B, T, E) or (T, E)
+    if (ao.need_weights) {
+      ag::Tensor w = ao.average_attn_weights ? ag::mean(r.weights, 1) : r.weights;  // (B, T, T) or (B, H, T, T)
+      result.weights = batched ? w : ag::squeeze(w, 0);
+    }
+    return result;
+  }
+
   // ---- project, then split into heads ----
   ag::Tensor q = project(query3, W_Q_, b_Q_);  // (B, T, E)
   ag::Tensor k = project(key3, W_K_, b_K_);    // (B, S, E)
@@ -275,7 +297,6 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
   }
 
   // ---- attend in every head at once, then concat the heads ----
-  const double dropout_p = is_training() ? options_.dropout : 0.0;
   CoreResult core;
   AttentionStudy study;
   ag::Tensor concat;  // (B, T, E): the heads' contexts side by side

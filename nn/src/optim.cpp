@@ -162,7 +162,10 @@ void Optimizer::check_state_dict(const NamedTensors& state) const {
     const auto it = std::find(names.begin(), names.end(), slot);
     if (it == names.end()) {
       std::string expected;
-      for (const auto& n : names) expected += (expected.empty() ? "" : ", ") + n;
+      for (const auto& n : names) {
+        if (!expected.empty()) expected += ", ";
+        expected += n;
+      }
       ag::fail(op, "unexpected state slot '{}' in '{}' (this {} keeps: {})", slot, name, name_,
                expected.empty() ? "step only" : expected);
     }
@@ -230,8 +233,9 @@ SGD::SGD(std::vector<ag::Tensor> params, const SGDOptions& options)
              options.momentum, options.dampening);
 }
 
-std::vector<std::string> SGD::slot_names() const {
-  if (options_.momentum != 0.0) return {"momentum_buffer"};
+std::span<const std::string_view> SGD::slot_names() const {
+  static constexpr std::string_view kMomentum[] = {"momentum_buffer"};
+  if (options_.momentum != 0.0) return kMomentum;
   return {};
 }
 
@@ -280,9 +284,9 @@ Adam::Adam(std::string name, std::vector<ag::Tensor> params, const AdamOptions& 
   check_hyper(name, "weight_decay", options.weight_decay, 0.0, std::numeric_limits<double>::max());
 }
 
-std::vector<std::string> Adam::slot_names() const {
-  if (options_.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  return {"exp_avg", "exp_avg_sq"};
+std::span<const std::string_view> Adam::slot_names() const {
+  static constexpr std::string_view kSlots[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return std::span<const std::string_view>(kSlots).first(options_.amsgrad ? 3 : 2);
 }
 
 void Adam::update(std::size_t, const ag::Tensor& param, const ag::Tensor& grad, std::vector<ag::Tensor>& slots,

@@ -50,4 +50,14 @@ SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor
                                                    bool is_causal = false, double scale = 0.0,
                                                    double dropout_p = 0.0, Generator* gen = nullptr);
 
+// Self-attention on one packed projection: qkv (B, T, 3·H·d), each row [q | k | v] with head h
+// of each in its columns h·d .. (h+1)·d − 1 (the output of one linear by [W_Q | W_K | W_V]).
+// Everything else as the heads-last op with q, k, v the three column blocks (S = T): the same
+// output (B, T, H·d), weights, mask, dropout draws and results; the gradient is one (B, T, 3·H·d)
+// tensor [dq | dk | dv].
+SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t num_heads,
+                                               const Tensor& attn_mask = Tensor(), bool is_causal = false,
+                                               double scale = 0.0, double dropout_p = 0.0,
+                                               Generator* gen = nullptr);
+
 }  // namespace autograd

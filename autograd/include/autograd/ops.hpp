@@ -6,6 +6,7 @@
 // Binary ops broadcast like NumPy; their gradients are summed back to each input's shape.
 // Mixing Float32 and Float64 tensors in one op is an error (convert with .to()).
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "autograd/random.hpp"
@@ -83,6 +84,11 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // b of shape (out) or undefined: one fused op (src/ops/linear.cpp), the leading dims of x folded
 // into one GEMM.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
+// Several linears of one input as one op: x·[W_0 | W_1 | …] + [b_0 | b_1 | …], the outputs side by
+// side in the last dim (..., Σ out_i), with one GEMM forward and one per operand backward (e.g.
+// a self-attention's Q, K, V projections). 1 to 4 weights (in, out_i) of one `in`; biases: none
+// (empty span) or one per weight, each (out_i) or undefined (no bias).
+Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases = {});
 
 // ---- shape — src/ops/shape.cpp ----
 Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 may be inferred; shares storage

@@ -32,16 +32,21 @@ using ConstSliceMap = Eigen::Map<const RowMatrix<T>>;
 // slice: starting a team costs more than it saves.
 constexpr std::int64_t kParallelWork = 1 << 16;
 
-// Where slice (b, h)'s matrix of q, k, v or the output lives: it starts at b·sb + h·sh and its
-// rows are sr apart. (B, H, L, d) storage: sb = H·L·d, sh = L·d, sr = d. Heads-last (B, L, H·d)
-// storage: sb = L·H·d, sh = d, sr = H·d (the head is a column block of each row).
+// Where slice (b, h)'s matrix of q, k, v or the output lives: it starts at base + b·sb + h·sh
+// and its rows are sr apart. (B, H, L, d) storage: sb = H·L·d, sh = L·d, sr = d. Heads-last
+// (B, L, H·d) storage: sb = L·H·d, sh = d, sr = H·d (the head is a column block of each row).
+// Packed (B, L, 3·H·d) storage, each row [q | k | v]: sb = L·3·H·d, sh = d, sr = 3·H·d, and base
+// 0, H·d or 2·H·d picks q, k or v.
 struct Layout {
-  std::int64_t sb = 0, sh = 0, sr = 0;
-  std::int64_t at(std::int64_t b, std::int64_t h) const { return b * sb + h * sh; }
+  std::int64_t sb = 0, sh = 0, sr = 0, base = 0;
+  std::int64_t at(std::int64_t b, std::int64_t h) const { return base + b * sb + h * sh; }
 };
 
 Layout heads_first(std::int64_t H, std::int64_t L, std::int64_t d) { return {H * L * d, L * d, d}; }
 Layout heads_last(std::int64_t H, std::int64_t L, std::int64_t d) { return {L * H * d, d, H * d}; }
+Layout packed(std::int64_t H, std::int64_t L, std::int64_t d, std::int64_t which) {
+  return {L * 3 * H * d, d, 3 * H * d, which * H * d};
+}
 
 struct Dims {
   std::int64_t B, H, T, S, d_k, d_v;
@@ -329,11 +334,12 @@ void backward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T*
 
 namespace {
 
-// Both entry points, once the arguments are checked: d says where each slice lives, out_shape is
-// the output's shape (its layout is d.out).
+// Every entry point, once the arguments are checked: d says where each slice lives, out_shape is
+// the output's shape (its layout is d.out). Packed (q, k and v are one tensor, d's layouts pick
+// the columns): one input and one gradient for all three.
 SdpaResult attend(std::string_view op_name, const Dims& d, const Shape& out_shape, const Tensor& q, const Tensor& k,
                   const Tensor& v, const Tensor& attn_mask, bool is_causal, double scale, double dropout_p,
-                  Generator* gen) {
+                  Generator* gen, bool packed = false) {
   // scale 0 means 1/sqrt(d_k); with d_k = 0 every product is 0 and the scale does not matter.
   if (scale == 0.0) scale = d.d_k > 0 ? 1.0 / std::sqrt(static_cast<double>(d.d_k)) : 1.0;
   const MaskStrides ms = attn_mask.defined() ? mask_strides(attn_mask.shape()) : MaskStrides{};
@@ -361,25 +367,35 @@ SdpaResult attend(std::string_view op_name, const Dims& d, const Shape& out_shap
                       keep.defined() ? keep.data<T>() : nullptr, weights.data<T>(), output.data<T>());
   });
 
-  const std::array<Tensor, 4> all_inputs{q, k, v, attn_mask};
-  const std::span<const Tensor> inputs(all_inputs.data(), attn_mask.defined() ? 4 : 3);
+  // Inputs: q, k, v, then the mask if any; packed: qkv, then the mask.
+  const std::array<Tensor, 4> all_inputs =
+      packed ? std::array<Tensor, 4>{q, attn_mask, Tensor(), Tensor()} : std::array<Tensor, 4>{q, k, v, attn_mask};
+  const std::size_t n_qkv = packed ? 1 : 3;
+  const std::span<const Tensor> inputs(all_inputs.data(), n_qkv + (attn_mask.defined() ? 1 : 0));
   if (!needs_grad(inputs)) return {output, weights};
 
-  // Saved for backward: q, k, v, the weights P and the dropout factors Z. Not the scores.
+  // Saved for backward: q, k, v (packed: the one tensor), the weights P and the dropout factors Z.
+  // Not the scores.
   const std::array<Tensor, 2> outputs{output, weights};
   record(op_name, inputs, outputs,
-         [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), sp = SavedTensor(weights),
-          sz = SavedTensor(keep), mask_shape = attn_mask.defined() ? attn_mask.shape() : Shape{}, d, scale,
-          causal = is_causal, op = op_name](const TensorList& g, const Node& node) {
-           const Tensor qt = sq.get(op), kt = sk.get(op), vt = sv.get(op), pt = sp.get(op);
+         [sq = SavedTensor(q), sk = SavedTensor(packed ? Tensor() : k), sv = SavedTensor(packed ? Tensor() : v),
+          sp = SavedTensor(weights), sz = SavedTensor(keep),
+          mask_shape = attn_mask.defined() ? attn_mask.shape() : Shape{}, d, scale, causal = is_causal,
+          op = op_name, n_qkv](const TensorList& g, const Node& node) {
+           const bool one = n_qkv == 1;  // packed
+           const Tensor qt = sq.get(op), kt = one ? qt : sk.get(op), vt = one ? qt : sv.get(op), pt = sp.get(op);
            const Tensor zt = sz.defined() ? sz.get(op) : Tensor();
            const Dtype dtype = qt.dtype();
            GradList grads(node.next_edges.size());
            Tensor dq, dk, dv, dscores;
-           if (node.needs_input_grad(0)) dq = Tensor::empty(qt.shape(), dtype);
-           if (node.needs_input_grad(1)) dk = Tensor::empty(kt.shape(), dtype);
-           if (node.needs_input_grad(2)) dv = Tensor::empty(vt.shape(), dtype);
-           if (node.needs_input_grad(3)) dscores = Tensor::empty(pt.shape(), dtype);
+           if (one) {  // one gradient; the layouts put dq, dk, dv in their own columns of it
+             if (node.needs_input_grad(0)) dq = dk = dv = Tensor::empty(qt.shape(), dtype);
+           } else {
+             if (node.needs_input_grad(0)) dq = Tensor::empty(qt.shape(), dtype);
+             if (node.needs_input_grad(1)) dk = Tensor::empty(kt.shape(), dtype);
+             if (node.needs_input_grad(2)) dv = Tensor::empty(vt.shape(), dtype);
+           }
+           if (node.needs_input_grad(n_qkv)) dscores = Tensor::empty(pt.shape(), dtype);
            dispatch(dtype, [&](auto zero) {
              using T = decltype(zero);
              auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
@@ -388,9 +404,11 @@ SdpaResult attend(std::string_view op_name, const Dims& d, const Shape& out_shap
                                 ptr(dscores), causal);
            });
            grads[0] = dq;
-           grads[1] = dk;
-           grads[2] = dv;
-           if (dscores.defined()) grads[3] = sum_to(dscores, mask_shape);
+           if (!one) {
+             grads[1] = dk;
+             grads[2] = dv;
+           }
+           if (dscores.defined()) grads[n_qkv] = sum_to(dscores, mask_shape);
            return grads;
          });
   // An output nobody used (usually `weights`) reaches the rule undefined, read as zero: no
@@ -434,6 +452,23 @@ SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor
   const Dims d{B, H, T, S, d_k, d_v, heads_last(H, T, d_k), heads_last(H, S, d_k), heads_last(H, S, d_v),
                heads_last(H, T, d_v)};
   return attend(op, d, {B, T, H * d_v}, q, k, v, attn_mask, is_causal, scale, dropout_p, gen);
+}
+
+SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t num_heads, const Tensor& attn_mask,
+                                               bool is_causal, double scale, double dropout_p, Generator* gen) {
+  constexpr std::string_view op = "scaled_dot_product_attention_packed";
+  if (!qkv.defined()) fail(op, "qkv must be a defined tensor");
+  if (qkv.dim() != 3) fail(op, "qkv must be 3-D (B, seq, 3 * heads * head_dim); got {}", shape_str(qkv.shape()));
+  const std::int64_t H = num_heads;
+  if (H <= 0) fail(op, "num_heads must be positive, got {}", H);
+  if (qkv.size(2) % (3 * H) != 0)
+    fail(op, "the last dim of qkv {} must be divisible by 3 * num_heads = {}", shape_str(qkv.shape()), 3 * H);
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), dh = qkv.size(2) / (3 * H);
+  check_logical(op, {B, H, T, dh}, {B, H, T, dh}, {B, H, T, dh}, qkv.dtype(), attn_mask, is_causal, scale,
+                dropout_p);
+  const Dims d{B, H, T, T, dh, dh, packed(H, T, dh, 0), packed(H, T, dh, 1), packed(H, T, dh, 2),
+               heads_last(H, T, dh)};
+  return attend(op, d, {B, T, H * dh}, qkv, qkv, qkv, attn_mask, is_causal, scale, dropout_p, gen, true);
 }
 
 }  // namespace autograd

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <type_traits>
+#include <vector>
 
 #include <Eigen/Core>
 #include <omp.h>
@@ -98,6 +99,13 @@ void blas_call(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
   }
 }
 
+// A product whose C is too small to cut (a weight gradient Xᵀ·dY: [in, out] summed over every
+// row of a batch) is cut along K instead, when K is long: piece p computes
+// alpha·op(A)_p·op(B)_p over its run of K, piece 0 into C (with beta), the others into scratch,
+// and the partial sums are added to C in piece order. Again the cut depends on the shape alone,
+// so every thread count adds the same numbers in the same order.
+constexpr std::int64_t kPieceMinK = 256;  // summed terms per K piece, at least
+
 template <class T>
 void blas_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
                std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
@@ -108,27 +116,61 @@ void blas_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
   // Cut the longer side of C into pieces of whole 16-row (or column) strips.
   const bool by_rows = M >= N;
   const std::int64_t side = by_rows ? M : N;
-  const std::int64_t pieces = std::max<std::int64_t>(1, std::min({kMaxPieces, side / kPieceMin, M * N * K / kPieceWork}));
-  const std::int64_t step = ((side + pieces - 1) / pieces + 15) / 16 * 16;
-  const std::int64_t count = (side + step - 1) / step;
+  const std::int64_t work_pieces = M * N * K / kPieceWork;
+  std::int64_t pieces = std::max<std::int64_t>(1, std::min({kMaxPieces, side / kPieceMin, work_pieces}));
+  // C too small to cut: cut K (see kPieceMinK), in steps of whole 16-term runs.
+  const bool by_k = pieces == 1 && std::min({kMaxPieces, K / kPieceMinK, work_pieces}) > 1;
+  if (by_k) pieces = std::min({kMaxPieces, K / kPieceMinK, work_pieces});
+  const std::int64_t length = by_k ? K : side;
+  const std::int64_t step = ((length + pieces - 1) / pieces + 15) / 16 * 16;
+  const std::int64_t count = (length + step - 1) / step;
+  // Scratch for the partial sums of K pieces 1..count-1, kept by the calling thread between calls.
+  thread_local std::vector<T> partial;
+  if (by_k) partial.resize(static_cast<std::size_t>((count - 1) * M * N));
+  T* const scratch = partial.data();  // the team's threads reach it through this pointer, not their own copy
   auto piece = [&](std::int64_t p) {
-    const std::int64_t lo = p * step, len = std::min(step, side - lo);
-    if (by_rows) {
+    const std::int64_t lo = p * step, len = std::min(step, length - lo);
+    if (by_k) {
+      const T* a = trans_a ? A + lo * lda : A + lo;  // op(A)'s columns lo..lo+len-1
+      const T* b = trans_b ? B + lo : B + lo * ldb;  // op(B)'s rows lo..lo+len-1
+      if (p == 0) {
+        blas_call(trans_a, trans_b, M, N, len, alpha, a, lda, b, ldb, beta, C, ldc);
+      } else {
+        blas_call(trans_a, trans_b, M, N, len, alpha, a, lda, b, ldb, T(0), scratch + (p - 1) * M * N, N);
+      }
+    } else if (by_rows) {
       blas_call(trans_a, trans_b, len, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
     } else {
       blas_call(trans_a, trans_b, M, len, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
     }
   };
+  // C += the K pieces' partial sums, in piece order (rows shared among the threads).
+  auto add_partials = [&](std::int64_t i) {
+    T* c = C + i * ldc;
+    for (std::int64_t p = 1; p < count; ++p) {
+      const T* s = scratch + (p - 1) * M * N + i * N;
+      for (std::int64_t j = 0; j < N; ++j) c[j] += s[j];
+    }
+  };
   const int threads = omp_get_max_threads();
   if (count > 1 && threads > 1) {
-#pragma omp parallel for schedule(static)
-    for (std::int64_t p = 0; p < count; ++p) piece(p);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+      for (std::int64_t p = 0; p < count; ++p) piece(p);
+      if (by_k) {
+#pragma omp for schedule(static)
+        for (std::int64_t i = 0; i < M; ++i) add_partials(i);
+      }
+    }
     return;
   }
   // OpenBLAS follows omp_get_max_threads(): hold it at 1 for the call.
   if (threads > 1) omp_set_num_threads(1);
   for (std::int64_t p = 0; p < count; ++p) piece(p);
   if (threads > 1) omp_set_num_threads(threads);
+  if (by_k)
+    for (std::int64_t i = 0; i < M; ++i) add_partials(i);
 }
 #endif  // HEADGRAD_HAVE_BLAS
 

@@ -1,10 +1,13 @@
 // Indexing: index_select along any dim and embedding lookup. The gradient is scattered back
 // with +=, so an index that appears twice collects both gradients.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "buffer_pool.hpp"
 #include "ops/parallel.hpp"
 
 namespace autograd {
@@ -19,24 +22,54 @@ std::int64_t product(const Shape& s, std::size_t begin, std::size_t end) {
   return n;
 }
 
-// The values of an index tensor as integers; each must be a whole number.
-std::vector<std::int64_t> to_indices(std::string_view op, const Tensor& index) {
-  if (!index.defined()) fail(op, "index tensor is undefined");
-  const std::vector<double> values = index.to_vector();
-  std::vector<std::int64_t> out(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const double v = values[i];
-    if (!std::isfinite(v) || v != std::floor(v) || std::fabs(v) > 9.0e15)
-      fail(op, "indices must hold integral values, got {} at position {} of index shape {}", v, i,
-           shape_str(index.shape()));
-    out[i] = static_cast<std::int64_t>(v);
+// A list of indices in a buffer from the tensor buffer cache: a fixed-shape loop reuses it
+// (no allocation once warm). Move-only; the backward rule owns it.
+class Indices {
+ public:
+  explicit Indices(std::size_t n)
+      : n_(n),
+        bytes_((std::max<std::size_t>(n, 1) * sizeof(std::int64_t) + 63) / 64 * 64),
+        data_(static_cast<std::int64_t*>(detail::buffer_alloc(bytes_))) {}
+  explicit Indices(const std::vector<std::int64_t>& values) : Indices(values.size()) {
+    std::copy(values.begin(), values.end(), data_);
   }
+  Indices(Indices&& o) noexcept : n_(o.n_), bytes_(o.bytes_), data_(std::exchange(o.data_, nullptr)) {}
+  Indices(const Indices&) = delete;
+  Indices& operator=(const Indices&) = delete;
+  Indices& operator=(Indices&&) = delete;
+  ~Indices() {
+    if (data_ != nullptr) detail::buffer_free(data_, bytes_);
+  }
+  std::size_t size() const { return n_; }
+  std::int64_t operator[](std::size_t i) const { return data_[i]; }
+  std::int64_t& operator[](std::size_t i) { return data_[i]; }
+
+ private:
+  std::size_t n_, bytes_;
+  std::int64_t* data_;
+};
+
+// The values of an index tensor as integers; each must be a whole number.
+Indices to_indices(std::string_view op, const Tensor& index) {
+  if (!index.defined()) fail(op, "index tensor is undefined");
+  Indices out(static_cast<std::size_t>(index.numel()));
+  dispatch(index.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* values = index.data<T>();
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const double v = static_cast<double>(values[i]);
+      if (!std::isfinite(v) || v != std::floor(v) || std::fabs(v) > 9.0e15)
+        fail(op, "indices must hold integral values, got {} at position {} of index shape {}", v, i,
+             shape_str(index.shape()));
+      out[i] = static_cast<std::int64_t>(v);
+    }
+  });
   return out;
 }
 
 // y = x[..., index[k], ...] along dim d, shaped out_shape (the caller's layout of
 // [outer, index.size(), inner]); recorded as `op`.
-Tensor gather_along(std::string op, const Tensor& x, std::int64_t d, std::vector<std::int64_t> index,
+Tensor gather_along(std::string_view op, const Tensor& x, std::int64_t d, Indices index,
                     const Shape& out_shape) {
   const Shape& in = x.shape();
   const std::int64_t size = in[static_cast<std::size_t>(d)];
@@ -62,7 +95,7 @@ Tensor gather_along(std::string op, const Tensor& x, std::int64_t d, std::vector
   }
   if (needs_grad(x)) {
     // y[o, k, :] = x[o, index[k], :]  =>  dx[o, index[k], :] += dy[o, k, :]
-    return record(std::move(op), {x}, y,
+    return record(op, {x}, y,
                   [in_shape = in, index = std::move(index), d](const TensorList& g, const Node&) {
       const std::int64_t size = in_shape[static_cast<std::size_t>(d)];
       const std::int64_t outer = product(in_shape, 0, static_cast<std::size_t>(d));
@@ -88,27 +121,31 @@ Tensor gather_along(std::string op, const Tensor& x, std::int64_t d, std::vector
   return y;
 }
 
-}  // namespace
-
-Tensor index_select(const Tensor& x, std::int64_t dim, const std::vector<std::int64_t>& index) {
+Tensor select_along(const Tensor& x, std::int64_t dim, Indices index) {
   if (!x.defined()) fail("index_select", "tensor is undefined");
   if (x.dim() == 0) fail("index_select", "cannot index a 0-d tensor");
   const std::int64_t d = normalize_dim("index_select", dim, x.dim());
   Shape out_shape = x.shape();
   out_shape[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(index.size());
-  return gather_along("index_select", x, d, index, out_shape);
+  return gather_along("index_select", x, d, std::move(index), out_shape);
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, std::int64_t dim, const std::vector<std::int64_t>& index) {
+  return select_along(x, dim, Indices(index));
 }
 
 Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
   if (index.defined() && index.dim() > 1)
     fail("index_select", "index must be 0-d or 1-D, got shape {}", shape_str(index.shape()));
-  return index_select(x, dim, to_indices("index_select", index));
+  return select_along(x, dim, to_indices("index_select", index));
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   if (!weight.defined()) fail("embedding", "weight is undefined");
   if (weight.dim() != 2) fail("embedding", "weight must be 2-D (V, D), got shape {}", shape_str(weight.shape()));
-  std::vector<std::int64_t> index = to_indices("embedding", indices);
+  Indices index = to_indices("embedding", indices);
   Shape out_shape = indices.shape();
   out_shape.push_back(weight.shape()[1]);
   return gather_along("embedding", weight, 0, std::move(index), out_shape);

@@ -2,6 +2,8 @@
 // bias is broadcast into the output before the product is added to it, and backward is three
 // products at most. The same values as matmul + add, with one graph node instead of four
 // (reshape, matmul, add, reshape) and no intermediate tensor.
+#include <array>
+
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/gemm.hpp"
@@ -14,22 +16,24 @@ using Mat = Eigen::Map<RowMatrix<T>>;
 template <class T>
 using ConstMat = Eigen::Map<const RowMatrix<T>>;
 
-void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  if (!x.defined()) fail("linear", "input is an undefined tensor");
-  if (!w.defined()) fail("linear", "weight is an undefined tensor");
-  if (w.dim() != 2) fail("linear", "weight must be 2-D (in, out), got shape {}", shape_str(w.shape()));
+void check_linear(const Tensor& x, const Tensor& w, const Tensor& b, std::string_view op = "linear") {
+  if (!x.defined()) fail(op, "input is an undefined tensor");
+  if (!w.defined()) fail(op, "weight is an undefined tensor");
+  if (w.dim() != 2) fail(op, "weight must be 2-D (in, out), got shape {}", shape_str(w.shape()));
   if (x.dim() < 1 || x.size(-1) != w.size(0))
-    fail("linear", "input of shape {} does not end in the weight's in = {} (weight {})", shape_str(x.shape()),
+    fail(op, "input of shape {} does not end in the weight's in = {} (weight {})", shape_str(x.shape()),
          w.size(0), shape_str(w.shape()));
   if (x.dtype() != w.dtype())
-    fail("linear", "dtypes differ: input {} and weight {}", dtype_name(x.dtype()), dtype_name(w.dtype()));
+    fail(op, "dtypes differ: input {} and weight {}", dtype_name(x.dtype()), dtype_name(w.dtype()));
   if (b.defined()) {
     if (b.dim() != 1 || b.size(0) != w.size(1))
-      fail("linear", "bias must have shape [{}] (the weight's out), got {}", w.size(1), shape_str(b.shape()));
+      fail(op, "bias must have shape [{}] (the weight's out), got {}", w.size(1), shape_str(b.shape()));
     if (b.dtype() != w.dtype())
-      fail("linear", "dtypes differ: bias {} and weight {}", dtype_name(b.dtype()), dtype_name(w.dtype()));
+      fail(op, "dtypes differ: bias {} and weight {}", dtype_name(b.dtype()), dtype_name(w.dtype()));
   }
 }
+
+constexpr std::size_t kMaxCat = 4;  // weights of one linear_cat
 
 }  // namespace
 
@@ -73,6 +77,102 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     });
     return grads;
   });
+}
+
+Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases) {
+  constexpr std::string_view op = "linear_cat";
+  const std::size_t n = weights.size();
+  if (n == 0 || n > kMaxCat) fail(op, "needs 1 to {} weights, got {}", kMaxCat, n);
+  if (!biases.empty() && biases.size() != n)
+    fail(op, "needs no biases or one per weight ({}), got {}", n, biases.size());
+  auto bias = [&](std::size_t i) -> const Tensor& {
+    static const Tensor none;
+    return biases.empty() ? none : biases[i];
+  };
+  // offset[i]: the first column of piece i in the output; offset[n] the total.
+  std::array<std::int64_t, kMaxCat + 1> offset{};
+  bool any_bias = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    check_linear(x, weights[i], bias(i), op);
+    offset[i + 1] = offset[i] + weights[i].size(1);
+    any_bias = any_bias || bias(i).defined();
+  }
+  const std::int64_t in = x.size(-1), out = offset[n];
+  std::int64_t rows = 1;
+  for (std::int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  Shape out_shape = x.shape();
+  out_shape.back() = out;
+  Tensor y = Tensor::empty(out_shape, x.dtype());
+  Tensor w = Tensor::empty({in, out}, x.dtype());  // [W_0 | W_1 | …]
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    Mat<T> packed(w.data<T>(), in, out);
+    for (std::size_t i = 0; i < n; ++i)
+      packed.middleCols(offset[i], offset[i + 1] - offset[i]) = ConstMat<T>(weights[i].data<T>(), in, offset[i + 1] - offset[i]);
+    if (any_bias && rows > 0) {  // every row of y starts as [b_0 | b_1 | …]
+      Mat<T> ys(y.data<T>(), rows, out);
+      for (std::size_t i = 0; i < n; ++i) {
+        auto first = ys.row(0).segment(offset[i], offset[i + 1] - offset[i]);
+        if (bias(i).defined()) {
+          first = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias(i).data<T>(), first.size());
+        } else {
+          first.setZero();
+        }
+      }
+      ys.bottomRows(rows - 1).rowwise() = ys.row(0);
+    }
+    gemm<T>(false, false, rows, out, in, T(1), x.data<T>(), in, w.data<T>(), out, any_bias ? T(1) : T(0),
+            y.data<T>(), out);
+  });
+  std::array<Tensor, 1 + 2 * kMaxCat> all_inputs;
+  all_inputs[0] = x;
+  bool any_weight_grad = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    all_inputs[1 + i] = weights[i];
+    all_inputs[1 + n + i] = bias(i);
+    any_weight_grad = any_weight_grad || weights[i].requires_grad();
+  }
+  const std::span<const Tensor> inputs(all_inputs.data(), 1 + 2 * n);
+  if (!needs_grad(inputs)) return y;
+  // Y = X·W + 1·bᵀ with W = [W_0 | W_1 | …], b = [b_0 | b_1 | …]  =>  dX = dY·Wᵀ,
+  // dW = Xᵀ·dY, so dW_i = the columns of piece i of dW;  db_i = Σ_rows of dY's columns of piece i
+  SavedTensor saved_x(any_weight_grad ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
+  record(op, inputs, std::span<const Tensor>(&y, 1),
+         [saved_x, saved_w, rows, in, out, n, offset](const TensorList& g, const Node& node) {
+           InlineTensorList<1 + 2 * kMaxCat> grads(1 + 2 * n);
+           dispatch(g[0].dtype(), [&](auto zero) {
+             using T = decltype(zero);
+             ConstMat<T> dY(g[0].data<T>(), rows, out);
+             if (node.needs_input_grad(0)) {
+               grads[0] = Tensor::empty(node.input_meta[0].shape, g[0].dtype());
+               gemm<T>(false, true, rows, in, out, T(1), dY.data(), out, saved_w.get("linear_cat").data<T>(), out,
+                       T(0), grads[0].data<T>(), in);  // dY·Wᵀ
+             }
+             bool any_dw = false;
+             for (std::size_t i = 0; i < n; ++i) any_dw = any_dw || node.needs_input_grad(1 + i);
+             if (any_dw) {
+               Tensor dw = Tensor::empty({in, out}, g[0].dtype());
+               gemm<T>(true, false, in, out, rows, T(1), saved_x.get("linear_cat").data<T>(), in, dY.data(), out, T(0),
+                       dw.data<T>(), out);  // Xᵀ·dY
+               ConstMat<T> dws(dw.data<T>(), in, out);
+               for (std::size_t i = 0; i < n; ++i) {
+                 if (!node.needs_input_grad(1 + i)) continue;
+                 const std::int64_t cols = offset[i + 1] - offset[i];
+                 grads[1 + i] = Tensor::empty({in, cols}, g[0].dtype());
+                 Mat<T>(grads[1 + i].data<T>(), in, cols) = dws.middleCols(offset[i], cols);
+               }
+             }
+             for (std::size_t i = 0; i < n; ++i) {
+               if (!node.needs_input_grad(1 + n + i)) continue;
+               const std::int64_t cols = offset[i + 1] - offset[i];
+               grads[1 + n + i] = Tensor::empty({cols}, g[0].dtype());
+               Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(grads[1 + n + i].data<T>(), cols) =
+                   dY.middleCols(offset[i], cols).colwise().sum();
+             }
+           });
+           return grads;
+         });
+  return y;
 }
 
 }  // namespace autograd

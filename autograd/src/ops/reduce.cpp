@@ -18,6 +18,9 @@
 namespace autograd {
 namespace {
 
+// Which dims a reduction removes; up to 8 dims inline (no allocation).
+using DimMask = SmallVector<bool, 8>;
+
 template <class T>
 using VecMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 template <class T>
@@ -29,9 +32,9 @@ void check_input(std::string_view op, const Tensor& x) {
 
 // Which dims of x a reduction over `dims` removes. An empty list means every dim (as in
 // PyTorch). On a 0-d tensor, dim 0 / -1 is accepted and reduces nothing.
-std::vector<bool> reduced_mask(std::string_view op, const Tensor& x, const std::vector<std::int64_t>& dims) {
+DimMask reduced_mask(std::string_view op, const Tensor& x, const std::vector<std::int64_t>& dims) {
   const std::int64_t rank = x.dim();
-  std::vector<bool> mask(static_cast<std::size_t>(rank), dims.empty());
+  DimMask mask(static_cast<std::size_t>(rank), dims.empty());
   for (std::int64_t d : dims) {
     const std::int64_t nd = normalize_dim(op, d, rank);
     if (rank == 0) continue;
@@ -42,7 +45,7 @@ std::vector<bool> reduced_mask(std::string_view op, const Tensor& x, const std::
   return mask;
 }
 
-Shape reduced_shape(const Shape& s, const std::vector<bool>& mask, bool keepdim) {
+Shape reduced_shape(const Shape& s, const DimMask& mask, bool keepdim) {
   Shape out;
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (!mask[i]) out.push_back(s[i]);
@@ -54,7 +57,7 @@ Shape reduced_shape(const Shape& s, const std::vector<bool>& mask, bool keepdim)
 // The compact view of a reduction, and the two walks over it.
 class ReduceWalk {
  public:
-  ReduceWalk(const Shape& s, const std::vector<bool>& mask) {
+  ReduceWalk(const Shape& s, const DimMask& mask) {
     for (std::size_t i = 0; i < s.size(); ++i) {
       if (s[i] == 1) continue;
       if (!groups_.empty() && groups_.back().reduced == mask[i]) groups_.back().size *= s[i];
@@ -120,12 +123,12 @@ class ReduceWalk {
       broadcast_at(out_grad + (g.reduced ? 0 : i * out_stride_[k]), in_grad + i * in_stride_[k], scale, k + 1);
   }
 
-  std::vector<Group> groups_;
-  std::vector<std::int64_t> in_stride_, out_stride_;
+  SmallVector<Group, 6> groups_;  // inline: the walk is copied into the backward rule
+  SmallVector<std::int64_t, 6> in_stride_, out_stride_;
 };
 
 // sum (scale 1) and mean (scale 1/count) share everything but the scale.
-Tensor scaled_sum(std::string_view op, const Tensor& x, const std::vector<bool>& mask, bool keepdim, bool mean) {
+Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, bool keepdim, bool mean) {
   std::int64_t count = 1;
   for (std::size_t i = 0; i < mask.size(); ++i)
     if (mask[i]) count *= x.shape()[i];
@@ -142,7 +145,7 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const std::vector<bool>&
   });
   if (needs_grad(x)) {
     // y = s · Σ_reduced x  =>  dx = s · dy broadcast back over the reduced dims
-    return record(std::string(op), {x}, y,
+    return record(op, {x}, y,
                   [walk, scale, shape = x.shape()](const TensorList& g, const Node&) {
                     Tensor dx = Tensor::empty(shape, g[0].dtype());
                     dispatch(dx.dtype(), [&](auto zero) {
@@ -179,8 +182,8 @@ DimMax dim_max(std::string_view op, const Tensor& x, std::int64_t dim, bool keep
   for (std::int64_t i = 0; i < d && i < rank; ++i) r.outer *= x.shape()[i];
   for (std::int64_t i = d + 1; i < rank; ++i) r.inner *= x.shape()[i];
   if (r.n == 0) fail(op, "cannot reduce dim {} of size 0 (shape {})", d, shape_str(x.shape()));
-  std::vector<bool> mask(static_cast<std::size_t>(rank), false);
-  if (rank > 0) mask[d] = true;
+  DimMask mask(static_cast<std::size_t>(rank), false);
+  if (rank > 0) mask[static_cast<std::size_t>(d)] = true;
   r.values = Tensor::empty(reduced_shape(x.shape(), mask, keepdim), x.dtype());
   r.index = std::make_shared<std::vector<std::int64_t>>(static_cast<std::size_t>(r.outer * r.inner), 0);
   dispatch(x.dtype(), [&](auto zero) {
@@ -210,12 +213,28 @@ DimMax dim_max(std::string_view op, const Tensor& x, std::int64_t dim, bool keep
 
 Tensor sum(const Tensor& x) {
   check_input("sum", x);
-  return scaled_sum("sum", x, std::vector<bool>(static_cast<std::size_t>(x.dim()), true), false, false);
+  return scaled_sum("sum", x, DimMask(static_cast<std::size_t>(x.dim()), true), false, false);
 }
 
 Tensor sum(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim) {
   check_input("sum", x);
   return scaled_sum("sum", x, reduced_mask("sum", x, dims), keepdim, false);
+}
+
+Tensor sum_to(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  const auto lead = static_cast<std::int64_t>(grad.dim()) - static_cast<std::int64_t>(shape.size());
+  if (lead < 0) fail("sum_to", "cannot reduce {} to the larger rank of {}", shape_str(grad.shape()), shape_str(shape));
+  // Sum the leading dims, and the dims where `shape` has 1 and grad does not.
+  DimMask mask(static_cast<std::size_t>(grad.dim()), false);
+  bool any = false;
+  for (std::size_t i = 0; i < mask.size(); ++i) {
+    const auto k = static_cast<std::int64_t>(i);
+    mask[i] = k < lead || (shape[i - static_cast<std::size_t>(lead)] == 1 && grad.shape()[i] != 1);
+    any = any || mask[i];
+  }
+  const Tensor reduced = any ? scaled_sum("sum", grad, mask, /*keepdim=*/true, /*mean=*/false) : grad;
+  return reshape(reduced, shape);
 }
 
 Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim) {
@@ -224,7 +243,7 @@ Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim) {
 
 Tensor mean(const Tensor& x) {
   check_input("mean", x);
-  return scaled_sum("mean", x, std::vector<bool>(static_cast<std::size_t>(x.dim()), true), false, true);
+  return scaled_sum("mean", x, DimMask(static_cast<std::size_t>(x.dim()), true), false, true);
 }
 
 Tensor mean(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim) {

@@ -60,6 +60,7 @@ class Module {
 
  private:
   void collect(const std::string& prefix, bool recurse, NamedTensors& out) const;
+  void collect_tensors(bool recurse, std::vector<ag::Tensor>& out) const;
   void print(std::string& out, const std::string& name, int indent) const;
 
   std::string type_name_;

@@ -17,7 +17,9 @@
 // load_state_dict() (and nn::save_checkpoint), so that a resumed run continues bit for bit.
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -56,8 +58,9 @@ class Optimizer {
   void load_state_dict(const NamedTensors& state);
 
  protected:
-  // The state slots the current settings use for each parameter, e.g. {"exp_avg", "exp_avg_sq"}.
-  virtual std::vector<std::string> slot_names() const = 0;
+  // The state slots the current settings use for each parameter, e.g. {"exp_avg", "exp_avg_sq"}
+  // (static names: step() asks for them every time and allocates nothing).
+  virtual std::span<const std::string_view> slot_names() const = 0;
   // Updates params_[i] in place from grad; slots[k] is the tensor of slot_names()[k], zero-filled
   // (and `step` = 1) on the parameter's first update. `step` has already been incremented.
   virtual void update(std::size_t i, const ag::Tensor& param, const ag::Tensor& grad,
@@ -91,7 +94,7 @@ class SGD : public Optimizer {
   const SGDOptions& options() const { return options_; }
 
  protected:
-  std::vector<std::string> slot_names() const override;
+  std::span<const std::string_view> slot_names() const override;
   void update(std::size_t i, const ag::Tensor& param, const ag::Tensor& grad, std::vector<ag::Tensor>& slots,
               std::int64_t step) override;
 
@@ -119,7 +122,7 @@ class Adam : public Optimizer {
 
  protected:
   Adam(std::string name, std::vector<ag::Tensor> params, const AdamOptions& options, bool decoupled);
-  std::vector<std::string> slot_names() const override;
+  std::span<const std::string_view> slot_names() const override;
   void update(std::size_t i, const ag::Tensor& param, const ag::Tensor& grad, std::vector<ag::Tensor>& slots,
               std::int64_t step) override;
 
