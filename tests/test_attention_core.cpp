@@ -675,3 +675,85 @@ BOOST_AUTO_TEST_CASE(heads_last_argument_errors_name_the_op_and_shapes) {
                     std::invalid_argument);
   BOOST_CHECK_THROW(ag::scaled_dot_product_attention_heads_last(q, Tensor(), q, 2), std::invalid_argument);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Packed self-attention: q, k, v as the three column blocks of one (B, T, 3·H·d) tensor
+
+BOOST_AUTO_TEST_CASE(packed_matches_heads_last_forward_and_backward) {
+  struct Case {
+    const char* name;
+    std::int64_t B, H, T, d;
+    bool mask, causal;
+    double dropout;
+  };
+  const Case cases[] = {
+      {"plain_with_mask", 2, 3, 5, 4, true, false, 0.0},
+      {"causal_row_blocks", 1, 2, 70, 8, true, true, 0.0},
+      {"dropout", 2, 2, 6, 3, false, false, 0.3},
+  };
+  std::uint64_t seed = 900;
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT("case " << c.name) {
+      const std::int64_t E = c.H * c.d;
+      Tensor qkv = randn64({c.B, c.T, 3 * E}, seed++);
+      Tensor mask = c.mask ? randn64({c.T, c.T}, seed++) : Tensor();
+      Tensor r1 = randn64({c.B, c.T, E}, seed++, false), r2 = randn64({c.B, c.H, c.T, c.T}, seed++, false);
+      // The same numbers as three separate tensors (leaves of their own).
+      Tensor q = ag::narrow(qkv, 2, 0, E).detach().clone().requires_grad_(true);
+      Tensor k = ag::narrow(qkv, 2, E, E).detach().clone().requires_grad_(true);
+      Tensor v = ag::narrow(qkv, 2, 2 * E, E).detach().clone().requires_grad_(true);
+      ag::Generator gen_packed(seed), gen_last(seed);
+      ++seed;
+      auto packed = ag::scaled_dot_product_attention_packed(qkv, c.H, mask, c.causal, 0.0, c.dropout, &gen_packed);
+      auto last = ag::scaled_dot_product_attention_heads_last(q, k, v, c.H, mask, c.causal, 0.0, c.dropout, &gen_last);
+      BOOST_TEST(packed.output.shape() == (ag::Shape{c.B, c.T, E}));
+      BOOST_TEST(max_abs_diff(packed.output, last.output) < 1e-12);
+      BOOST_TEST(max_abs_diff(packed.weights, last.weights) < 1e-12);
+      Tensor mask_grad_packed, mask_grad_last;
+      if (mask.defined()) mask.set_grad(Tensor());
+      (ag::sum(packed.output * r1) + ag::sum(packed.weights * r2)).backward();
+      if (mask.defined()) {
+        mask_grad_packed = mask.grad();
+        mask.set_grad(Tensor());
+      }
+      (ag::sum(last.output * r1) + ag::sum(last.weights * r2)).backward();
+      if (mask.defined()) mask_grad_last = mask.grad();
+      // d qkv = [dq | dk | dv]
+      BOOST_TEST(qkv.grad().shape() == qkv.shape());
+      BOOST_TEST(max_abs_diff(ag::narrow(qkv.grad(), 2, 0, E), q.grad()) < 1e-12);
+      BOOST_TEST(max_abs_diff(ag::narrow(qkv.grad(), 2, E, E), k.grad()) < 1e-12);
+      BOOST_TEST(max_abs_diff(ag::narrow(qkv.grad(), 2, 2 * E, E), v.grad()) < 1e-12);
+      if (mask.defined()) BOOST_TEST(max_abs_diff(mask_grad_packed, mask_grad_last) < 1e-12);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_packed) {
+  Tensor qkv = randn64({2, 3, 12}, 951);
+  Tensor mask = randn64({3, 3}, 952, false);
+  check_gradients(
+      [mask](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention_packed(x[0], 2, mask)); },
+      {qkv});
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_packed_causal_and_mask) {
+  Tensor qkv = randn64({1, 4, 6}, 953), mask = randn64({1, 1, 4, 4}, 954);
+  check_gradients(
+      [](const std::vector<Tensor>& x) {
+        return both(ag::scaled_dot_product_attention_packed(x[0], 1, x[1], /*is_causal=*/true));
+      },
+      {qkv, mask});
+}
+
+BOOST_AUTO_TEST_CASE(packed_argument_errors_name_the_op_and_shapes) {
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(ag::zeros({1, 1, 3, 6}, F64), 1); }) ==
+             "scaled_dot_product_attention_packed: qkv must be 3-D (B, seq, 3 * heads * head_dim); got [1, 1, 3, 6]");
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 8}, F64), 2); }) ==
+             "scaled_dot_product_attention_packed: the last dim of qkv [1, 3, 8] must be divisible by 3 * num_heads = 6");
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 6}, F64), 0); }) ==
+             "scaled_dot_product_attention_packed: num_heads must be positive, got 0");
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(Tensor(), 1); }) ==
+             "scaled_dot_product_attention_packed: qkv must be a defined tensor");
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 6}, F64), 1, ag::zeros({2, 3}, F64)),
+                    std::invalid_argument);
+}

@@ -93,6 +93,9 @@ const std::vector<Case> kCases = [] {
   c = Case{}; c.name = "bias_kv_zero_attn_causal"; c.causal = true; c.add_bias_kv = true; c.add_zero_attn = true; c.padding = true; cs.push_back(c);
   c = Case{}; c.name = "blocked_rows"; c.S = 4; c.attn_mask = 2; c.blocked_rows = true; cs.push_back(c);
   c = Case{}; c.name = "blocked_rows_unbatched_causal"; c.B = 0; c.T = c.S = 3; c.attn_mask = 3; c.causal = true; c.blocked_rows = true; cs.push_back(c);
+  // Self-attention on the fused core takes the packed path (one projection by [W_Q | W_K | W_V]).
+  c = Case{}; c.name = "self_causal_mask_3d_padding"; c.self_attention = true; c.T = c.S = 4; c.causal = true; c.attn_mask = 3; c.padding = true; cs.push_back(c);
+  c = Case{}; c.name = "self_no_bias_mask_2d"; c.self_attention = true; c.T = c.S = 3; c.bias = false; c.attn_mask = 2; cs.push_back(c);
   return cs;
 }();
 
@@ -642,6 +645,33 @@ CASE_TESTS(causal_mask_3d)
 CASE_TESTS(bias_kv_zero_attn_causal)
 CASE_TESTS(blocked_rows)
 CASE_TESTS(blocked_rows_unbatched_causal)
+CASE_TESTS(self_causal_mask_3d_padding)
+CASE_TESTS(self_no_bias_mask_2d)
+
+// Self-attention (query, key and value one tensor) projects once by [W_Q | W_K | W_V]; the same
+// numbers given as three tensors take the separate projections. Same output, same gradients.
+BOOST_AUTO_TEST_CASE(self_attention_packed_path_equals_separate_projections) {
+  for (const char* name : {"self_causal_mask_3d_padding", "self_no_bias_mask_2d", "unbatched_self"}) {
+    BOOST_TEST_CONTEXT("case " << name) {
+      Setup s = make_setup(case_named(name));
+      const Run packed = run(s, AttentionCore::Fused);
+      std::vector<ag::Tensor> packed_grads;
+      for (const auto& [n, g] : packed.grads) packed_grads.push_back(g.clone());
+      // The same values as separate leaves: x's gradient is then the sum of the three.
+      Setup t = make_setup(case_named(name));
+      t.key = t.query.detach().clone().requires_grad_();
+      t.value = t.query.detach().clone().requires_grad_();
+      const Run separate = run(t, AttentionCore::Fused);
+      BOOST_TEST(max_abs_diff(packed.out, separate.out) <= 1e-12);
+      BOOST_TEST(max_abs_diff(packed.weights, separate.weights) <= 1e-12);
+      BOOST_REQUIRE_EQUAL(separate.grads.size(), packed.grads.size() + 2);  // query, key, value, parameters
+      const ag::Tensor dx = separate.grads[0].second + separate.grads[1].second + separate.grads[2].second;
+      BOOST_TEST(max_abs_diff(packed_grads[0], dx) <= 1e-12, "d_query");
+      for (std::size_t i = 1; i < packed.grads.size(); ++i)
+        BOOST_TEST(max_abs_diff(packed_grads[i], separate.grads[i + 2].second) <= 1e-12, "d_" << packed.grads[i].first);
+    }
+  }
+}
 
 // ---------------------------------------------------------------- study mode
 
