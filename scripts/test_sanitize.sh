@@ -17,4 +17,4 @@ scripts/setup.sh "$build_dir" -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS_SANI
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$(pwd)/scripts/lsan.supp
-ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -E '^installed_package_consumer$' "$@"
+ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -E '^(installed_package_consumer|test_allocations)$' "$@"

@@ -81,7 +81,9 @@ std::vector<double> Tensor::to_vector() const {
 double Tensor::item() const {
   check_defined("item");
   if (numel() != 1) fail("item", "needs a tensor with one element, got shape {}", shape_str(shape()));
-  return to_vector()[0];
+  double value = 0.0;
+  dispatch(dtype(), [&](auto zero) { value = static_cast<double>(data<decltype(zero)>()[0]); });
+  return value;
 }
 
 Tensor Tensor::to(Dtype target) const {
