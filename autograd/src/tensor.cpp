@@ -41,26 +41,10 @@ Tensor Tensor::empty(const Shape& shape, Dtype dtype) {
   return Tensor(std::move(impl));
 }
 
-void Tensor::check_defined(std::string_view op) const {
-  if (!impl_) fail(op, "tensor is undefined");
-}
-
-const Shape& Tensor::shape() const {
-  check_defined("shape");
-  return impl_->shape;
-}
+void Tensor::undefined_error(std::string_view op) { fail(op, "tensor is undefined"); }
 
 std::int64_t Tensor::size(std::int64_t d) const { return shape()[normalize_dim("size", d, dim())]; }
 
-std::int64_t Tensor::numel() const {
-  check_defined("numel");
-  return impl_->storage->numel;
-}
-
-Dtype Tensor::dtype() const {
-  check_defined("dtype");
-  return impl_->dtype;
-}
 
 void* Tensor::raw_data() const {
   check_defined("raw_data");
@@ -130,7 +114,6 @@ Tensor Tensor::clone() const {
 
 // ---- autograd ----
 
-bool Tensor::requires_grad() const { return impl_ && (impl_->requires_grad || impl_->grad_fn); }
 
 Tensor& Tensor::requires_grad_(bool on) {
   check_defined("requires_grad_");
@@ -156,10 +139,6 @@ void Tensor::set_grad(const Tensor& g) const {
   impl_->grad = g.impl();
 }
 
-const std::shared_ptr<Node>& Tensor::grad_fn() const {
-  check_defined("grad_fn");
-  return impl_->grad_fn;
-}
 
 std::uint32_t Tensor::output_nr() const {
   check_defined("output_nr");

@@ -81,11 +81,21 @@ class Tensor {
   bool defined() const { return impl_ != nullptr; }
   explicit operator bool() const = delete;  // ambiguous: use defined()
 
-  const Shape& shape() const;
+  // (The accessors a kernel calls on every op are inline: one branch, no call.)
+  const Shape& shape() const {
+    check_defined("shape");
+    return impl_->shape;
+  }
   std::int64_t dim() const { return static_cast<std::int64_t>(shape().size()); }
   std::int64_t size(std::int64_t d) const;  // negative d counts from the end
-  std::int64_t numel() const;
-  Dtype dtype() const;
+  std::int64_t numel() const {
+    check_defined("numel");
+    return impl_->storage->numel;
+  }
+  Dtype dtype() const {
+    check_defined("dtype");
+    return impl_->dtype;
+  }
 
   // Raw data, row-major. T must match dtype() (checked).
   template <class T>
@@ -105,12 +115,15 @@ class Tensor {
   Tensor clone() const;          // new storage, differentiable
 
   // ---- autograd ----
-  bool requires_grad() const;  // leaf flag, or has a grad_fn
+  bool requires_grad() const { return impl_ && (impl_->requires_grad || impl_->grad_fn); }  // leaf flag, or grad_fn
   Tensor& requires_grad_(bool on = true);
   bool is_leaf() const;
   Tensor grad() const;              // undefined until a backward reached this tensor
   void set_grad(const Tensor& g) const;  // replace (undefined clears)
-  const std::shared_ptr<Node>& grad_fn() const;
+  const std::shared_ptr<Node>& grad_fn() const {
+    check_defined("grad_fn");
+    return impl_->grad_fn;
+  }
   std::uint32_t output_nr() const;
 
   void backward(bool retain_graph = false) const;  // one-element tensors
@@ -139,14 +152,19 @@ class Tensor {
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
 
  private:
-  void check_defined(std::string_view op) const;
+  void check_defined(std::string_view op) const {
+    if (!impl_) [[unlikely]]
+      undefined_error(op);
+  }
+  [[noreturn]] static void undefined_error(std::string_view op);
   std::shared_ptr<TensorImpl> impl_;
 };
 
 template <class T>
 T* Tensor::data() const {
-  if (!impl_) fail("data", "tensor is undefined");
-  if (dtype() != dtype_of<T>())
+  if (!impl_) [[unlikely]]
+    undefined_error("data");
+  if (impl_->dtype != dtype_of<T>()) [[unlikely]]
     fail("data", "tensor holds {} but {} was asked for", dtype_name(dtype()), dtype_name(dtype_of<T>()));
   return static_cast<T*>(impl_->storage->data);
 }

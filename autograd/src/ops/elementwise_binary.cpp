@@ -23,6 +23,7 @@ void check_defined_args(std::string_view op, const Tensor& a, const Tensor& b) {
 Shape check_binary(std::string_view op, const Tensor& a, const Tensor& b) {
   check_defined_args(op, a, b);
   if (a.dtype() != b.dtype()) fail(op, "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
+  if (a.shape() == b.shape()) return a.shape();  // the common case: nothing to broadcast
   return broadcast_shapes(op, a.shape(), b.shape());
 }
 
