@@ -19,19 +19,13 @@
 #include <fmt/format.h>
 
 #include <autograd/autograd.hpp>
+#include <autograd/detail/sanitizer.hpp>
 #include <nn/nn.hpp>
 
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Tensor;
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HEADGRAD_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HEADGRAD_ASAN 1
-#endif
-#endif
 
 namespace {
 std::atomic<std::uint64_t> g_allocations{0};

@@ -15,15 +15,9 @@
 #include <fmt/format.h>
 
 #include <autograd/autograd.hpp>
+#include <autograd/detail/sanitizer.hpp>
 #include <nn/nn.hpp>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HEADGRAD_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HEADGRAD_ASAN 1
-#endif
-#endif
 #ifdef HEADGRAD_ASAN
 // From the AddressSanitizer runtime (declared here: GCC ships no sanitizer/allocator_interface.h).
 extern "C" std::size_t __sanitizer_get_current_allocated_bytes();

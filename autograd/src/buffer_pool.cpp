@@ -6,20 +6,13 @@
 #include <vector>
 
 #include "autograd/tensor.hpp"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define HEADGRAD_POOL_OFF 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HEADGRAD_POOL_OFF 1
-#endif
-#endif
+#include "thread_cache.hpp"
 
 namespace autograd {
 namespace detail {
 namespace {
 
-#ifdef HEADGRAD_POOL_OFF
+#ifdef HEADGRAD_ASAN
 constexpr std::size_t kMaxCachedBytes = 0;  // every free goes back to the system: ASan sees it
 #else
 constexpr std::size_t kMaxCachedBytes = std::size_t{256} << 20;  // per thread
@@ -35,35 +28,15 @@ struct Cache {
     buckets.clear();
     bytes = 0;
   }
-  ~Cache();
+  ~Cache() { release(); }
 };
 
-// Set while this thread's cache exists: buffers freed after it is destroyed (tensors that
-// outlive the thread's thread_local objects) go straight back to the system.
-thread_local bool cache_alive = false;
-thread_local Cache cache;
-
-Cache::~Cache() {
-  cache_alive = false;
-  release();
-}
-
-Cache* this_thread_cache() {
-  if (!cache_alive) {
-    // First use on this thread constructs `cache`; a destroyed one is not revived.
-    static thread_local bool constructed = false;
-    if (constructed) return nullptr;
-    constructed = true;
-    cache_alive = true;
-    (void)cache.bytes;
-  }
-  return &cache;
-}
+Cache* thread_cache() { return this_thread_cache<Cache>(); }
 
 }  // namespace
 
 void* buffer_alloc(std::size_t bytes) {
-  if (Cache* c = this_thread_cache()) {
+  if (Cache* c = thread_cache()) {
     auto it = c->buckets.find(bytes);
     if (it != c->buckets.end() && !it->second.empty()) {
       void* p = it->second.back();
@@ -75,7 +48,7 @@ void* buffer_alloc(std::size_t bytes) {
   void* p = std::aligned_alloc(64, bytes);
   if (p == nullptr) {
     // Out of memory: give back what the cache holds and try once more.
-    if (Cache* c = this_thread_cache()) c->release();
+    if (Cache* c = thread_cache()) c->release();
     p = std::aligned_alloc(64, bytes);
     if (p == nullptr) throw std::bad_alloc();
   }
@@ -84,7 +57,7 @@ void* buffer_alloc(std::size_t bytes) {
 
 void buffer_free(void* p, std::size_t bytes) noexcept {
   if (p == nullptr) return;
-  Cache* c = this_thread_cache();
+  Cache* c = thread_cache();
   if (c == nullptr || c->bytes + bytes > kMaxCachedBytes) {
     std::free(p);
     return;
@@ -100,12 +73,12 @@ void buffer_free(void* p, std::size_t bytes) noexcept {
 }  // namespace detail
 
 std::size_t cached_buffer_bytes() {
-  detail::Cache* c = detail::this_thread_cache();
+  detail::Cache* c = detail::thread_cache();
   return c != nullptr ? c->bytes : 0;
 }
 
 void release_cached_buffers() {
-  if (detail::Cache* c = detail::this_thread_cache()) c->release();
+  if (detail::Cache* c = detail::thread_cache()) c->release();
 }
 
 }  // namespace autograd

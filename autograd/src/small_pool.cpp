@@ -3,20 +3,14 @@
 #include <array>
 #include <new>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HEADGRAD_SMALL_POOL_OFF 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HEADGRAD_SMALL_POOL_OFF 1
-#endif
-#endif
+#include "thread_cache.hpp"
 
 namespace autograd::detail {
 namespace {
 
 constexpr std::size_t kGranule = 16;
 constexpr std::size_t kClasses = kSmallObjectMax / kGranule;
-#ifdef HEADGRAD_SMALL_POOL_OFF
+#ifdef HEADGRAD_ASAN
 constexpr std::size_t kSmallListMax = 0;
 #else
 constexpr std::size_t kSmallListMax = 4096;  // per size, per thread: at most 4 MiB at 1024 bytes
@@ -32,12 +26,7 @@ struct Lists {
   ~Lists();
 };
 
-thread_local bool lists_alive = false;
-thread_local bool lists_made = false;
-thread_local Lists lists;
-
 Lists::~Lists() {
-  lists_alive = false;
   for (FreeBlock* b : head)
     while (b != nullptr) {
       FreeBlock* next = b->next;
@@ -47,15 +36,7 @@ Lists::~Lists() {
 }
 
 // This thread's lists, or null once they were destroyed (thread exit).
-Lists* this_thread_lists() {
-  if (!lists_alive) {
-    if (lists_made) return nullptr;
-    lists_made = true;
-    lists_alive = true;
-    (void)lists.head;  // constructs them
-  }
-  return &lists;
-}
+Lists* this_thread_lists() { return this_thread_cache<Lists>(); }
 
 }  // namespace
 
