@@ -14,18 +14,7 @@ seconds=${1:-60}
 main_build=${2:-build}
 out=${3:-build-fuzz}
 
-packages=(clang)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+scripts/install_packages.sh clang
 
 libs=("$main_build/nn/libheadgrad_nn.a" "$main_build/autograd/libheadgrad_autograd.a")
 for lib in "${libs[@]}"; do

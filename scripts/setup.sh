@@ -7,18 +7,7 @@ cd "$(dirname "$0")/.."
 # libopenblas-openmp-dev: the OpenMP build of OpenBLAS for large matrix products (HEADGRAD_BLAS;
 # without it the build falls back to Eigen's own). Not libopenblas-dev, which brings the pthreads
 # build.
-packages=(cmake make g++ pkg-config libeigen3-dev libfmt-dev libboost-test-dev libopenblas-openmp-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+scripts/install_packages.sh cmake make g++ pkg-config libeigen3-dev libfmt-dev libboost-test-dev libopenblas-openmp-dev
 
 build_dir=${1:-build}
 shift || true
