@@ -72,6 +72,11 @@ BOOST_AUTO_TEST_CASE(mismatched_inner_dimensions_in_matmul) {
                                       {"matmul:", "[2, 3]", "[4, 5]"});
 }
 
+BOOST_AUTO_TEST_CASE(linear_input_that_does_not_end_in_the_weights_in) {
+  check_throws<std::invalid_argument>([] { ag::linear(ag::zeros({2, 3}), ag::zeros({2, 2})); },
+                                      {"linear:", "[2, 3]", "in = 2", "[2, 2]"});
+}
+
 BOOST_AUTO_TEST_CASE(query_of_the_wrong_width_for_multihead_attention) {
   nn::MultiHeadAttention mha(8, 2);
   check_throws<std::invalid_argument>([&] { mha.forward(ag::zeros({2, 3, 6}), ag::zeros({2, 3, 8}), ag::zeros({2, 3, 8})); },
