@@ -244,9 +244,11 @@ void blas_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
   const std::int64_t side = by_rows ? M : N;
   const std::int64_t work_pieces = M * N * K / kPieceWork;
   std::int64_t pieces = whole_pieces(std::min({kMaxPieces, side / kPieceMin, work_pieces}));
-  // C too small to cut as finely as K: cut K (see kPieceMinK), in steps of whole 16-term runs.
+  // C too small to cut as finely as K, or K the longer (a weight gradient: cutting K packs
+  // nothing twice, cutting C packs the uncut operand once per piece): cut K (see kPieceMinK), in
+  // steps of whole 16-term runs.
   const std::int64_t k_pieces = whole_pieces(std::min({kMaxPieces, K / kPieceMinK, work_pieces}));
-  const bool by_k = k_pieces > pieces;
+  const bool by_k = k_pieces > pieces || (k_pieces > 1 && k_pieces == pieces && K > side);
   if (by_k) pieces = k_pieces;
   const std::int64_t length = by_k ? K : side;
   const std::int64_t step = ((length + pieces - 1) / pieces + 15) / 16 * 16;

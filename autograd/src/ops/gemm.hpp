@@ -8,11 +8,13 @@
 // of a larger matrix is used in place. beta = 0 overwrites C (whatever it held, NaN included).
 //
 // Large products go to the BLAS found at configure time (OpenBLAS, HEADGRAD_BLAS), small ones
-// to Eigen, which wins below about 1e5 multiply-adds (see gemm.cpp for the measured
-// threshold). Threads (ag::set_num_threads, i.e. OpenMP's count): inside one of our parallel
-// regions a product runs on the calling thread; outside, a large one is cut into pieces by its
-// shape and the pieces are shared among the threads, each a single-threaded BLAS call, so the
-// result does not depend on the thread count (Eigen's own threading has the same property).
+// (below about 1e5 multiply-adds, see gemm.cpp for the measured threshold) to a small AVX2
+// kernel of our own when N is a whole number of vectors, else to Eigen. Threads
+// (ag::set_num_threads, i.e. OpenMP's count): inside one of our parallel regions a product runs
+// on the calling thread; outside, a large one is cut into pieces by its shape (rows or columns
+// of C, or the summed dimension K when C is small and K long) and the pieces are shared among
+// the threads, each a single-threaded BLAS call, so the result does not depend on the thread
+// count (Eigen's own threading has the same property).
 #include <cstdint>
 
 namespace autograd {
