@@ -11,7 +11,8 @@
 //               (`bench_engine memory`), since the peak is a high-water mark of the whole process
 //
 //   bench_engine [op] [backward] [core] [train] [memory] [--threads N] [--tsv] [--trace-allocs]
-//   (--trace-allocs: after `train`, prints the call stack of each allocation of one more step)
+//   (--trace-allocs: after `core` and `train`, prints the call stack of each allocation of one
+//   more warm step)
 #include <execinfo.h>
 #include <sys/resource.h>
 
@@ -124,7 +125,7 @@ void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::f
 namespace {
 
 bool g_tsv = false;
-bool g_trace_train = false;  // --trace-allocs: trace the allocations of one more warm training step
+bool g_trace_train = false;  // --trace-allocs: trace the allocations of one more warm step (core, train)
 
 void report(const std::string& key, double value, const std::string& unit, const std::string& note = "") {
   if (g_tsv)
@@ -217,6 +218,11 @@ void bench_core() {
   bench::AttentionStep step(toy, nn::AttentionCore::Fused);
   const auto [n, bytes] = allocations_per_call(step);
   report("MHA fwd+bwd toy: allocations", n, "/step", fmt::format("{:.0f} bytes", bytes));
+  if (g_trace_train) {
+    g_trace = true;
+    step();
+    g_trace = false;
+  }
 }
 
 // examples/train_heads.cpp's model and step, on one fixed batch.

@@ -139,6 +139,26 @@ BOOST_AUTO_TEST_CASE(a_warm_training_step_of_the_toy_model_allocates_nothing) {
   BOOST_TEST(last < first);  // it trained
 }
 
+BOOST_AUTO_TEST_CASE(a_warm_attention_step_with_dropout_and_padding_allocates_nothing) {
+  const std::int64_t B = 4, T = 8, E = 16, H = 4;
+  ag::Generator gen(5);
+  nn::MultiHeadAttention mha({.embed_dim = E, .num_heads = H, .dropout = 0.1}, gen);
+  const Tensor x = ag::randn({B, T, E}, Dtype::Float64, gen).requires_grad_(true);
+  mha.to(Dtype::Float64);
+  std::vector<double> padding(static_cast<std::size_t>(B * T), 0.0);
+  padding[static_cast<std::size_t>(T - 1)] = 1.0;
+  nn::AttentionOptions ao;
+  ao.key_padding_mask = ag::tensor(padding, {B, T});
+  ao.need_weights = true;
+  auto step = [&] {
+    auto [out, weights] = mha.forward(x, x, x, ao);
+    ag::sum(out).backward();
+  };
+  const std::uint64_t n = allocations_of(step);
+  BOOST_TEST_MESSAGE(fmt::format("attention with dropout: {} allocations in 10 warm steps", n));
+  BOOST_TEST(n == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(backward_of_a_tiny_graph_allocates_nothing) {
   const Tensor a = ag::tensor({1.0, 2.0, 3.0, 4.0}, {4}).requires_grad_(true);
   const Tensor b = ag::tensor({0.5, -1.0, 2.0, 0.25}, {4}).requires_grad_(true);

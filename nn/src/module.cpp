@@ -64,13 +64,16 @@ ag::Tensor Module::parameter(const std::string& dotted_name) const {
 
 void Module::zero_grad(bool set_to_none) {
   ag::NoGradGuard no_grad;
-  for (auto& p : parameters()) {
+  // Walks the tree in place (no list of parameters built: a training step allocates nothing).
+  for (auto& entry : params_) {
+    ag::Tensor& p = entry.second;
     if (set_to_none || !p.grad().defined()) {
       p.set_grad(ag::Tensor());
     } else {
       p.grad().zero_();
     }
   }
+  for (auto& entry : children_) entry.second->zero_grad(set_to_none);
 }
 
 void Module::train(bool on) {

@@ -53,34 +53,38 @@ CombinedMask combine_masks(const ag::Tensor& key_padding_mask, const ag::Tensor&
   // Only the dims some mask varies along are materialised (a padding mask alone is (B, 1, 1, S')).
   const std::int64_t Bm = (has_kpm || per_head) ? B : 1, Hm = per_head ? H : 1;
   const std::int64_t Tm = (has_attn || causal_in_mask) ? T : 1;
-  const std::vector<double> kpm = has_kpm ? key_padding_mask.to_vector() : std::vector<double>{};
-  const std::vector<double> am = has_attn ? attn_mask.to_vector() : std::vector<double>{};
-  std::vector<double> values(static_cast<std::size_t>(Bm * Hm * Tm * S_total), 0.0);
-  std::vector<double> blocked(static_cast<std::size_t>(Bm * Hm * Tm), 0.0);
+  // Read and built in float64 tensors (their buffers are reused warm: no allocation per step).
+  const ag::Tensor kpm_t = has_kpm ? key_padding_mask.detach().to(ag::Dtype::Float64) : ag::Tensor();
+  const ag::Tensor am_t = has_attn ? attn_mask.detach().to(ag::Dtype::Float64) : ag::Tensor();
+  const double* kpm = has_kpm ? kpm_t.data<double>() : nullptr;
+  const double* am = has_attn ? am_t.data<double>() : nullptr;
+  const ag::Tensor values = ag::Tensor::empty({Bm, Hm, Tm, S_total}, ag::Dtype::Float64);
+  const ag::Tensor blocked = ag::zeros({Bm, Hm, Tm, 1}, ag::Dtype::Float64);
+  double* blocked_rows = blocked.data<double>();
   bool any_blocked = false;
   for (std::int64_t b = 0; b < Bm; ++b)
     for (std::int64_t h = 0; h < Hm; ++h)
       for (std::int64_t i = 0; i < Tm; ++i) {
         const std::int64_t row = (b * Hm + h) * Tm + i;
-        double* out = values.data() + row * S_total;
+        double* out = values.data<double>() + row * S_total;
         bool all_blocked = true;
         for (std::int64_t j = 0; j < S_total; ++j) {
           double m = 0.0;
           if (j < S) {
-            if (has_attn) m = am[static_cast<std::size_t>(((per_head ? b * H + h : 0) * T + i) * S + j)];
-            if (has_kpm && kpm[static_cast<std::size_t>(b * S + j)] != 0.0) m = kNegInf;
+            if (has_attn) m = am[((per_head ? b * H + h : 0) * T + i) * S + j];
+            if (has_kpm && kpm[b * S + j] != 0.0) m = kNegInf;
             if (causal_in_mask && j > i) m = kNegInf;
           }
           out[j] = m;
           all_blocked = all_blocked && m == kNegInf;
         }
         if (all_blocked) {
-          blocked[static_cast<std::size_t>(row)] = 1.0;
+          blocked_rows[row] = 1.0;
           any_blocked = true;
         }
       }
-  mask.additive = ag::tensor(values, {Bm, Hm, Tm, S_total}, dtype);
-  if (any_blocked) mask.blocked = ag::tensor(blocked, {Bm, Hm, Tm, 1}, dtype);
+  mask.additive = values.to(dtype);
+  if (any_blocked) mask.blocked = blocked.to(dtype);
   mask.causal = is_causal && !causal_in_mask;
   return mask;
 }

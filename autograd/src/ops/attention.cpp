@@ -153,7 +153,8 @@ void forward_kernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
   const RowBlocks blocks = row_blocks(d, causal);
   const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
   parallel_region(d.parallel(), [&] {
-    RowMatrix<T> dropped;  // P ⊙ Z of a block, per thread
+    // P ⊙ Z of a block: scratch of each thread, kept between calls (no allocation once warm).
+    thread_local RowMatrix<T> dropped;
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
       const std::int64_t b = bh / d.H, h = bh % d.H;

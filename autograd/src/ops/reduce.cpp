@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <span>
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
@@ -32,7 +33,7 @@ void check_input(std::string_view op, const Tensor& x) {
 
 // Which dims of x a reduction over `dims` removes. An empty list means every dim (as in
 // PyTorch). On a 0-d tensor, dim 0 / -1 is accepted and reduces nothing.
-DimMask reduced_mask(std::string_view op, const Tensor& x, const std::vector<std::int64_t>& dims) {
+DimMask reduced_mask(std::string_view op, const Tensor& x, std::span<const std::int64_t> dims) {
   const std::int64_t rank = x.dim();
   DimMask mask(static_cast<std::size_t>(rank), dims.empty());
   for (std::int64_t d : dims) {
@@ -238,7 +239,8 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
 }
 
 Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim) {
-  return sum(x, std::vector<std::int64_t>{dim}, keepdim);
+  check_input("sum", x);
+  return scaled_sum("sum", x, reduced_mask("sum", x, std::span<const std::int64_t>(&dim, 1)), keepdim, false);
 }
 
 Tensor mean(const Tensor& x) {
@@ -252,7 +254,8 @@ Tensor mean(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim
 }
 
 Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim) {
-  return mean(x, std::vector<std::int64_t>{dim}, keepdim);
+  check_input("mean", x);
+  return scaled_sum("mean", x, reduced_mask("mean", x, std::span<const std::int64_t>(&dim, 1)), keepdim, true);
 }
 
 Tensor max(const Tensor& x) {
