@@ -25,10 +25,6 @@ using test_support::f64;
 using test_support::input;
 using test_support::iota;
 
-namespace {
-
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(index_select_picks_rows_in_index_order) {
   Tensor x = iota({4, 3});
   check_values(ag::index_select(x, 0, std::vector<std::int64_t>{2, 0, 2}), {3, 3}, {6, 7, 8, 0, 1, 2, 6, 7, 8});

@@ -100,16 +100,21 @@ MaskStrides mask_strides(const Shape& mask_shape) {
 void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const Shape& vs, Dtype dtype,
                    const Tensor& mask, bool is_causal, double scale, double dropout_p);
 
-void check_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
-                double scale, double dropout_p) {
-  if (!q.defined() || !k.defined() || !v.defined()) fail(kOp, "q, k and v must be defined tensors");
+// q, k and v are defined, of rank `rank` (laid out as `layout`), and of one dtype.
+void check_qkv(std::string_view op, const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t rank,
+               std::string_view layout) {
+  if (!q.defined() || !k.defined() || !v.defined()) fail(op, "q, k and v must be defined tensors");
   for (const auto* t : {&q, &k, &v})
-    if (t->dim() != 4)
-      fail(kOp, "q, k and v must be 4-D (B, H, seq, head_dim); got q {}, k {}, v {}", shape_str(q.shape()),
+    if (t->dim() != rank)
+      fail(op, "q, k and v must be {}-D {}; got q {}, k {}, v {}", rank, layout, shape_str(q.shape()),
            shape_str(k.shape()), shape_str(v.shape()));
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
-    fail(kOp, "dtypes differ: q {}, k {}, v {}", dtype_name(q.dtype()), dtype_name(k.dtype()),
-         dtype_name(v.dtype()));
+    fail(op, "dtypes differ: q {}, k {}, v {}", dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype()));
+}
+
+void check_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
+                double scale, double dropout_p) {
+  check_qkv(kOp, q, k, v, 4, "(B, H, seq, head_dim)");
   check_logical(kOp, q.shape(), k.shape(), v.shape(), q.dtype(), mask, is_causal, scale, dropout_p);
 }
 
@@ -433,13 +438,7 @@ SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor
                                                    std::int64_t num_heads, const Tensor& attn_mask, bool is_causal,
                                                    double scale, double dropout_p, Generator* gen) {
   constexpr std::string_view op = "scaled_dot_product_attention_heads_last";
-  if (!q.defined() || !k.defined() || !v.defined()) fail(op, "q, k and v must be defined tensors");
-  for (const auto* t : {&q, &k, &v})
-    if (t->dim() != 3)
-      fail(op, "q, k and v must be 3-D (B, seq, heads * head_dim); got q {}, k {}, v {}", shape_str(q.shape()),
-           shape_str(k.shape()), shape_str(v.shape()));
-  if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
-    fail(op, "dtypes differ: q {}, k {}, v {}", dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype()));
+  check_qkv(op, q, k, v, 3, "(B, seq, heads * head_dim)");
   const std::int64_t H = num_heads;
   if (H <= 0) fail(op, "num_heads must be positive, got {}", H);
   for (const auto* t : {&q, &k, &v})

@@ -159,6 +159,13 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, boo
   return y;
 }
 
+// sum or mean over the listed dims (every dim when the list is empty); the list is read, not kept.
+Tensor reduce_dims(std::string_view op, const Tensor& x, std::span<const std::int64_t> dims, bool keepdim,
+                   bool mean) {
+  check_input(op, x);
+  return scaled_sum(op, x, reduced_mask(op, x, dims), keepdim, mean);
+}
+
 // NaN counts as larger than everything (max propagates NaN, as in PyTorch).
 template <class T>
 bool beats(T v, T best) {
@@ -218,8 +225,24 @@ Tensor sum(const Tensor& x) {
 }
 
 Tensor sum(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim) {
-  check_input("sum", x);
-  return scaled_sum("sum", x, reduced_mask("sum", x, dims), keepdim, false);
+  return reduce_dims("sum", x, dims, keepdim, false);
+}
+
+Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim) {
+  return reduce_dims("sum", x, std::span<const std::int64_t>(&dim, 1), keepdim, false);
+}
+
+Tensor mean(const Tensor& x) {
+  check_input("mean", x);
+  return scaled_sum("mean", x, DimMask(static_cast<std::size_t>(x.dim()), true), false, true);
+}
+
+Tensor mean(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim) {
+  return reduce_dims("mean", x, dims, keepdim, true);
+}
+
+Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim) {
+  return reduce_dims("mean", x, std::span<const std::int64_t>(&dim, 1), keepdim, true);
 }
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {
@@ -236,26 +259,6 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
   }
   const Tensor reduced = any ? scaled_sum("sum", grad, mask, /*keepdim=*/true, /*mean=*/false) : grad;
   return reshape(reduced, shape);
-}
-
-Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim) {
-  check_input("sum", x);
-  return scaled_sum("sum", x, reduced_mask("sum", x, std::span<const std::int64_t>(&dim, 1)), keepdim, false);
-}
-
-Tensor mean(const Tensor& x) {
-  check_input("mean", x);
-  return scaled_sum("mean", x, DimMask(static_cast<std::size_t>(x.dim()), true), false, true);
-}
-
-Tensor mean(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim) {
-  check_input("mean", x);
-  return scaled_sum("mean", x, reduced_mask("mean", x, dims), keepdim, true);
-}
-
-Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim) {
-  check_input("mean", x);
-  return scaled_sum("mean", x, reduced_mask("mean", x, std::span<const std::int64_t>(&dim, 1)), keepdim, true);
 }
 
 Tensor max(const Tensor& x) {
