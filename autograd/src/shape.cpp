@@ -12,6 +12,28 @@ std::int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+std::int64_t checked_mul(std::string_view op, std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) fail(op, "size overflow: {} * {} does not fit in 64 bits", a, b);
+  return r;
+}
+
+std::int64_t checked_add(std::string_view op, std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) fail(op, "size overflow: {} + {} does not fit in 64 bits", a, b);
+  return r;
+}
+
+std::int64_t checked_numel(std::string_view op, const Shape& s) {
+  std::int64_t n = 1;
+  for (auto d : s) {
+    if (d < 0) fail(op, "shape {} has a negative size", shape_str(s));
+    if (__builtin_mul_overflow(n, d, &n))
+      fail(op, "shape {} has more elements than a 64-bit count can hold", shape_str(s));
+  }
+  return n;
+}
+
 Shape contiguous_strides(const Shape& s) {
   Shape strides(s.size(), 1);
   for (std::int64_t i = static_cast<std::int64_t>(s.size()) - 2; i >= 0; --i)

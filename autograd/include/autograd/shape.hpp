@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -34,7 +35,19 @@ class Shape : public SmallVector<std::int64_t, 6> {
 // "[2, 3]" — the form every error message uses.
 std::string shape_str(const Shape& s);
 
+// The element count of s. Only for shapes already checked (a tensor's own shape); a shape that
+// comes from a caller or a file goes through checked_numel.
 std::int64_t shape_numel(const Shape& s);
+
+// Checked size arithmetic. Every element count, byte count and offset computed from a caller's
+// numbers goes through these, so a size that does not fit in 64 bits is std::invalid_argument
+// naming the op ("op: size overflow: 4611686018427387904 * 8 does not fit in 64 bits"), never a
+// wrapped number.
+std::int64_t checked_mul(std::string_view op, std::int64_t a, std::int64_t b);
+std::int64_t checked_add(std::string_view op, std::int64_t a, std::int64_t b);
+// The element count of s: throws (naming the op and the shape) when a dim is negative or the
+// product does not fit in 64 bits.
+std::int64_t checked_numel(std::string_view op, const Shape& s);
 
 // Row-major strides of a contiguous tensor of shape s (in elements).
 Shape contiguous_strides(const Shape& s);
