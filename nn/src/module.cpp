@@ -1,15 +1,47 @@
 #include "nn/module.hpp"
 
 #include <stdexcept>
+#include <unordered_set>
+#include <utility>
 
 namespace nn {
 
+std::string quote_name(std::string_view name) {
+  std::string out = "'";
+  for (const char c : name) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\'' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (byte < 0x20 || byte == 0x7f) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else {
+      out += c;
+    }
+  }
+  out += '\'';
+  return out;
+}
+
+namespace {
+
+// PyTorch's rule for attribute names, plus no NUL byte (it would cut the name in C strings).
+void check_name(std::string_view op, const char* what, const std::string& name) {
+  if (name.empty() || name.find('.') != std::string::npos || name.find('\0') != std::string::npos)
+    ag::fail(op, "{} name {} must be non-empty and contain no '.' and no NUL byte", what, quote_name(name));
+}
+
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+}  // namespace
+
 ag::Tensor Module::register_parameter(std::string name, ag::Tensor t, bool requires_grad) {
-  if (name.empty() || name.find('.') != std::string::npos)
-    ag::fail("register_parameter", "name '{}' must be non-empty and contain no '.'", name);
-  if (!t.defined()) ag::fail("register_parameter", "parameter '{}' is undefined", name);
+  check_name("register_parameter", "parameter", name);
+  if (!t.defined()) ag::fail("register_parameter", "parameter {} is undefined", quote_name(name));
   for (const auto& [n, p] : params_)
-    if (n == name) ag::fail("register_parameter", "parameter '{}' is already registered", name);
+    if (n == name) ag::fail("register_parameter", "parameter {} is already registered", quote_name(name));
   if (!t.is_leaf()) t = t.detach();
   t.requires_grad_(requires_grad);
   if (t.name().empty()) t.set_name(name);
@@ -18,36 +50,65 @@ ag::Tensor Module::register_parameter(std::string name, ag::Tensor t, bool requi
 }
 
 void Module::register_child(std::string name, std::shared_ptr<Module> module) {
-  if (name.empty() || name.find('.') != std::string::npos)
-    ag::fail("register_module", "name '{}' must be non-empty and contain no '.'", name);
-  if (!module) ag::fail("register_module", "module '{}' is null", name);
+  check_name("register_module", "module", name);
+  if (!module) ag::fail("register_module", "module {} is null", quote_name(name));
   for (const auto& [n, m] : children_)
-    if (n == name) ag::fail("register_module", "module '{}' is already registered", name);
+    if (n == name) ag::fail("register_module", "module {} is already registered", quote_name(name));
+  // A module tree has no cycles: walks over it (parameters, train, zero_grad) must end.
+  if (module->contains(this))
+    ag::fail("register_module", "module {} ({}) is this {} or contains it; a module cannot contain itself",
+             quote_name(name), module->type_name(), type_name_);
   children_.emplace_back(std::move(name), std::move(module));
 }
 
-void Module::collect(const std::string& prefix, bool recurse, NamedTensors& out) const {
-  for (const auto& [name, p] : params_) out.emplace_back(prefix + name, p);
-  if (!recurse) return;
-  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", true, out);
+bool Module::contains(const Module* module) const {
+  if (module == this) return true;
+  for (const auto& entry : children_)
+    if (entry.second->contains(module)) return true;
+  return false;
 }
 
-NamedTensors Module::named_parameters(bool recurse) const {
+void Module::collect_modules(const std::string& prefix, bool remove_duplicate,
+                             std::vector<std::pair<std::string, const Module*>>& out) const {
+  if (remove_duplicate)
+    for (const auto& entry : out)
+      if (entry.second == this) return;
+  out.emplace_back(prefix, this);
+  for (const auto& [name, child] : children_) child->collect_modules(join_name(prefix, name), remove_duplicate, out);
+}
+
+std::vector<std::pair<std::string, const Module*>> Module::named_modules(bool remove_duplicate) const {
+  std::vector<std::pair<std::string, const Module*>> out;
+  collect_modules("", remove_duplicate, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules(bool remove_duplicate) {
+  std::vector<std::pair<std::string, Module*>> out;
+  for (auto& [name, m] : std::as_const(*this).named_modules(remove_duplicate))
+    out.emplace_back(std::move(name), const_cast<Module*>(m));  // this walk started from a non-const module
+  return out;
+}
+
+NamedTensors Module::named_parameters(bool recurse, bool remove_duplicate) const {
+  std::vector<std::pair<std::string, const Module*>> modules;
+  if (recurse) {
+    collect_modules("", remove_duplicate, modules);
+  } else {
+    modules.emplace_back("", this);
+  }
   NamedTensors out;
-  collect("", recurse, out);
+  std::unordered_set<const void*> seen;
+  for (const auto& [prefix, m] : modules)
+    for (const auto& [name, p] : m->params_)
+      if (!remove_duplicate || seen.insert(p.impl().get()).second) out.emplace_back(join_name(prefix, name), p);
   return out;
 }
 
 std::vector<ag::Tensor> Module::parameters(bool recurse) const {
-  std::vector<ag::Tensor> out;  // in named_parameters' order, without building the names
-  collect_tensors(recurse, out);
+  std::vector<ag::Tensor> out;
+  for (auto& entry : named_parameters(recurse)) out.push_back(std::move(entry.second));
   return out;
-}
-
-void Module::collect_tensors(bool recurse, std::vector<ag::Tensor>& out) const {
-  for (const auto& entry : params_) out.push_back(entry.second);
-  if (!recurse) return;
-  for (const auto& entry : children_) entry.second->collect_tensors(true, out);
 }
 
 std::int64_t Module::num_parameters() const {
@@ -57,9 +118,9 @@ std::int64_t Module::num_parameters() const {
 }
 
 ag::Tensor Module::parameter(const std::string& dotted_name) const {
-  for (auto& [name, p] : named_parameters())
+  for (auto& [name, p] : named_parameters(true, false))
     if (name == dotted_name) return p;
-  ag::fail("parameter", "no parameter named '{}' in {}", dotted_name, type_name_);
+  ag::fail("parameter", "no parameter named {} in {}", quote_name(dotted_name), type_name_);
 }
 
 void Module::zero_grad(bool set_to_none) {

@@ -3,9 +3,15 @@
 // register_module). named_parameters() walks the tree and names children's parameters with
 // dots ("block.attn.W_Q"). Parameters are tensor handles: the module and anyone holding a copy
 // of the handle see the same data.
+//
+// Shared (tied) weights follow PyTorch's rule: a tensor registered under several names, or a
+// child module registered twice, is listed once by parameters() and named_parameters() (under
+// the first name met, in the walk's order), so an optimizer or gradient clipping sees it once.
+// named_parameters(recurse, false) lists every name. A module cannot contain itself.
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -18,6 +24,10 @@ namespace ag = autograd;
 
 using NamedTensors = std::vector<std::pair<std::string, ag::Tensor>>;
 
+// name in single quotes with every byte visible: control bytes (NUL included) as \xNN, and
+// quotes and backslashes escaped, so a message never hides or cuts part of a name.
+std::string quote_name(std::string_view name);
+
 class Module {
  public:
   explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
@@ -27,7 +37,9 @@ class Module {
   Module(Module&&) = default;
   Module& operator=(Module&&) = default;
 
-  // Registers t as a parameter (a leaf that requires grad) and returns the handle.
+  // Registers t as a parameter (a leaf that requires grad) and returns the handle. Names (here and
+  // in register_module) must be non-empty and hold no '.' and no NUL byte: std::invalid_argument.
+  // The same tensor may be registered under several names (tied weights).
   ag::Tensor register_parameter(std::string name, ag::Tensor t, bool requires_grad = true);
   template <class M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
@@ -35,11 +47,16 @@ class Module {
     return module;
   }
 
-  NamedTensors named_parameters(bool recurse = true) const;
-  std::vector<ag::Tensor> parameters(bool recurse = true) const;
-  std::int64_t num_parameters() const;  // total element count
+  // Each tensor once, first name wins; remove_duplicate = false lists every name of every tensor.
+  NamedTensors named_parameters(bool recurse = true, bool remove_duplicate = true) const;
+  std::vector<ag::Tensor> parameters(bool recurse = true) const;  // named_parameters()' tensors
+  std::int64_t num_parameters() const;  // total element count, each tensor once
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
-  ag::Tensor parameter(const std::string& dotted_name) const;  // throws if absent
+  // This module (named "") and its descendants in pre-order, with dotted names; each module once
+  // (first name wins) unless remove_duplicate is false.
+  std::vector<std::pair<std::string, const Module*>> named_modules(bool remove_duplicate = true) const;
+  std::vector<std::pair<std::string, Module*>> named_modules(bool remove_duplicate = true);
+  ag::Tensor parameter(const std::string& dotted_name) const;  // any of its names; throws if absent
 
   // Sets every parameter's .grad to zero (kept allocated), or to none.
   void zero_grad(bool set_to_none = false);
@@ -59,8 +76,9 @@ class Module {
   void register_child(std::string name, std::shared_ptr<Module> module);
 
  private:
-  void collect(const std::string& prefix, bool recurse, NamedTensors& out) const;
-  void collect_tensors(bool recurse, std::vector<ag::Tensor>& out) const;
+  void collect_modules(const std::string& prefix, bool remove_duplicate,
+                       std::vector<std::pair<std::string, const Module*>>& out) const;
+  bool contains(const Module* module) const;  // module is this one or a descendant
   void print(std::string& out, const std::string& name, int indent) const;
 
   std::string type_name_;

@@ -15,11 +15,17 @@
 // skipped, as in PyTorch. Per-parameter state (momentum buffers, Adam's moments, step counts) is
 // created on a parameter's first update and can be saved and restored with state_dict() /
 // load_state_dict() (and nn::save_checkpoint), so that a resumed run continues bit for bit.
+//
+// Given model.named_parameters() instead of model.parameters(), an optimizer knows the names and
+// its messages use them. step(), load_state_dict() and the clipping functions check everything
+// before they change anything: when they throw, no parameter, gradient or state has changed.
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -28,14 +34,25 @@
 
 namespace nn {
 
+// The parameters an optimizer updates: a list of tensors, or of (name, tensor) pairs.
+struct OptimizerParams {
+  OptimizerParams(std::vector<ag::Tensor> params) : tensors(std::move(params)) {}
+  OptimizerParams(std::initializer_list<ag::Tensor> params) : tensors(params) {}
+  OptimizerParams(const NamedTensors& named);
+  std::vector<ag::Tensor> tensors;
+  std::vector<std::string> names;  // empty, or one per tensor
+};
+
 class Optimizer {
  public:
-  Optimizer(std::string name, std::vector<ag::Tensor> params, double lr);
+  Optimizer(std::string name, OptimizerParams params, double lr);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a gradient.
+  // One update of every parameter that has a gradient. Throws std::invalid_argument, changing
+  // nothing, when a gradient's shape or dtype differs from its parameter's, or a parameter's
+  // shape or dtype changed after its state was created (e.g. by Module::to).
   void step();
   // Sets every parameter's .grad to zero (kept allocated), or to none.
   void zero_grad(bool set_to_none = false);
@@ -43,6 +60,8 @@ class Optimizer {
   double lr() const { return lr_; }
   void set_lr(double lr);
   const std::vector<ag::Tensor>& params() const { return params_; }
+  // The parameters' names when constructed from named tensors, else empty strings.
+  const std::vector<std::string>& param_names() const { return names_; }
   const std::string& name() const { return name_; }
   // How many times step() ran (restored by load_state_dict).
   std::int64_t step_count() const { return step_count_; }
@@ -52,8 +71,12 @@ class Optimizer {
   // dtype), "state.<i>.step" (a Float64 scalar, for each parameter updated at least once),
   // "param_groups.0.lr" and "step_count" (Float64 scalars). The tensors are copies.
   NamedTensors state_dict() const;
-  // Throws std::invalid_argument naming what is wrong (an unknown or missing name, a shape or
-  // dtype that does not match the parameter, a non-integral step) and then changes nothing.
+  // Throws std::invalid_argument naming the optimizer, the entry, the parameter and the value at
+  // fault: an unknown, repeated or missing name, a shape or dtype that does not match the
+  // parameter, a step that is not a non-negative integer, a learning rate that is negative or not
+  // finite, a state value that is NaN or infinite, or negative where it must not be (Adam's
+  // exp_avg_sq and max_exp_avg_sq). load_state_dict runs this check first and changes nothing
+  // when it throws.
   void check_state_dict(const NamedTensors& state) const;
   void load_state_dict(const NamedTensors& state);
 
@@ -61,14 +84,24 @@ class Optimizer {
   // The state slots the current settings use for each parameter, e.g. {"exp_avg", "exp_avg_sq"}
   // (static names: step() asks for them every time and allocates nothing).
   virtual std::span<const std::string_view> slot_names() const = 0;
+  // Whether every value of this slot is >= 0 in any real run (a second moment, say); loaded
+  // state is checked against it.
+  virtual bool slot_is_nonnegative(std::string_view /*slot*/) const { return false; }
   // Updates params_[i] in place from grad; slots[k] is the tensor of slot_names()[k], zero-filled
   // (and `step` = 1) on the parameter's first update. `step` has already been incremented.
   virtual void update(std::size_t i, const ag::Tensor& param, const ag::Tensor& grad,
                       std::vector<ag::Tensor>& slots, std::int64_t step) = 0;
+  // "parameter 3", or "parameter 3 ('block.attn.W_Q')" when the name is known.
+  std::string describe(std::size_t i) const;
 
  private:
+  void check_step() const;
+  void check_slot_values(const std::string& op, const std::string& entry, std::size_t i, std::string_view slot,
+                         const ag::Tensor& t) const;
+
   std::string name_;
   std::vector<ag::Tensor> params_;
+  std::vector<std::string> names_;  // one per parameter, empty when unknown
   double lr_;
   std::int64_t step_count_ = 0;
   std::vector<std::vector<ag::Tensor>> slots_;  // per parameter; empty until its first update
@@ -90,7 +123,7 @@ struct SGDOptions {
 
 class SGD : public Optimizer {
  public:
-  SGD(std::vector<ag::Tensor> params, const SGDOptions& options);
+  SGD(OptimizerParams params, const SGDOptions& options);
   const SGDOptions& options() const { return options_; }
 
  protected:
@@ -117,12 +150,13 @@ struct AdamOptions {
 
 class Adam : public Optimizer {
  public:
-  Adam(std::vector<ag::Tensor> params, const AdamOptions& options = {});
+  Adam(OptimizerParams params, const AdamOptions& options = {});
   const AdamOptions& options() const { return options_; }
 
  protected:
-  Adam(std::string name, std::vector<ag::Tensor> params, const AdamOptions& options, bool decoupled);
+  Adam(std::string name, OptimizerParams params, const AdamOptions& options, bool decoupled);
   std::span<const std::string_view> slot_names() const override;
+  bool slot_is_nonnegative(std::string_view slot) const override;
   void update(std::size_t i, const ag::Tensor& param, const ag::Tensor& grad, std::vector<ag::Tensor>& slots,
               std::int64_t step) override;
 
@@ -143,7 +177,7 @@ struct AdamWOptions {
 
 class AdamW : public Adam {
  public:
-  AdamW(std::vector<ag::Tensor> params, const AdamWOptions& options = {});
+  AdamW(OptimizerParams params, const AdamWOptions& options = {});
 };
 
 // ---- learning-rate schedules ----
@@ -179,9 +213,10 @@ class LRScheduler {
 // Scales the gradients of `params` together so that their total norm (the norm of all gradients
 // concatenated; norm_type 2, 1, or infinity) is at most max_norm: each is multiplied by
 // min(1, max_norm / (total + 1e-6)), as in PyTorch. Returns the total norm before clipping.
-// Parameters without a gradient are skipped.
+// Parameters without a gradient are skipped; a tensor listed more than once counts once. An
+// undefined entry is std::invalid_argument, thrown before any gradient changes.
 double clip_grad_norm_(const std::vector<ag::Tensor>& params, double max_norm, double norm_type = 2.0);
-// Clamps every gradient element into [-clip_value, clip_value].
+// Clamps every gradient element into [-clip_value, clip_value] (all entries checked first).
 void clip_grad_value_(const std::vector<ag::Tensor>& params, double clip_value);
 
 }  // namespace nn
