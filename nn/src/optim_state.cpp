@@ -92,8 +92,8 @@ void Optimizer::check_slot_values(const std::string& op, const std::string& entr
     for (Eigen::Index j = 0; j < a.size(); ++j) {
       const T v = a[j];
       if (!std::isfinite(v) || (nonnegative && v < T(0)))
-        ag::fail(op, "{} (the {} of {}) holds {} at element {}; a {} must be finite{}", quote_name(entry), slot,
-                 describe(i), v, j, slot, nonnegative ? " and >= 0" : "");
+        ag::fail(op, "{} holds {} at element {}, but the {} of {} must be finite{}", quote_name(entry), v, j, slot,
+                 describe(i), nonnegative ? " and >= 0" : "");
     }
   });
 }
