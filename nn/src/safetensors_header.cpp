@@ -224,11 +224,10 @@ std::string format_header(const std::vector<TensorEntry>& entries, const Metadat
   if (!metadata.empty()) out += "\"__metadata__\":" + json_text(json(metadata), "metadata");  // keys sorted
   for (const auto& e : entries) {
     if (out.size() > 1) out += ',';
-    // Fields in the order Python writes them.
-    const nlohmann::ordered_json info = {{"dtype", std::string(safetensors_dtype(e.dtype))},
-                                         {"shape", std::vector<std::int64_t>(e.shape.begin(), e.shape.end())},
-                                         {"data_offsets", {e.begin, e.end}}};
-    out += json_text(json(e.name), "a tensor name") + ':' + info.dump();
+    // Fields in the order Python writes them; names escaped by nlohmann, numbers written by fmt.
+    out += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                       json_text(json(e.name), "a tensor name"), safetensors_dtype(e.dtype), fmt::join(e.shape, ","),
+                       e.begin, e.end);
   }
   return out + '}';
 }
