@@ -1,6 +1,7 @@
 // libFuzzer target for the checkpoint reader (nn/checkpoint.hpp): any bytes must give either a
-// clean load or an nn::CheckpointError — no crash, no hang, no sanitizer report, and no partial
-// load (a failed load leaves every parameter and the optimizer state bit-for-bit unchanged).
+// clean load or an nn::CheckpointError — no crash, no hang, no sanitizer report, no partial load
+// (a failed load leaves every parameter and the optimizer state bit-for-bit unchanged), and no
+// loaded optimizer state that a run cannot produce (a NaN or infinite moment, a negative second moment).
 //
 // Each input is read three ways: parse_safetensors on the bytes, load_parameters into a small
 // module, load_checkpoint into that module and an Adam optimizer (the files go through a memfd,
@@ -8,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +126,13 @@ void load_checkpoint_all_or_nothing(const std::string& path) {
     if (!same_bits(params, snapshot(model.named_parameters()))) violation("a failed load_checkpoint changed a parameter");
     if (!same_bits(state, snapshot(adam.state_dict())) || adam.step_count() != steps)
       violation("a failed load_checkpoint changed the optimizer");
+    return;
+  }
+  // A load that succeeded holds only state a run can produce: finite moments, second moments >= 0.
+  for (const auto& [name, t] : adam.state_dict()) {
+    const bool second_moment = name.ends_with("exp_avg_sq");
+    for (const double v : t.to_vector())
+      if (!std::isfinite(v) || (second_moment && v < 0)) violation("load_checkpoint accepted impossible optimizer state");
   }
 }
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the checkpoint reader (nn/src/checkpoint.cpp) with libFuzzer for a bounded time.
+# Fuzzes the checkpoint reader (nn/src/checkpoint.cpp, safetensors*.cpp, atomic_file.cpp) with
+# libFuzzer for a bounded time.
 # Usage: fuzz/run.sh [seconds=60] [main-build-dir=build] [out-dir=build-fuzz]
 #
 # The reader and the harness are compiled with clang++ -fsanitize=fuzzer,address,undefined
@@ -14,7 +15,7 @@ seconds=${1:-60}
 main_build=${2:-build}
 out=${3:-build-fuzz}
 
-scripts/install_packages.sh clang
+scripts/install_packages.sh clang nlohmann-json3-dev
 
 libs=("$main_build/nn/libheadgrad_nn.a" "$main_build/autograd/libheadgrad_autograd.a")
 for lib in "${libs[@]}"; do
@@ -33,7 +34,9 @@ mkdir -p "$out/corpus"
 rm -rf "$out/seeds"
 mkdir -p "$out/seeds"
 echo "compiling the fuzz target..."
-clang++ "${flags[@]}" -fsanitize=fuzzer,address,undefined fuzz/fuzz_checkpoint.cpp nn/src/checkpoint.cpp \
+# The checkpoint sources given here take the place of their copies in libheadgrad_nn.a.
+checkpoint_sources=(nn/src/checkpoint.cpp nn/src/safetensors.cpp nn/src/safetensors_header.cpp nn/src/atomic_file.cpp)
+clang++ "${flags[@]}" -fsanitize=fuzzer,address,undefined fuzz/fuzz_checkpoint.cpp "${checkpoint_sources[@]}" \
   "${link[@]}" -o "$out/fuzz_checkpoint"
 clang++ "${flags[@]}" fuzz/make_seeds.cpp "${link[@]}" -o "$out/make_seeds"
 "$out/make_seeds" "$out/seeds"

@@ -16,10 +16,19 @@
 //   nn::save_checkpoint("run.safetensors", model, optimizer, {{"step", "1000"}});
 //   auto metadata = nn::load_checkpoint("run.safetensors", model, optimizer);
 //
-// Saving is atomic: the bytes go to a temporary file in the same directory, which is flushed to
-// disk (fsync) and then renamed over the target, so a crash mid-save leaves the previous file
-// intact. Loading reads and checks the whole file first (header syntax, dtypes, shapes, offsets,
-// sizes, and that the names match the module's parameters one for one) and copies nothing
+// Saving is atomic: the bytes go to a temporary file in the same directory (a short name,
+// ".headgrad-<16 hex digits>.tmp", so any file name the directory allows can be saved), which is
+// flushed to disk (fsync) and then renamed over the target, so a crash mid-save leaves the
+// previous file intact; an existing file keeps its permission bits. Saving to a symbolic link
+// writes through it, as PyTorch does: the link stays, and the file at the end of the chain of
+// links is replaced (atomically, in its own directory). A target that is not a regular file (a
+// directory, a device, a FIFO) is refused.
+// Loading reads only regular files: a directory, a device such as /dev/zero or a FIFO is refused
+// before a byte is read (and without blocking). It reads the 8-byte header length first and checks
+// it against the file's size, then the header, and the tensor data only once the header is known
+// to be right (syntax, dtypes, shapes whose sizes fit in 64 bits, offsets, sizes, and that the
+// names match the module's parameters one for one). Checkpoint loads also refuse optimizer state
+// that no run can produce (a NaN or infinite moment, a negative second moment). Nothing is copied
 // unless everything is right: a failed load leaves every parameter and the optimizer unchanged.
 // Errors are nn::CheckpointError (a std::runtime_error) saying what is wrong and in which file.
 #include <cstdint>
@@ -77,7 +86,8 @@ Metadata load_parameters(Module& module, const std::string& path, const LoadOpti
 // caller's entries (e.g. the step and the data generator's state).
 void save_checkpoint(const std::string& path, const Module& module, const Optimizer& optimizer,
                      const Metadata& metadata = {});
-// Checks the module part and the optimizer part in full before changing either. Returns the metadata.
+// Checks the module part and the optimizer part in full (the optimizer's own check_state_dict,
+// then the values) before changing either. Returns the metadata.
 Metadata load_checkpoint(const std::string& path, Module& module, Optimizer& optimizer);
 
 namespace detail {

@@ -1,0 +1,41 @@
+#pragma once
+// The pieces of the safetensors format shared by safetensors.cpp (the byte layout: length prefix,
+// data section, whole files) and safetensors_header.cpp (the JSON header, through nlohmann-json).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <autograd/autograd.hpp>
+
+#include "nn/checkpoint.hpp"
+
+namespace nn::detail {
+
+// One tensor's header entry: dtype, shape, and its bytes [begin, end) in the data section.
+struct TensorEntry {
+  std::string name;
+  ag::Dtype dtype = ag::Dtype::Float32;
+  ag::Shape shape;
+  std::uint64_t begin = 0, end = 0;
+};
+
+struct Header {
+  std::vector<TensorEntry> entries;  // in no particular order
+  Metadata metadata;
+};
+
+// The format's name of a dtype: "F32" or "F64".
+std::string_view safetensors_dtype(ag::Dtype d);
+
+// Parses and checks the header's JSON text: strict JSON with unique keys and at most 64 levels of
+// nesting; every entry with a known dtype, a shape whose element and byte counts fit in 64 bits,
+// and data_offsets spanning exactly those bytes. How the entries' ranges fit together is left to
+// the caller. `source` names the file in error messages (CheckpointError).
+Header parse_header(std::string_view text, std::string_view source);
+
+// The header's JSON text (unpadded) for entries in the given order, byte for byte as Python's
+// safetensors writes it. Throws CheckpointError if a name or metadata string is not valid UTF-8.
+std::string format_header(const std::vector<TensorEntry>& entries, const Metadata& metadata);
+
+}  // namespace nn::detail
