@@ -82,6 +82,15 @@ BOOST_AUTO_TEST_CASE(wrong_input_width_throws_naming_the_shape) {
   BOOST_CHECK_THROW(nn::Linear(0, 2), std::invalid_argument);
 }
 
+BOOST_AUTO_TEST_CASE(a_weight_too_large_to_count_throws_naming_its_shape) {
+  // 2^31 x 2^31 float32 weights are 2^64 bytes: the byte count would wrap to 0.
+  const std::int64_t n = std::int64_t{1} << 31;
+  BOOST_CHECK_EXCEPTION(nn::Linear(n, n), std::invalid_argument, [](const std::invalid_argument& e) {
+    const std::string m = e.what();
+    return m.find("Linear") != std::string::npos && m.find("[2147483648, 2147483648]") != std::string::npos;
+  });
+}
+
 BOOST_AUTO_TEST_CASE(gradcheck_through_input_weight_and_bias) {
   ag::Generator gen(3);
   nn::Linear lin(nn::LinearOptions{4, 3, true, ag::Dtype::Float64}, gen);

@@ -1,6 +1,7 @@
 #include "nn/linear.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "nn/init.hpp"
 
@@ -14,6 +15,10 @@ Linear::Linear(const LinearOptions& options) : Linear(options, ag::default_gener
 Linear::Linear(const LinearOptions& options, ag::Generator& gen) : Module("Linear"), options_(options) {
   if (options.in_features <= 0 || options.out_features <= 0)
     ag::fail("Linear", "in_features and out_features must be positive, got {} and {}", options.in_features,
+             options.out_features);
+  const std::int64_t bytes = static_cast<std::int64_t>(ag::dtype_size(options.dtype));
+  if (options.in_features > std::numeric_limits<std::int64_t>::max() / bytes / options.out_features)
+    ag::fail("Linear", "weight of shape [{}, {}] is too large: its size does not fit in 64 bits", options.in_features,
              options.out_features);
   weight_ = register_parameter("weight", ag::zeros({options.in_features, options.out_features}, options.dtype));
   if (options.bias) bias_ = register_parameter("bias", ag::zeros({options.out_features}, options.dtype));

@@ -3,6 +3,7 @@
 #include <autograd/autograd.hpp>
 
 #include "nn/checkpoint.hpp"
+#include "nn/functional.hpp"
 #include "nn/init.hpp"
 #include "nn/layers.hpp"
 #include "nn/linear.hpp"

@@ -1,0 +1,280 @@
+// The fused attention's forward and hand-derived backward, one (batch, head) slice at a time.
+// The derivation, step by step, is in docs/attention_backward.md; each backward line below
+// quotes the forward line it differentiates.
+#include "ops/attention_kernels.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include "ops/gemm.hpp"
+
+namespace autograd::sdpa {
+
+namespace {
+
+// A [rows, cols] block of a slice whose rows are `stride` elements apart.
+template <class T>
+using StridedView = Eigen::Map<std::conditional_t<std::is_const_v<T>, const RowMatrix<std::remove_const_t<T>>, RowMatrix<T>>,
+                               Eigen::Unaligned, Eigen::OuterStride<>>;
+
+// Causal attention works on blocks of this many query rows; block [r0, r1) sees keys 0..r1-1
+// only, so about (1 + step/T)/2 of the full products are computed.
+constexpr std::int64_t kCausalBlock = 32;
+
+// How a slice's query rows are cut: one block of all T rows seeing all S keys, or causal blocks.
+struct RowBlocks {
+  std::int64_t step = 1;
+  bool causal = false;
+  std::int64_t S = 0;
+  std::int64_t cols(std::int64_t r1) const { return causal ? r1 : S; }  // keys visible to rows < r1
+};
+
+RowBlocks row_blocks(const Dims& d, bool causal) {
+  return {causal ? kCausalBlock : std::max<std::int64_t>(d.T, 1), causal, d.S};
+}
+
+// ---- forward ----
+
+// S += M (broadcast) on rows r0..r1-1, columns 0..cols-1 of slice (b, h)'s scores.
+template <class T>
+void add_mask(const Dims& d, const T* mask, MaskStrides ms, std::int64_t b, std::int64_t h, std::int64_t r0,
+              std::int64_t r1, std::int64_t cols, T* scores) {
+  const T* mb = mask + b * ms.sb + h * ms.sh;
+  for (std::int64_t i = r0; i < r1; ++i) {
+    const T* mrow = mb + i * ms.st;
+    T* srow = scores + i * d.S;
+    if (ms.ss != 0) {
+      for (std::int64_t j = 0; j < cols; ++j) srow[j] += mrow[j];
+    } else {
+      const T m = mrow[0];
+      for (std::int64_t j = 0; j < cols; ++j) srow[j] += m;
+    }
+  }
+}
+
+// P = softmax(S) on one row of S entries, in place, over its first `seen` entries (the rest
+// become 0). A row with every key blocked (max = -inf) becomes all zero, where the textbook
+// formula would give 0/0 = NaN.
+template <class T>
+void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  ArrayView<T> prow(row_data, S);
+  auto row = prow.head(seen);
+  const T row_max = seen > 0 ? row.maxCoeff() : neg_inf;
+  if (row_max == neg_inf) {
+    prow.setZero();
+    return;
+  }
+  // Blocked keys get weight exactly 0 (Eigen's vectorised exp clamps its argument, so exp(-inf)
+  // alone would give ~1e-308). Without a mask no key is blocked (causality is the `seen` bound),
+  // and the exp stays vectorised (select is not).
+  if (masked && (row == neg_inf).any()) {
+    row = (row == neg_inf).select(T(0), (row - row_max).exp());
+  } else {
+    row = (row - row_max).exp();
+  }
+  row /= row.sum();  // sum >= 1 (the max term is exp(0))
+  if (seen < S) prow.tail(S - seen).setZero();
+}
+
+}  // namespace
+
+MaskStrides mask_strides(const Shape& mask_shape) {
+  Shape padded(4 - mask_shape.size(), 1);
+  padded.insert(padded.end(), mask_shape.begin(), mask_shape.end());
+  const Shape strides = contiguous_strides(padded);
+  auto stride = [&](int i) { return padded[i] == 1 ? 0 : strides[i]; };
+  return {stride(0), stride(1), stride(2), stride(3)};
+}
+
+// Causal slices go in blocks of query rows: block [r0, r1) multiplies only against keys
+// 0..r1-1, the ones its rows can see.
+template <class T>
+void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bool causal) {
+  const RowBlocks blocks = row_blocks(d, causal);
+  const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
+  parallel_region(d.parallel(), [&] {
+    // P ⊙ Z of a block: scratch of each thread, kept between calls (no allocation once warm).
+    thread_local RowMatrix<T> dropped;
+#pragma omp for schedule(static)
+    for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
+      const std::int64_t b = bh / d.H, h = bh % d.H;
+      const T* Q = x.q + d.q.at(b, h);    // [T, d_k], rows lq apart
+      const T* K = x.k + d.k.at(b, h);    // [S, d_k], rows lk apart
+      const T* V = x.v + d.v.at(b, h);    // [S, d_v], rows lv apart
+      T* P = x.weights + bh * d.T * d.S;  // [T, S]: scores, then weights in place
+      T* O = x.out + d.out.at(b, h);      // [T, d_v], rows lo apart
+      const T* Z = x.keep != nullptr ? x.keep + bh * d.T * d.S : nullptr;
+
+      for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
+        const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
+        const std::int64_t cols = blocks.cols(r1);  // keys rows r0..r1-1 can see
+        T* Pb = P + r0 * d.S;                       // [rows, cols] of row stride S
+        // S = scale·Q·Kᵀ                               [rows, d_k] x [d_k, cols] -> [rows, cols]
+        gemm<T>(false, true, rows, cols, d.d_k, scale, Q + r0 * lq, lq, K, lk, T(0), Pb, d.S);
+        // S += M
+        if (x.mask != nullptr) add_mask(d, x.mask, ms, b, h, r0, r1, cols, P);
+        // P = softmax(S) by rows (causal: row i sees keys 0..i)
+        for (std::int64_t i = r0; i < r1; ++i) softmax_row(P + i * d.S, d.S, causal ? i + 1 : d.S, x.mask != nullptr);
+        // O = (P ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
+        const T* Pd = Pb;
+        std::int64_t ld = d.S;
+        if (Z != nullptr) {
+          dropped = StridedView<const T>(Pb, rows, cols, d.S).array() *
+                    StridedView<const T>(Z + r0 * d.S, rows, cols, d.S).array();
+          Pd = dropped.data();
+          ld = cols;
+        }
+        gemm<T>(false, false, rows, d.d_v, cols, T(1), Pd, std::max<std::int64_t>(ld, 1), V, lv, T(0), O + r0 * lo,
+                lo);
+      }
+    }
+  });
+}
+
+// ---- backward ----
+// Causal slices use the forward's blocks: dS is formed for block [r0, r1) x [0, r1) only (it is
+// zero above the diagonal, where P is), and the products that sum over queries (dV, dK) take key
+// block [c0, c1) against queries c0..T-1 only.
+
+namespace {
+
+// One slice's matrices in the backward (null: absent or not wanted).
+template <class T>
+struct Slice {
+  const T* Q;   // [T, d_k], rows lq apart (so are dQ's)
+  const T* K;   // [S, d_k], rows lk apart (so are dK's)
+  const T* V;   // [S, d_v], rows lv apart (so are dV's)
+  const T* P;   // [T, S]
+  const T* Z;   // [T, S]
+  const T* dO;  // [T, d_v], rows lo apart; null = 0
+  const T* dW;  // [T, S]; null = 0
+};
+
+// The products that sum over queries (dV, dK) take key block [c0, c1) against queries
+// first_query(c0)..T-1: all of them, or c0..T-1 when causal.
+struct KeyBlocks {
+  std::int64_t step;
+  bool causal;
+  std::int64_t first_query(std::int64_t c0) const { return causal ? c0 : std::int64_t{0}; }
+};
+
+// forward: O = Pd·V with Pd = P ⊙ Z (Pd = P without dropout)
+//   => dV = Pdᵀ·dO                                          [S, T] x [T, d_v] -> [S, d_v]
+template <class T>
+void slice_dv(const Dims& d, const Slice<T>& s, KeyBlocks kb, RowMatrix<T>& dropped, T* dV) {
+  const std::int64_t lv = d.v.sr, lo = d.out.sr;
+  if (d.T == 0 || s.dO == nullptr) {
+    StridedView<T>(dV, d.S, d.d_v, Eigen::OuterStride<>(lv)).setZero();
+    return;
+  }
+  const T* Pd = s.P;
+  if (s.Z != nullptr) {
+    dropped = ConstMatrixView<T>(s.P, d.T, d.S).array() * ConstMatrixView<T>(s.Z, d.T, d.S).array();
+    Pd = dropped.data();
+  }
+  for (std::int64_t c0 = 0; c0 < d.S; c0 += kb.step) {
+    const std::int64_t c1 = std::min(d.S, c0 + kb.step), i0 = kb.first_query(c0);
+    gemm<T>(true, false, c1 - c0, d.d_v, d.T - i0, T(1), Pd + i0 * d.S + c0, d.S, s.dO + i0 * lo, lo, T(0),
+            dV + c0 * lv, lv);
+  }
+}
+
+// dP and then dS on rows r0..r1-1, columns 0..cols-1 of dP (row stride S), in place.
+template <class T>
+void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64_t r1, std::int64_t cols, T* dP) {
+  const std::int64_t rows = r1 - r0;
+  T* dPb = dP + r0 * d.S;  // [rows, cols] of row stride S
+  StridedView<T> dPm(dPb, rows, cols, d.S);
+  //   => dPd = dO·Vᵀ                                      [rows, d_v] x [d_v, cols] -> [rows, cols]
+  if (d.d_v == 0 || s.dO == nullptr) {
+    dPm.setZero();
+  } else {
+    gemm<T>(false, true, rows, cols, d.d_v, T(1), s.dO + r0 * d.out.sr, d.out.sr, s.V, d.v.sr, T(0), dPb, d.S);
+    // forward: Pd = P ⊙ Z  =>  dP = dPd ⊙ Z
+    if (s.Z != nullptr) dPm.array() *= StridedView<const T>(s.Z + r0 * d.S, rows, cols, d.S).array();
+  }
+  // `weights` is P itself, so the gradient that reached it adds in: dP += dW
+  if (s.dW != nullptr) dPm += StridedView<const T>(s.dW + r0 * d.S, rows, cols, d.S);
+  // forward: P_i = softmax(S_i)  =>  dS_ij = Σ_k dP_ik · P_ik(δ_jk − P_ij)
+  //                                       = P_ij · (dP_ij − Σ_k dP_ik P_ik)
+  // (the Jacobian diag(p) − p·pᵀ never formed: O(T·S) per slice). A fully blocked row has
+  // P = 0, so its dS row is 0; so are blocked (P = 0) entries, the causal ones included.
+  for (std::int64_t i = r0; i < r1; ++i) {
+    auto p_row = ConstArrayView<T>(s.P + i * d.S, cols);
+    auto ds_row = ArrayView<T>(dP + i * d.S, cols);
+    const T row_dot = (ds_row * p_row).sum();
+    ds_row = p_row * (ds_row - row_dot);  // dP now holds dS
+  }
+}
+
+// forward: S = scale·Q·Kᵀ + M
+//   => dK = scale·dSᵀ·Q                                     [S, T] x [T, d_k] -> [S, d_k]
+template <class T>
+void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* dS, T scale, T* dK) {
+  const std::int64_t lq = d.q.sr, lk = d.k.sr;
+  if (d.T == 0) {
+    StridedView<T>(dK, d.S, d.d_k, Eigen::OuterStride<>(lk)).setZero();
+    return;
+  }
+  for (std::int64_t c0 = 0; c0 < d.S; c0 += kb.step) {
+    const std::int64_t c1 = std::min(d.S, c0 + kb.step), i0 = kb.first_query(c0);
+    gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, scale, dS + i0 * d.S + c0, d.S, s.Q + i0 * lq, lq, T(0),
+            dK + c0 * lk, lk);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
+  const bool need_ds = x.dq != nullptr || x.dk != nullptr || x.dscores != nullptr;
+  const RowBlocks blocks = row_blocks(d, causal);
+  const KeyBlocks key_blocks{causal ? blocks.step : std::max<std::int64_t>(d.S, 1), causal};
+  parallel_region(d.parallel(), [&] {
+    // Scratch of each thread, kept between calls (a warm training step allocates nothing); it
+    // holds the largest slice the thread has seen.
+    thread_local RowMatrix<T> dropped;  // P ⊙ Z
+    thread_local RowMatrix<T> dP;       // dL/dP, then dL/dS in place
+#pragma omp for schedule(static)
+    for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
+      const std::int64_t b = bh / d.H, h = bh % d.H, slice = bh * d.T * d.S;
+      const Slice<T> s{x.q + d.q.at(b, h),
+                       x.k + d.k.at(b, h),
+                       x.v + d.v.at(b, h),
+                       x.weights + slice,
+                       x.keep != nullptr ? x.keep + slice : nullptr,
+                       x.dout != nullptr ? x.dout + d.out.at(b, h) : nullptr,
+                       x.dweights != nullptr ? x.dweights + slice : nullptr};
+      if (x.dv != nullptr) slice_dv(d, s, key_blocks, dropped, x.dv + d.v.at(b, h));
+      if (!need_ds) continue;
+
+      dP.resize(d.T, d.S);
+      for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
+        const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
+        const std::int64_t cols = blocks.cols(r1);
+        slice_ds_rows(d, s, r0, r1, cols, dP.data());
+        const T* dSb = dP.data() + r0 * d.S;  // [rows, cols] of row stride S
+        //   => dQ = scale·dS·K                            [rows, cols] x [cols, d_k] -> [rows, d_k]
+        if (x.dq != nullptr)
+          gemm<T>(false, false, rows, d.d_k, cols, scale, dSb, d.S, s.K, d.k.sr, T(0),
+                  x.dq + d.q.at(b, h) + r0 * d.q.sr, d.q.sr);
+        //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
+        if (x.dscores != nullptr) {
+          T* out = x.dscores + slice + r0 * d.S;
+          StridedView<T>(out, rows, cols, d.S) = StridedView<const T>(dSb, rows, cols, d.S);
+          if (cols < d.S) StridedView<T>(out + cols, rows, d.S - cols, d.S).setZero();
+        }
+      }
+      if (x.dk != nullptr) slice_dk(d, s, key_blocks, dP.data(), scale, x.dk + d.k.at(b, h));
+    }
+  });
+}
+
+template void forward<float>(const Dims&, const ForwardData<float>&, MaskStrides, float, bool);
+template void forward<double>(const Dims&, const ForwardData<double>&, MaskStrides, double, bool);
+template void backward<float>(const Dims&, const BackwardData<float>&, float, bool);
+template void backward<double>(const Dims&, const BackwardData<double>&, double, bool);
+
+}  // namespace autograd::sdpa

@@ -1,0 +1,169 @@
+// nn::functional::multi_head_attention_forward: check, project (packed or separate), attend,
+// mix with W_O, shape the results. The argument checks and the masks are in
+// functional_attention_checks.cpp.
+#include <array>
+#include <cmath>
+
+#include "functional_attention_detail.hpp"
+
+namespace nn {
+
+namespace functional {
+
+namespace {
+
+using detail::Geometry;
+
+// q, k, v after the input projections, in one of two forms: `qkv` (B, T, 3E), each row
+// [q | k | v] (one product by [W_Q | W_K | W_V], for the packed fused op); or q (B, T, E),
+// k and v (B, S', E) with the appended keys and values, if any.
+struct Projected {
+  ag::Tensor qkv;
+  ag::Tensor q, k, v;
+};
+
+// The seed's projection y = x · W + b on (B, L, in) inputs: one (B·L, in) · (in, out) product each.
+Projected project(const ag::Tensor& query, const ag::Tensor& key, const ag::Tensor& value,
+                  const MultiHeadAttentionWeights& w, const Geometry& g, bool add_zero_attn, bool packed) {
+  if (packed) {
+    const std::array<ag::Tensor, 3> weights{w.W_Q, w.W_K, w.W_V}, biases{w.b_Q, w.b_K, w.b_V};
+    return {ag::linear_cat(query, weights, biases), {}, {}, {}};  // (B, T, 3E)
+  }
+  Projected p;
+  p.q = ag::linear(query, w.W_Q, w.b_Q);  // (B, T, E)
+  p.k = ag::linear(key, w.W_K, w.b_K);    // (B, S, E)
+  p.v = ag::linear(value, w.W_V, w.b_V);  // (B, S, E)
+  if (w.bias_k.defined()) {  // one more key and value, learned, after the S keys
+    p.k = ag::cat({p.k, ag::expand(ag::reshape(w.bias_k, {1, 1, g.E}), {g.B, 1, g.E})}, 1);  // (B, S+1, E)
+    p.v = ag::cat({p.v, ag::expand(ag::reshape(w.bias_v, {1, 1, g.E}), {g.B, 1, g.E})}, 1);  // (B, S+1, E)
+  }
+  if (add_zero_attn) {  // one more all-zero key and value
+    const ag::Tensor zero = ag::zeros({g.B, 1, g.E}, query.dtype());
+    p.k = ag::cat({p.k, zero}, 1);  // (B, S', E)
+    p.v = ag::cat({p.v, zero}, 1);  // (B, S', E)
+  }
+  return p;
+}
+
+// (B, L, E) -> (B, H, L, d_k): head h takes columns h·d_k .. (h+1)·d_k - 1. Only a regrouping.
+ag::Tensor split_heads(const ag::Tensor& x, std::int64_t H) {
+  const std::int64_t B = x.size(0), L = x.size(1), E = x.size(2);
+  return ag::transpose(ag::reshape(x, {B, L, H, E / H}), 1, 2);  // (B, L, H, d_k) -> (B, H, L, d_k)
+}
+
+// (B, H, L, d_k) -> (B, L, E): the heads side by side again (concat).
+ag::Tensor merge_heads(const ag::Tensor& x) {
+  const std::int64_t B = x.size(0), H = x.size(1), L = x.size(2), d_k = x.size(3);
+  return ag::reshape(ag::transpose(x, 1, 2), {B, L, H * d_k});  // (B, L, H, d_k) -> (B, L, E)
+}
+
+struct CoreResult {
+  ag::Tensor concat;   // (B, T, E): the heads' contexts side by side
+  ag::Tensor weights;  // (B, H, T, S')
+};
+
+// The attention core written out as separate autograd ops: the readable reference that the
+// fused op is tested against. Fills `study` with every intermediate when it is given.
+CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::int64_t H, double dropout_p,
+                             ag::Generator& gen, AttentionStudy* study) {
+  const ag::Tensor q = split_heads(p.q, H);  // (B, H, T, d_k)
+  const ag::Tensor k = split_heads(p.k, H);  // (B, H, S', d_k)
+  const ag::Tensor v = split_heads(p.v, H);  // (B, H, S', d_k)
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));  // 1/√d_k
+  ag::Tensor raw_scores = ag::matmul(q, ag::transpose(k, -2, -1));  // (B,H,T,d_k)·(B,H,d_k,S') = (B,H,T,S')
+  ag::Tensor scores = raw_scores * scale;                             // (B, H, T, S')
+  if (mask.defined()) scores = scores + mask;                         // + the mask (broadcast); -inf blocks
+  // A row whose scores are all -inf (every key blocked) gets zero weights and zero gradients.
+  ag::Tensor weights = ag::softmax(scores, -1);  // (B, H, T, S'), rows sum to 1 (or 0)
+  ag::Tensor dropped = dropout_p > 0.0 ? ag::dropout(weights, dropout_p, true, gen) : weights;  // (B, H, T, S')
+  ag::Tensor context = ag::matmul(dropped, v);  // (B,H,T,S')·(B,H,S',d_k) = (B, H, T, d_k)
+  ag::Tensor concat = merge_heads(context);     // (B, T, E)
+  if (study) *study = AttentionStudy{q, k, v, raw_scores, scores, weights, context, concat};
+  return {concat, weights};
+}
+
+// Every head at once, on the core the call asked for. The fused ops read head h from columns
+// h·d_k .. (h+1)·d_k - 1 of q, k, v in place and write the concat directly: no split into
+// (B, H, L, d_k) copies, no merge.
+CoreResult attend(const Projected& p, const detail::Masks& m, const MultiHeadAttentionConfig& c, bool composed,
+                  AttentionStudy* study) {
+  ag::Generator& gen = c.dropout_generator != nullptr ? *c.dropout_generator : ag::default_generator();
+  const std::int64_t H = c.num_heads;
+  if (composed) return compose_attention(p, m.additive, H, c.dropout_p, gen, study);
+  const ag::SdpaResult r =
+      p.qkv.defined()
+          ? ag::scaled_dot_product_attention_packed(p.qkv, H, m.additive, m.causal_flag, 0.0, c.dropout_p, &gen)
+          : ag::scaled_dot_product_attention_heads_last(p.q, p.k, p.v, H, m.additive, m.causal_flag, 0.0,
+                                                        c.dropout_p, &gen);
+  return {r.output, r.weights};
+}
+
+// Study: every intermediate keeps its gradient (when the forward recorded a graph).
+void retain_grads(AttentionStudy& s) {
+  for (ag::Tensor* t : {&s.q, &s.k, &s.v, &s.raw_scores, &s.scores, &s.weights, &s.context, &s.concat})
+    if (t->defined() && t->requires_grad()) t->retain_grad();
+}
+
+// Back to the caller's form: unbatched inputs give unbatched results; weights averaged over the
+// heads, per head, or not at all.
+AttentionOutput shape_output(const ag::Tensor& out, const ag::Tensor& weights, bool batched,
+                             const AttentionOptions& options) {
+  AttentionOutput result;
+  result.output = batched ? out : ag::squeeze(out, 0);  // (B, T, E) or (T, E)
+  if (options.need_weights) {
+    const ag::Tensor w = options.average_attn_weights ? ag::mean(weights, 1) : weights;  // (B, T, S') or (B, H, T, S')
+    result.weights = batched ? w : ag::squeeze(w, 0);
+  }
+  return result;
+}
+
+}  // namespace
+
+AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::Tensor& key, const ag::Tensor& value,
+                                             const MultiHeadAttentionWeights& weights,
+                                             const MultiHeadAttentionConfig& config,
+                                             const AttentionOptions& options) {
+  // ---- check ----
+  const Geometry g = detail::check_arguments(query, key, value, weights, config, options);
+  // Work batched throughout: an unbatched input is a batch of one.
+  const ag::Tensor query3 = g.batched ? query : ag::unsqueeze(query, 0);  // (B, T, E)
+  const ag::Tensor key3 = g.batched ? key : ag::unsqueeze(key, 0);        // (B, S, kdim)
+  const ag::Tensor value3 = g.batched ? value : ag::unsqueeze(value, 0);  // (B, S, vdim)
+
+  // ---- choose the core; build the masks ----
+  const bool composed = config.core == AttentionCore::Composed || config.study != nullptr;
+  // Self-attention (one tensor as query, key and value) on the fused core: one projection by
+  // [W_Q | W_K | W_V] gives q, k, v side by side in each row, and the fused op reads them there.
+  // One GEMM forward and one per operand backward instead of three each (and no sum of three dX).
+  const bool packed = !composed && g.S_total == g.S && query.is_same(key) && key.is_same(value);
+  // The fused op takes causality as a flag when the keys are exactly the S inputs.
+  const bool causal_flag = options.is_causal && !composed && g.S_total == g.S;
+  const detail::Masks masks = detail::build_masks(options, g, causal_flag, query.dtype());
+
+  // ---- project, attend, mix with W_O ----
+  const Projected p = project(query3, key3, value3, weights, g, config.add_zero_attn, packed);
+  AttentionStudy study;
+  const CoreResult core = attend(p, masks, config, composed, config.study != nullptr ? &study : nullptr);
+  const ag::Tensor out = ag::linear(core.concat, weights.W_O, weights.b_O);  // (B, T, E)
+  if (config.study != nullptr) {
+    retain_grads(study);
+    *config.study = std::move(study);
+  }
+
+  // ---- shape ----
+  return shape_output(out, core.weights, g.batched, options);
+}
+
+}  // namespace functional
+
+ag::Tensor AttentionStudy::head(const ag::Tensor& t, std::int64_t h, std::int64_t b) {
+  if (!t.defined()) ag::fail("AttentionStudy::head", "tensor is undefined (no backward yet?)");
+  if (t.dim() != 4) ag::fail("AttentionStudy::head", "needs a (B, H, rows, cols) tensor, got {}", ag::shape_str(t.shape()));
+  if (b < 0 || b >= t.size(0) || h < 0 || h >= t.size(1))
+    ag::fail("AttentionStudy::head", "batch {} head {} out of range for shape {}", b, h, ag::shape_str(t.shape()));
+  ag::NoGradGuard no_grad;
+  ag::Tensor slice = ag::narrow(ag::narrow(t.detach(), 0, b, 1), 1, h, 1);  // (1, 1, rows, cols)
+  return ag::reshape(slice, {t.size(2), t.size(3)}).clone();
+}
+
+}  // namespace nn
