@@ -152,9 +152,13 @@ BOOST_AUTO_TEST_CASE(matmul_and_batched_matmul) {
       Tensor na = leaf({16, 4096}, gen, dt), nb = leaf({4096, 8}, gen, dt);
       Tensor u = leaf({100000}, gen, dt), w = leaf({100000}, gen, dt);
       Tensor m = leaf({500, 400}, gen, dt), mv = leaf({400}, gen, dt);
+      // Batches whose slices are large products themselves (the BLAS's and Eigen's).
+      Tensor la = leaf({2, 512, 1024}, gen, dt), lb = leaf({1024, 64}, gen, dt);
+      Tensor ea = leaf({3, 256, 2048}, gen, dt), eb = leaf({3, 2048, 16}, gen, dt);
       return with_grads({ag::matmul(a, b), ag::matmul(ba, bb), ag::matmul(ca, cb), ag::matmul(na, nb),
-                         ag::matmul(u, w), ag::matmul(m, mv), ag::matmul(ag::transpose(b, 0, 1), ag::transpose(a, 0, 1))},
-                        {a, b, ba, bb, ca, cb, na, nb, u, w, m, mv}, gen);
+                         ag::matmul(u, w), ag::matmul(m, mv), ag::matmul(ag::transpose(b, 0, 1), ag::transpose(a, 0, 1)),
+                         ag::matmul(la, lb), ag::matmul(ea, eb)},
+                        {a, b, ba, bb, ca, cb, na, nb, u, w, m, mv, la, lb, ea, eb}, gen);
     });
   }
 }

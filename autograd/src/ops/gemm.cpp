@@ -267,17 +267,22 @@ Cut cut_of(std::int64_t M, std::int64_t N, std::int64_t K) {
 }
 
 // C = alpha·op(A)·op(B) + beta·C through `call` (one single-threaded product of the backend), cut
-// as cut_of says; `hold_omp` holds OpenMP's thread count at 1 around calls made outside a
-// parallel region (OpenBLAS's OpenMP build follows it).
+// as cut_of says wherever it runs: its pieces are shared among the threads outside a parallel
+// region, and run one after another on the calling thread inside one (a batch of products, each
+// on one thread of a team) or with one thread. `hold_omp` holds OpenMP's thread count at 1
+// around calls made outside a parallel region (OpenBLAS's OpenMP build follows it).
 template <class T, class Call>
 void cut_product(Call call, bool hold_omp, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
                  std::int64_t K, T alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
                  std::int64_t ldc) {
-  if (omp_in_parallel()) {  // one thread of our team: the product stays on it, uncut
+  const Cut cut = cut_of(M, N, K);
+  if (cut.count == 1) {  // one piece: no scratch, no region
+    const int threads = hold_omp && !omp_in_parallel() ? omp_get_max_threads() : 1;
+    if (threads > 1) omp_set_num_threads(1);
     call(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (threads > 1) omp_set_num_threads(threads);
     return;
   }
-  const Cut cut = cut_of(M, N, K);
   // Scratch for the partial sums of K pieces 1..count-1, kept by the calling thread between calls.
   thread_local std::vector<T> partial;
   if (cut.by_k) partial.resize(static_cast<std::size_t>((cut.count - 1) * M * N));
@@ -315,10 +320,10 @@ void cut_product(Call call, bool hold_omp, bool trans_a, bool trans_b, std::int6
     }
     return;
   }
-  const int threads = omp_get_max_threads();
-  if (hold_omp && threads > 1) omp_set_num_threads(1);
+  const int threads = hold_omp && !omp_in_parallel() ? omp_get_max_threads() : 1;
+  if (threads > 1) omp_set_num_threads(1);
   for (std::int64_t p = 0; p < cut.count; ++p) piece(p);
-  if (hold_omp && threads > 1) omp_set_num_threads(threads);
+  if (threads > 1) omp_set_num_threads(threads);
   if (cut.by_k)
     for (std::int64_t i = 0; i < M; ++i) add_partials(i);
 }
