@@ -210,7 +210,8 @@ BOOST_AUTO_TEST_CASE(gemm_every_transpose_and_shape) {
   const std::vector<std::array<std::int64_t, 3>> shapes{{8, 128, 8192}, {128, 8, 8192},  {128, 32, 8192},
                                                         {300, 257, 190}, {64, 64, 64},    {2048, 16, 512},
                                                         {17, 1000, 333}, {1024, 128, 1024}, {5, 128, 1024}};
-  for (const auto& [M, N, K] : shapes) {
+  for (const auto& shape : shapes) {
+    const std::int64_t M = shape[0], N = shape[1], K = shape[2];
     const std::string what = "gemm " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
     check_thread_independent(what + " float", [=] { return gemm_all_transposes<float>(M, N, K); });
     check_thread_independent(what + " double", [=] { return gemm_all_transposes<double>(M, N, K); });
