@@ -19,7 +19,7 @@
 # threads the same way. The tests run at 1, 2, 3 and 7 threads as they ask (the machine's core
 # count does not limit a thread count).
 # -O1 -g1: the usual sanitizer setting. Examples and benchmarks are off; only the four test
-# programs and the libraries are built (about 4 minutes on 2 cores; the tests about 3).
+# programs and the libraries are built. The four tests take about 2 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build-tsan}
