@@ -260,6 +260,22 @@ BOOST_AUTO_TEST_CASE(max_rejects_an_empty_tensor_and_an_empty_dim) {
 }
 
 BOOST_AUTO_TEST_CASE(reductions_reject_an_undefined_tensor) {
-  BOOST_TEST(error_of([] { ag::sum(Tensor()); }) == "sum: the input tensor is undefined");
-  BOOST_TEST(error_of([] { ag::max(Tensor(), 0); }) == "max: the input tensor is undefined");
+  BOOST_TEST(error_of([] { ag::sum(Tensor()); }) == "sum: the input is an undefined tensor");
+  BOOST_TEST(error_of([] { ag::max(Tensor(), 0); }) == "max: the input is an undefined tensor");
+}
+
+BOOST_AUTO_TEST_CASE(sum_to_names_itself_in_its_errors) {
+  // A target that does not broadcast to the gradient's shape, same rank and lower rank.
+  const Tensor g = ag::ones({2, 3});
+  BOOST_TEST(error_of([&] { ag::sum_to(g, {4}); }) ==
+             "sum_to: cannot reduce [2, 3] to [4]: target dim 0 has size 4, which is neither 1 nor 3");
+  BOOST_TEST(error_of([&] { ag::sum_to(g, {2, 2}); }) ==
+             "sum_to: cannot reduce [2, 3] to [2, 2]: target dim 1 has size 2, which is neither 1 nor 3");
+  BOOST_TEST(error_of([&] { ag::sum_to(g, {3, 1}); }) ==
+             "sum_to: cannot reduce [2, 3] to [3, 1]: target dim 0 has size 3, which is neither 1 nor 2");
+  BOOST_TEST(error_of([&] { ag::sum_to(g, {1, 2, 3}); }) == "sum_to: cannot reduce [2, 3] to the larger rank of [1, 2, 3]");
+  // What it accepts: leading dims summed away, size-1 dims summed, same shape passed through.
+  check_values(ag::sum_to(ag::reshape(ag::arange(6.0, Dtype::Float64), {2, 3}), {1, 3}), {1, 3}, {3, 5, 7});
+  check_values(ag::sum_to(ag::reshape(ag::arange(6.0, Dtype::Float64), {2, 3}), {3}), {3}, {3, 5, 7});
+  check_values(ag::sum_to(ag::reshape(ag::arange(6.0, Dtype::Float64), {2, 3}), {2, 1}), {2, 1}, {3, 12});
 }

@@ -1,5 +1,6 @@
 // Threads: results with 1 and 2 threads agree to float rounding, and a run is repeatable:
-// the same seed and thread count give bit-identical training losses.
+// the same seed and thread count give bit-identical training losses. Each thread has its own
+// default generator, and a thread count below 1 is refused.
 #define BOOST_TEST_MODULE threading
 #include <boost/test/unit_test.hpp>
 
@@ -7,6 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -138,4 +142,63 @@ BOOST_AUTO_TEST_CASE(training_with_one_and_two_threads_agrees_to_rounding) {
 BOOST_AUTO_TEST_CASE(a_different_seed_gives_different_losses) {
   // Negative control for the bit-identity claim: the losses do depend on the seed.
   BOOST_TEST(train_losses(1, 2024, 3) != train_losses(1, 2025, 3));
+}
+
+BOOST_AUTO_TEST_CASE(set_num_threads_refuses_a_count_below_one) {
+  ThreadCount tc(2);
+  for (int n : {0, -1, -64}) {
+    try {
+      ag::set_num_threads(n);
+      BOOST_ERROR("set_num_threads(" << n << ") did not throw");
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST(std::string(e.what()) ==
+                 "set_num_threads: the thread count must be at least 1, got " + std::to_string(n));
+    }
+    BOOST_TEST(ag::get_num_threads() == 2);  // unchanged
+  }
+}
+
+namespace {
+
+// What a module made from the default generator holds, and a tensor drawn after it.
+std::vector<double> draws_from_the_default_generator() {
+  nn::Linear layer(nn::LinearOptions{16, 8});
+  std::vector<double> v = layer.weight().to_vector();
+  const std::vector<double> more = ag::randn({64}).to_vector();
+  v.insert(v.end(), more.begin(), more.end());
+  return v;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(each_thread_has_its_own_default_generator) {
+  // Two threads initialise modules at once: each draws the numbers a lone thread draws after
+  // manual_seed, none taken by the other thread.
+  ag::manual_seed(7);
+  const std::vector<double> alone = draws_from_the_default_generator();
+  ag::manual_seed(7);
+  std::vector<double> first, second;
+  std::thread t1([&] { first = draws_from_the_default_generator(); });
+  std::thread t2([&] { second = draws_from_the_default_generator(); });
+  t1.join();
+  t2.join();
+  BOOST_TEST(first == alone, boost::test_tools::per_element());
+  BOOST_TEST(second == alone, boost::test_tools::per_element());
+  // The calling thread's generator was reseeded by manual_seed and not touched by the others.
+  BOOST_TEST(draws_from_the_default_generator() == alone, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(manual_seed_in_one_thread_does_not_move_another_threads_generator) {
+  ag::manual_seed(11);
+  const std::vector<double> reference = ag::randn({32}).to_vector();
+  ag::manual_seed(11);
+  std::vector<double> got;
+  std::thread t([&] {
+    ag::manual_seed(99);  // this thread's generator only (and the seed of threads made later)
+    (void)ag::randn({32});
+  });
+  t.join();
+  got = ag::randn({32}).to_vector();
+  BOOST_TEST(got == reference, boost::test_tools::per_element());
+  ag::manual_seed(0x5eed);
 }

@@ -1,10 +1,8 @@
 #include "autograd/grad_mode.hpp"
 
-#include <algorithm>
-#include <thread>
-
-#include <Eigen/Core>
 #include <omp.h>
+
+#include "autograd/shape.hpp"
 
 namespace autograd {
 
@@ -16,9 +14,8 @@ bool is_grad_enabled() { return grad_enabled; }
 void set_grad_enabled(bool enabled) { grad_enabled = enabled; }
 
 void set_num_threads(int n) {
-  n = std::max(1, n);
+  if (n < 1) fail("set_num_threads", "the thread count must be at least 1, got {}", n);
   omp_set_num_threads(n);
-  Eigen::setNbThreads(n);
 }
 
 int get_num_threads() { return omp_get_max_threads(); }

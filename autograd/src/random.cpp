@@ -1,5 +1,6 @@
 #include "autograd/random.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <numbers>
 
@@ -31,12 +32,20 @@ double Generator::normal() {
   return r * std::cos(theta);
 }
 
+namespace {
+// The seed a thread's default generator starts from: the last one manual_seed was given.
+std::atomic<std::uint64_t> start_seed{0x5eed};
+}  // namespace
+
 Generator& default_generator() {
-  static Generator gen(0x5eed);
+  thread_local Generator gen(start_seed.load(std::memory_order_relaxed));
   return gen;
 }
 
-void manual_seed(std::uint64_t seed) { default_generator().manual_seed(seed); }
+void manual_seed(std::uint64_t seed) {
+  start_seed.store(seed, std::memory_order_relaxed);
+  default_generator().manual_seed(seed);
+}
 
 namespace {
 template <class Draw>

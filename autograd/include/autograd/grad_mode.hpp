@@ -29,7 +29,12 @@ class EnableGradGuard {
   bool prev_;
 };
 
-// Threads the kernels may use (OpenMP and Eigen). Default: all cores.
+// Threads the kernels may use (OpenMP's count; default: all cores). n < 1 throws
+// std::invalid_argument. Results do not depend on it: every kernel cuts its work by the shape
+// alone and adds in a fixed order, so 1, 2 or 64 threads give the same bits. (Matrix products
+// keep Eigen's and OpenBLAS's own threading off and share shape-fixed pieces among the threads;
+// a program that turns Eigen's threading back on with Eigen::setNbThreads loses this.)
+// Like omp_set_num_threads, it sets the count for the calling thread and the threads it starts.
 void set_num_threads(int n);
 int get_num_threads();
 

@@ -24,8 +24,14 @@ class Generator {
   double spare_ = 0.0;
 };
 
-// The process-wide generator used when none is passed.
+// The generator used when none is passed: one per thread, so that threads never share one
+// (two threads initialising modules at once each draw their own numbers, with no lock and no
+// race). A thread's default generator is made on the thread's first use, seeded with the seed
+// last given to manual_seed by any thread (0x5eed before any call): threads started after
+// manual_seed(s) each draw the same numbers as a generator Generator(s).
 Generator& default_generator();
+// Reseeds the calling thread's default generator and sets the seed that threads' generators
+// made later start from; generators other threads already use are not changed.
 void manual_seed(std::uint64_t seed);
 
 Tensor rand(const Shape& shape, Dtype dtype, Generator& gen);  // uniform [0, 1)

@@ -5,6 +5,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/common.hpp"
 
 namespace autograd {
 
@@ -15,9 +16,8 @@ Tensor times_mask(const Tensor& a, const Tensor& mask) {
   Tensor out = Tensor::empty(a.shape(), a.dtype());
   dispatch(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    using Map = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out.data<T>(), out.numel()) =
-        Map(a.data<T>(), a.numel()) * Map(mask.data<T>(), mask.numel());
+    ArrayView<T>(out.data<T>(), out.numel()) =
+        ConstArrayView<T>(a.data<T>(), a.numel()) * ConstArrayView<T>(mask.data<T>(), mask.numel());
   });
   return out;
 }
@@ -25,7 +25,7 @@ Tensor times_mask(const Tensor& a, const Tensor& mask) {
 }  // namespace
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
-  if (!x.defined()) fail("dropout", "tensor is undefined");
+  check_defined("dropout", x);
   if (!(p >= 0.0 && p <= 1.0)) fail("dropout", "p must be in [0, 1], got {}", p);
   if (!training || p == 0.0) return x;
 

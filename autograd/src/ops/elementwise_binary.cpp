@@ -15,8 +15,8 @@ using kernels::scalar_t;
 namespace {
 
 void check_defined_args(std::string_view op, const Tensor& a, const Tensor& b) {
-  if (!a.defined()) fail(op, "first argument is an undefined tensor");
-  if (!b.defined()) fail(op, "second argument is an undefined tensor");
+  check_defined(op, a, "first argument");
+  check_defined(op, b, "second argument");
 }
 
 // Both defined, same dtype; returns the broadcast shape (or throws naming both shapes).
@@ -27,9 +27,7 @@ Shape check_binary(std::string_view op, const Tensor& a, const Tensor& b) {
   return broadcast_shapes(op, a.shape(), b.shape());
 }
 
-void check_defined_arg(std::string_view op, const Tensor& x) {
-  if (!x.defined()) fail(op, "argument is an undefined tensor");
-}
+void check_defined_arg(std::string_view op, const Tensor& x) { check_defined(op, x, "argument"); }
 
 // The gradient of input i, or an undefined tensor when nobody needs it.
 template <class F>
@@ -294,7 +292,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  if (!cond.defined()) fail("where", "condition is an undefined tensor");
+  check_defined("where", cond, "condition");
   const Shape ab = check_binary("where", a, b);
   const Shape shape = broadcast_shapes("where", cond.shape(), ab);
   const Tensor c = as_selector(cond, a.dtype());

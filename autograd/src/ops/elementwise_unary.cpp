@@ -15,9 +15,7 @@ using kernels::scalar_t;
 
 namespace {
 
-void check_defined_arg(std::string_view op, const Tensor& x) {
-  if (!x.defined()) fail(op, "argument is an undefined tensor");
-}
+void check_defined_arg(std::string_view op, const Tensor& x) { check_defined(op, x, "argument"); }
 
 // dx = f(dy, saved) elementwise, as the whole backward of a one-input op.
 template <class F>

@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include "autograd/tensor.hpp"
+#include "ops/parallel.hpp"
 
 #ifdef HEADGRAD_HAVE_BLAS
 #include <cblas.h>
@@ -188,29 +189,13 @@ bool use_blas(std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t lda, 
   if (std::min({M, N, K}) < kBlasMinDim || M * N * K < kBlasMinWork) return false;
   if (std::max({M, N, K, lda, ldb, ldc}) > INT_MAX) return false;  // blasint is 32-bit
   // A pthreads build of OpenBLAS does not see our threads: keep it on one thread for good (the
-  // OpenMP build follows omp_get_max_threads(), which blas_gemm holds at 1 around each call).
+  // OpenMP build follows omp_get_max_threads(), which cut_product holds at 1 around each call).
   static const bool configured = [] {
     if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
     return true;
   }();
   return configured;
 }
-
-// Threads. OpenBLAS's result depends on how it cuts a product among its threads (and on the
-// shape of each piece), so it never chooses: outside our parallel regions a large product is cut
-// into pieces by its shape alone, the pieces are shared among our threads, and each is one
-// single-threaded BLAS call. Whatever the thread count, every element is computed the same way.
-// Pieces as small as half a million multiply-adds and 64 rows pay at two threads: the toy
-// shape's projections (256x192x64, 256x64x64) run in 2 pieces, about 1.3x faster per step
-// (bench_attention --shapes toy --threads 2, interleaved rounds on a quiet machine).
-constexpr std::int64_t kPieceWork = std::int64_t{1} << 19;  // multiply-adds per piece, at least
-constexpr std::int64_t kPieceMin = 64;                      // rows (or columns) per piece, at least
-// At most 4 pieces: enough for the 1-2 threads this is tuned for (and 4), while each extra piece
-// packs the operand it does not cut once more (single-thread cost within the noise of the
-// measurement for 2048x384x384 cut in 4 or 8). A count of 1, 2 or 4, so that 2 threads get
-// equal shares.
-constexpr std::int64_t kMaxPieces = 4;
-std::int64_t whole_pieces(std::int64_t p) { return p >= 4 ? 4 : p >= 2 ? 2 : 1; }
 
 template <class T>
 void blas_call(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
@@ -224,6 +209,30 @@ void blas_call(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, A, la, B, lb, beta, C, lc);
   }
 }
+#else
+bool use_blas(std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return false; }
+template <class T>
+void blas_call(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, const T*, std::int64_t,
+               T, T*, std::int64_t) {}
+#endif  // HEADGRAD_HAVE_BLAS
+
+// Threads. Both OpenBLAS and Eigen give results that depend on how they cut a product among
+// their threads (Eigen's blocking of K follows its thread count), so neither chooses: Eigen's
+// own threading is off (set_num_threads keeps Eigen::setNbThreads at 1), OpenBLAS is held at one
+// thread, and outside our parallel regions a large product is cut into pieces by its shape
+// alone, the pieces are shared among our threads, and each is one single-threaded call. Whatever
+// the thread count, every element is computed the same way.
+// Pieces as small as half a million multiply-adds and 64 rows pay at two threads: the toy
+// shape's projections (256x192x64, 256x64x64) run in 2 pieces, about 1.3x faster per step
+// (bench_attention --shapes toy --threads 2, interleaved rounds on a quiet machine).
+constexpr std::int64_t kPieceWork = std::int64_t{1} << 19;  // multiply-adds per piece, at least
+constexpr std::int64_t kPieceMin = 64;                      // rows (or columns) per piece, at least
+// At most 4 pieces: enough for the 1-2 threads this is tuned for (and 4), while each extra piece
+// packs the operand it does not cut once more (single-thread cost within the noise of the
+// measurement for 2048x384x384 cut in 4 or 8). A count of 1, 2 or 4, so that 2 threads get
+// equal shares.
+constexpr std::int64_t kMaxPieces = 4;
+std::int64_t whole_pieces(std::int64_t p) { return p >= 4 ? 4 : p >= 2 ? 2 : 1; }
 
 // A product whose C is too small to cut as finely (a weight gradient Xᵀ·dY: [in, out] summed over
 // every row of a batch) is cut along K instead, when K is long: piece p computes
@@ -232,76 +241,99 @@ void blas_call(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::
 // so every thread count adds the same numbers in the same order.
 constexpr std::int64_t kPieceMinK = 256;  // summed terms per K piece, at least
 
-template <class T>
-void blas_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
-               std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
-  if (omp_in_parallel()) {  // one thread of our team: OpenBLAS stays on it
-    blas_call(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
+// How a product is cut: `count` pieces of `step` rows of C (by_rows), columns of C, or terms of K.
+struct Cut {
+  bool by_k = false, by_rows = true;
+  std::int64_t length = 0, step = 0, count = 1;
+};
+
+Cut cut_of(std::int64_t M, std::int64_t N, std::int64_t K) {
+  Cut c;
   // Cut the longer side of C into pieces of whole 16-row (or column) strips.
-  const bool by_rows = M >= N;
-  const std::int64_t side = by_rows ? M : N;
+  c.by_rows = M >= N;
+  const std::int64_t side = c.by_rows ? M : N;
   const std::int64_t work_pieces = M * N * K / kPieceWork;
   std::int64_t pieces = whole_pieces(std::min({kMaxPieces, side / kPieceMin, work_pieces}));
   // C too small to cut as finely as K, or K the longer (a weight gradient: cutting K packs
   // nothing twice, cutting C packs the uncut operand once per piece): cut K (see kPieceMinK), in
   // steps of whole 16-term runs.
   const std::int64_t k_pieces = whole_pieces(std::min({kMaxPieces, K / kPieceMinK, work_pieces}));
-  const bool by_k = k_pieces > pieces || (k_pieces > 1 && k_pieces == pieces && K > side);
-  if (by_k) pieces = k_pieces;
-  const std::int64_t length = by_k ? K : side;
-  const std::int64_t step = ((length + pieces - 1) / pieces + 15) / 16 * 16;
-  const std::int64_t count = (length + step - 1) / step;
+  c.by_k = k_pieces > pieces || (k_pieces > 1 && k_pieces == pieces && K > side);
+  if (c.by_k) pieces = k_pieces;
+  c.length = c.by_k ? K : side;
+  c.step = std::max<std::int64_t>(((c.length + pieces - 1) / pieces + 15) / 16 * 16, 1);
+  c.count = (c.length + c.step - 1) / c.step;
+  return c;
+}
+
+// C = alpha·op(A)·op(B) + beta·C through `call` (one single-threaded product of the backend), cut
+// as cut_of says wherever it runs: its pieces are shared among the threads outside a parallel
+// region, and run one after another on the calling thread inside one (a batch of products, each
+// on one thread of a team) or with one thread. `hold_omp` holds OpenMP's thread count at 1
+// around calls made outside a parallel region (OpenBLAS's OpenMP build follows it).
+template <class T, class Call>
+void cut_product(Call call, bool hold_omp, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
+                 std::int64_t K, T alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
+                 std::int64_t ldc) {
+  const Cut cut = cut_of(M, N, K);
+  if (cut.count == 1) {  // one piece: no scratch, no region
+    const int threads = hold_omp && !omp_in_parallel() ? omp_get_max_threads() : 1;
+    if (threads > 1) omp_set_num_threads(1);
+    call(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (threads > 1) omp_set_num_threads(threads);
+    return;
+  }
   // Scratch for the partial sums of K pieces 1..count-1, kept by the calling thread between calls.
   thread_local std::vector<T> partial;
-  if (by_k) partial.resize(static_cast<std::size_t>((count - 1) * M * N));
+  if (cut.by_k) partial.resize(static_cast<std::size_t>((cut.count - 1) * M * N));
   T* const scratch = partial.data();  // the team's threads reach it through this pointer, not their own copy
   auto piece = [&](std::int64_t p) {
-    const std::int64_t lo = p * step, len = std::min(step, length - lo);
-    if (by_k) {
+    const std::int64_t lo = p * cut.step, len = std::min(cut.step, cut.length - lo);
+    if (cut.by_k) {
       const T* a = trans_a ? A + lo * lda : A + lo;  // op(A)'s columns lo..lo+len-1
       const T* b = trans_b ? B + lo : B + lo * ldb;  // op(B)'s rows lo..lo+len-1
-      if (p == 0) {
-        blas_call(trans_a, trans_b, M, N, len, alpha, a, lda, b, ldb, beta, C, ldc);
-      } else {
-        blas_call(trans_a, trans_b, M, N, len, alpha, a, lda, b, ldb, T(0), scratch + (p - 1) * M * N, N);
-      }
-    } else if (by_rows) {
-      blas_call(trans_a, trans_b, len, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
+      if (p == 0) call(trans_a, trans_b, M, N, len, alpha, a, lda, b, ldb, beta, C, ldc);
+      else call(trans_a, trans_b, M, N, len, alpha, a, lda, b, ldb, T(0), scratch + (p - 1) * M * N, N);
+    } else if (cut.by_rows) {
+      call(trans_a, trans_b, len, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
     } else {
-      blas_call(trans_a, trans_b, M, len, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+      call(trans_a, trans_b, M, len, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
     }
   };
   // C += the K pieces' partial sums, in piece order (rows shared among the threads).
   auto add_partials = [&](std::int64_t i) {
     T* c = C + i * ldc;
-    for (std::int64_t p = 1; p < count; ++p) {
+    for (std::int64_t p = 1; p < cut.count; ++p) {
       const T* s = scratch + (p - 1) * M * N + i * N;
       for (std::int64_t j = 0; j < N; ++j) c[j] += s[j];
     }
   };
-  const int threads = omp_get_max_threads();
-  if (count > 1 && threads > 1) {
+  if (cut.count > 1 && threads_available()) {
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
-      for (std::int64_t p = 0; p < count; ++p) piece(p);
-      if (by_k) {
+      for (std::int64_t p = 0; p < cut.count; ++p) piece(p);
+      if (cut.by_k) {
 #pragma omp for schedule(static)
         for (std::int64_t i = 0; i < M; ++i) add_partials(i);
       }
     }
     return;
   }
-  // OpenBLAS follows omp_get_max_threads(): hold it at 1 for the call.
+  const int threads = hold_omp && !omp_in_parallel() ? omp_get_max_threads() : 1;
   if (threads > 1) omp_set_num_threads(1);
-  for (std::int64_t p = 0; p < count; ++p) piece(p);
+  for (std::int64_t p = 0; p < cut.count; ++p) piece(p);
   if (threads > 1) omp_set_num_threads(threads);
-  if (by_k)
+  if (cut.by_k)
     for (std::int64_t i = 0; i < M; ++i) add_partials(i);
 }
-#endif  // HEADGRAD_HAVE_BLAS
+
+// Eigen's products on one thread each (see cut_product): set once, before this process's first
+// product, so that every later product reads it after the write.
+void keep_eigen_single_threaded() {
+  static const bool done = (Eigen::setNbThreads(1), true);
+  (void)done;
+}
 
 }  // namespace
 
@@ -309,17 +341,16 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
-#ifdef HEADGRAD_HAVE_BLAS
+  keep_eigen_single_threaded();
   if (use_blas(M, N, K, lda, ldb, ldc)) {
-    blas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cut_product<T>(blas_call<T>, true, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-#endif
   if (kHaveSmallKernel && K > 0 && alpha != T(0) && small_kernel_fits<T>(trans_b, M, N, K)) {
     small_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  eigen_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  cut_product<T>(eigen_gemm<T>, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,

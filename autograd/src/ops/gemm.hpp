@@ -10,11 +10,12 @@
 // Large products go to the BLAS found at configure time (OpenBLAS, HEADGRAD_BLAS), small ones
 // (below about 1e5 multiply-adds, see gemm.cpp for the measured threshold) to a small AVX2
 // kernel of our own when N is a whole number of vectors, else to Eigen. Threads
-// (ag::set_num_threads, i.e. OpenMP's count): inside one of our parallel regions a product runs
-// on the calling thread; outside, a large one is cut into pieces by its shape (rows or columns
-// of C, or the summed dimension K when C is small and K long) and the pieces are shared among
-// the threads, each a single-threaded BLAS call, so the result does not depend on the thread
-// count (Eigen's own threading has the same property).
+// (ag::set_num_threads, i.e. OpenMP's count): a large product is cut into pieces by its shape
+// alone (rows or columns of C, or the summed dimension K when C is small and K long, the partial
+// sums added in a fixed order), each piece one single-threaded BLAS or Eigen call (their own
+// threading is off). Outside our parallel regions the pieces are shared among the threads;
+// inside one, or with one thread, they run one after another on the calling thread. So the
+// result has the same bits at any thread count and in any context.
 #include <cstdint>
 
 namespace autograd {

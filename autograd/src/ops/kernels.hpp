@@ -27,23 +27,13 @@
 
 #include "autograd/shape.hpp"
 #include "autograd/tensor.hpp"
-#include "ops/parallel.hpp"
+#include "ops/common.hpp"
 
 namespace autograd::kernels {
-
-template <class T>
-using Array1 = Eigen::Array<T, Eigen::Dynamic, 1>;
-template <class T>
-using ArrayMap = Eigen::Map<Array1<T>>;
-template <class T>
-using ConstArrayMap = Eigen::Map<const Array1<T>>;
 
 // The scalar type of an Eigen expression handed to a kernel lambda.
 template <class E>
 using scalar_t = typename std::decay_t<E>::Scalar;
-
-// Below this many output elements a kernel runs on one thread (thread start-up costs more).
-inline constexpr std::int64_t kParallelThreshold = 32768;
 
 // The iteration plan of a K-input broadcast over an output shape.
 template <std::size_t K>
@@ -127,7 +117,7 @@ void for_each_run(const BroadcastPlan<K>& plan, std::int64_t begin, std::int64_t
 // Splits [0, numel) over the threads (in cache-line multiples) when the work is large enough.
 template <class Chunk>
 void parallel_chunks(std::int64_t numel, Chunk&& chunk) {
-  const int threads = numel >= kParallelThreshold && threads_available() ? omp_get_max_threads() : 1;
+  const int threads = numel >= kParallelElementwise && threads_available() ? omp_get_max_threads() : 1;
   if (threads <= 1) {
     chunk(std::int64_t{0}, numel);
     return;
@@ -151,7 +141,7 @@ void bind_inputs(const std::array<const T*, K>& ptr, const std::array<bool, K>& 
   } else if (fixed[I]) {
     bind_inputs<T, K, I + 1>(ptr, fixed, len, done, exprs..., Array1<T>::Constant(len, *ptr[I]));
   } else {
-    bind_inputs<T, K, I + 1>(ptr, fixed, len, done, exprs..., ConstArrayMap<T>(ptr[I], len));
+    bind_inputs<T, K, I + 1>(ptr, fixed, len, done, exprs..., ConstArrayView<T>(ptr[I], len));
   }
 }
 
@@ -166,7 +156,7 @@ void map_into(const BroadcastPlan<K>& plan, T* out, const std::array<const T*, K
     for_each_run(plan, begin, end, [&](std::int64_t out_off, const std::array<std::int64_t, K>& in_off, std::int64_t len) {
       std::array<const T*, K> ptr;
       for (std::size_t k = 0; k < K; ++k) ptr[k] = in[k] + in_off[k];
-      ArrayMap<T> dst(out + out_off, len);
+      ArrayView<T> dst(out + out_off, len);
       auto assign = [&](const auto&... exprs) { dst = f(exprs...); };
       detail::bind_inputs<T, K>(ptr, fixed, len, assign);
     });
@@ -191,7 +181,7 @@ Tensor map(const Shape& shape, const std::array<Tensor, K>& in, F&& f) {
       parallel_chunks(out.numel(), [&](std::int64_t begin, std::int64_t end) {
         std::array<const T*, K> p;
         for (std::size_t k = 0; k < K; ++k) p[k] = ptr[k] + begin;
-        ArrayMap<T> dst(dst_data + begin, end - begin);
+        ArrayView<T> dst(dst_data + begin, end - begin);
         auto assign = [&](const auto&... exprs) { dst = f(exprs...); };
         detail::bind_inputs<T, K>(p, fixed, end - begin, assign);
       });

@@ -6,19 +6,15 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/common.hpp"
 #include "ops/gemm.hpp"
 
 namespace autograd {
 namespace {
 
-template <class T>
-using Mat = Eigen::Map<RowMatrix<T>>;
-template <class T>
-using ConstMat = Eigen::Map<const RowMatrix<T>>;
-
 void check_linear(const Tensor& x, const Tensor& w, const Tensor& b, std::string_view op = "linear") {
-  if (!x.defined()) fail(op, "input is an undefined tensor");
-  if (!w.defined()) fail(op, "weight is an undefined tensor");
+  check_defined(op, x, "input");
+  check_defined(op, w, "weight");
   if (w.dim() != 2) fail(op, "weight must be 2-D (in, out), got shape {}", shape_str(w.shape()));
   if (x.dim() < 1 || x.size(-1) != w.size(0))
     fail(op, "input of shape {} does not end in the weight's in = {} (weight {})", shape_str(x.shape()),
@@ -48,7 +44,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if (b.defined())
-      Mat<T>(y.data<T>(), rows, out).rowwise() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b.data<T>(), out);
+      MatrixView<T>(y.data<T>(), rows, out).rowwise() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(b.data<T>(), out);
     gemm<T>(false, false, rows, out, in, T(1), x.data<T>(), in, w.data<T>(), out, b.defined() ? T(1) : T(0),
             y.data<T>(), out);
   });
@@ -59,7 +55,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     GradList grads(3);
     dispatch(g[0].dtype(), [&](auto zero) {
       using T = decltype(zero);
-      ConstMat<T> dY(g[0].data<T>(), rows, out);
+      ConstMatrixView<T> dY(g[0].data<T>(), rows, out);
       if (n.needs_input_grad(0)) {
         grads[0] = Tensor::empty(n.input_meta[0].shape, g[0].dtype());
         gemm<T>(false, true, rows, in, out, T(1), dY.data(), out, saved_w.get("linear").data<T>(), out, T(0),
@@ -106,11 +102,11 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
   Tensor w = Tensor::empty({in, out}, x.dtype());  // [W_0 | W_1 | …]
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    Mat<T> packed(w.data<T>(), in, out);
+    MatrixView<T> packed(w.data<T>(), in, out);
     for (std::size_t i = 0; i < n; ++i)
-      packed.middleCols(offset[i], offset[i + 1] - offset[i]) = ConstMat<T>(weights[i].data<T>(), in, offset[i + 1] - offset[i]);
+      packed.middleCols(offset[i], offset[i + 1] - offset[i]) = ConstMatrixView<T>(weights[i].data<T>(), in, offset[i + 1] - offset[i]);
     if (any_bias && rows > 0) {  // every row of y starts as [b_0 | b_1 | …]
-      Mat<T> ys(y.data<T>(), rows, out);
+      MatrixView<T> ys(y.data<T>(), rows, out);
       for (std::size_t i = 0; i < n; ++i) {
         auto first = ys.row(0).segment(offset[i], offset[i + 1] - offset[i]);
         if (bias(i).defined()) {
@@ -142,7 +138,7 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
            InlineTensorList<1 + 2 * kMaxCat> grads(1 + 2 * n);
            dispatch(g[0].dtype(), [&](auto zero) {
              using T = decltype(zero);
-             ConstMat<T> dY(g[0].data<T>(), rows, out);
+             ConstMatrixView<T> dY(g[0].data<T>(), rows, out);
              if (node.needs_input_grad(0)) {
                grads[0] = Tensor::empty(node.input_meta[0].shape, g[0].dtype());
                gemm<T>(false, true, rows, in, out, T(1), dY.data(), out, saved_w.get("linear_cat").data<T>(), out,
@@ -154,12 +150,12 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
                Tensor dw = Tensor::empty({in, out}, g[0].dtype());
                gemm<T>(true, false, in, out, rows, T(1), saved_x.get("linear_cat").data<T>(), in, dY.data(), out, T(0),
                        dw.data<T>(), out);  // Xᵀ·dY
-               ConstMat<T> dws(dw.data<T>(), in, out);
+               ConstMatrixView<T> dws(dw.data<T>(), in, out);
                for (std::size_t i = 0; i < n; ++i) {
                  if (!node.needs_input_grad(1 + i)) continue;
                  const std::int64_t cols = offset[i + 1] - offset[i];
                  grads[1 + i] = Tensor::empty({in, cols}, g[0].dtype());
-                 Mat<T>(grads[1 + i].data<T>(), in, cols) = dws.middleCols(offset[i], cols);
+                 MatrixView<T>(grads[1 + i].data<T>(), in, cols) = dws.middleCols(offset[i], cols);
                }
              }
              for (std::size_t i = 0; i < n; ++i) {

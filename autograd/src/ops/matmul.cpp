@@ -11,17 +11,11 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "gemm.hpp"
-#include "parallel.hpp"
+#include "ops/common.hpp"
+#include "ops/gemm.hpp"
 
 namespace autograd {
 namespace {
-
-template <class T>
-using Mat = Eigen::Map<RowMatrix<T>>;
-
-// Below this many multiply-adds a batched product runs its slices on one thread.
-constexpr std::int64_t kParallelFlops = 1 << 16;
 
 // Shapes after 1-D promotion, and which matrix of A and B each output batch slice uses.
 struct MatmulPlan {
@@ -122,7 +116,7 @@ void grad_a(const MatmulPlan& p, const T* dc, const T* b, T* da) {
     });
     return;
   }
-  Mat<T>(da, p.a_mats * m, k).setZero();
+  MatrixView<T>(da, p.a_mats * m, k).setZero();
   for (std::int64_t i = 0; i < p.batch; ++i) {
     const auto s = static_cast<std::size_t>(i);
     gemm<T>(false, true, m, k, n, T(1), dc + i * m * n, n, b + p.b_index[s] * k * n, n, T(1),
@@ -146,7 +140,7 @@ void grad_b(const MatmulPlan& p, const T* dc, const T* a, T* db) {
     });
     return;
   }
-  Mat<T>(db, p.b_mats * k, n).setZero();
+  MatrixView<T>(db, p.b_mats * k, n).setZero();
   for (std::int64_t i = 0; i < p.batch; ++i) {
     const auto s = static_cast<std::size_t>(i);
     gemm<T>(true, false, k, n, m, T(1), a + p.a_index[s] * m * k, k, dc + i * m * n, n, T(1),
@@ -157,7 +151,8 @@ void grad_b(const MatmulPlan& p, const T* dc, const T* a, T* db) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined()) fail("matmul", "an argument is undefined");
+  check_defined("matmul", a, "the first argument");
+  check_defined("matmul", b, "the second argument");
   if (a.dtype() != b.dtype())
     fail("matmul", "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
   auto plan = std::make_shared<const MatmulPlan>(make_plan(a.shape(), b.shape()));

@@ -14,7 +14,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/parallel.hpp"
+#include "ops/common.hpp"
 
 namespace autograd {
 namespace {
@@ -22,14 +22,7 @@ namespace {
 // Which dims a reduction removes; up to 8 dims inline (no allocation).
 using DimMask = SmallVector<bool, 8>;
 
-template <class T>
-using VecMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <class T>
-using ConstVecMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-
-void check_input(std::string_view op, const Tensor& x) {
-  if (!x.defined()) fail(op, "the input tensor is undefined");
-}
+void check_input(std::string_view op, const Tensor& x) { check_defined(op, x); }
 
 // Which dims of x a reduction over `dims` removes. An empty list means every dim (as in
 // PyTorch). On a 0-d tensor, dim 0 / -1 is accepted and reduces nothing.
@@ -79,13 +72,13 @@ class ReduceWalk {
   void sum(const T* in, T* out, std::int64_t out_numel, T scale) const {
     std::fill(out, out + out_numel, T(0));
     const Group& g = groups_[0];
-    if (!g.reduced && groups_.size() > 1 && g.size * in_stride_[0] >= (1 << 16)) {
+    if (!g.reduced && groups_.size() > 1 && g.size * in_stride_[0] >= kParallelCopy) {
       // Outermost group kept: its slices write disjoint outputs.
       parallel_for(g.size, true, [&](std::int64_t i) { sum_at(in + i * in_stride_[0], out + i * out_stride_[0], 1); });
     } else {
       sum_at(in, out, 0);
     }
-    if (scale != T(1)) VecMap<T>(out, out_numel) *= scale;
+    if (scale != T(1)) ArrayView<T>(out, out_numel) *= scale;
   }
 
   // in_grad = scale · out_grad broadcast over the reduced groups.
@@ -104,8 +97,8 @@ class ReduceWalk {
   void sum_at(const T* in, T* out, std::size_t k) const {
     const Group& g = groups_[k];
     if (k + 1 == groups_.size()) {
-      if (g.reduced) *out += ConstVecMap<T>(in, g.size).sum();
-      else VecMap<T>(out, g.size) += ConstVecMap<T>(in, g.size);
+      if (g.reduced) *out += ConstArrayView<T>(in, g.size).sum();
+      else ArrayView<T>(out, g.size) += ConstArrayView<T>(in, g.size);
       return;
     }
     for (std::int64_t i = 0; i < g.size; ++i)
@@ -116,8 +109,8 @@ class ReduceWalk {
   void broadcast_at(const T* out_grad, T* in_grad, T scale, std::size_t k) const {
     const Group& g = groups_[k];
     if (k + 1 == groups_.size()) {
-      if (g.reduced) VecMap<T>(in_grad, g.size).setConstant(*out_grad * scale);
-      else VecMap<T>(in_grad, g.size) = ConstVecMap<T>(out_grad, g.size) * scale;
+      if (g.reduced) ArrayView<T>(in_grad, g.size).setConstant(*out_grad * scale);
+      else ArrayView<T>(in_grad, g.size) = ConstArrayView<T>(out_grad, g.size) * scale;
       return;
     }
     for (std::int64_t i = 0; i < g.size; ++i)
@@ -249,12 +242,17 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
   if (grad.shape() == shape) return grad;
   const auto lead = static_cast<std::int64_t>(grad.dim()) - static_cast<std::int64_t>(shape.size());
   if (lead < 0) fail("sum_to", "cannot reduce {} to the larger rank of {}", shape_str(grad.shape()), shape_str(shape));
-  // Sum the leading dims, and the dims where `shape` has 1 and grad does not.
+  // Sum the leading dims, and the dims where `shape` has 1 and grad does not; every other dim of
+  // `shape` must be grad's (shape broadcasts to grad's shape).
   DimMask mask(static_cast<std::size_t>(grad.dim()), false);
   bool any = false;
   for (std::size_t i = 0; i < mask.size(); ++i) {
     const auto k = static_cast<std::int64_t>(i);
-    mask[i] = k < lead || (shape[i - static_cast<std::size_t>(lead)] == 1 && grad.shape()[i] != 1);
+    const std::int64_t want = k < lead ? 1 : shape[i - static_cast<std::size_t>(lead)];
+    if (k >= lead && want != 1 && want != grad.shape()[i])
+      fail("sum_to", "cannot reduce {} to {}: target dim {} has size {}, which is neither 1 nor {}",
+           shape_str(grad.shape()), shape_str(shape), k - lead, want, grad.shape()[i]);
+    mask[i] = k < lead || (want == 1 && grad.shape()[i] != 1);
     any = any || mask[i];
   }
   const Tensor reduced = any ? scaled_sum("sum", grad, mask, /*keepdim=*/true, /*mean=*/false) : grad;
@@ -268,7 +266,7 @@ Tensor max(const Tensor& x) {
   double m = 0;
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    ConstVecMap<T> xs(x.data<T>(), x.numel());
+    ConstArrayView<T> xs(x.data<T>(), x.numel());
     const T best = xs.template maxCoeff<Eigen::PropagateNaN>();
     *y.data<T>() = best;
     m = static_cast<double>(best);
@@ -281,8 +279,8 @@ Tensor max(const Tensor& x) {
       dispatch(xv.dtype(), [&](auto zero) {
         using T = decltype(zero);
         const T top = static_cast<T>(m);
-        ConstVecMap<T> xs(xv.data<T>(), xv.numel());
-        VecMap<T> d(dx.data<T>(), dx.numel());
+        ConstArrayView<T> xs(xv.data<T>(), xv.numel());
+        ArrayView<T> d(dx.data<T>(), dx.numel());
         if (std::isnan(top)) d = xs.isNaN().template cast<T>();
         else d = (xs == top).template cast<T>();
         d *= *g[0].data<T>() / d.sum();

@@ -16,27 +16,17 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/parallel.hpp"
+#include "ops/common.hpp"
 
 namespace autograd {
 namespace {
-
-template <class T>
-using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
-template <class T>
-using VecMap = Eigen::Map<Vec<T>>;
-template <class T>
-using ConstVecMap = Eigen::Map<const Vec<T>>;
-
-// Below this many elements a softmax runs on one thread.
-constexpr std::int64_t kParallelElements = 32768;
 
 struct Layout {
   std::int64_t outer = 1, n = 1, inner = 1;
 };
 
 Layout layout_of(std::string_view op, const Tensor& x, std::int64_t dim) {
-  if (!x.defined()) fail(op, "the input tensor is undefined");
+  check_defined(op, x);
   const std::int64_t rank = x.dim();
   const std::int64_t d = normalize_dim(op, dim, rank);
   Layout l;
@@ -55,9 +45,9 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
   const T neg_inf = static_cast<T>(kNegInf);
   const std::int64_t slab = l.n * l.inner;
   if (l.inner == 1) {
-    parallel_for(l.outer, l.outer * l.n >= kParallelElements, [&](std::int64_t o) {
-      ConstVecMap<T> xr(x + o * l.n, l.n);
-      VecMap<T> yr(y + o * l.n, l.n);
+    parallel_for(l.outer, l.outer * l.n >= kParallelElementwise, [&](std::int64_t o) {
+      ConstArrayView<T> xr(x + o * l.n, l.n);
+      ArrayView<T> yr(y + o * l.n, l.n);
       const T m = xr.template maxCoeff<Eigen::PropagateNaN>();
       if (m == neg_inf) {  // fully masked row
         yr.setConstant(log ? neg_inf : T(0));
@@ -73,27 +63,27 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
     });
     return;
   }
-  parallel_for(l.outer, l.outer * slab >= kParallelElements, [&](std::int64_t o) {
+  parallel_for(l.outer, l.outer * slab >= kParallelElementwise, [&](std::int64_t o) {
     const T* xs = x + o * slab;
     T* ys = y + o * slab;
-    auto row = [&](const T* base, std::int64_t k) { return ConstVecMap<T>(base + k * l.inner, l.inner); };
-    Vec<T> m = row(xs, 0);
+    auto row = [&](const T* base, std::int64_t k) { return ConstArrayView<T>(base + k * l.inner, l.inner); };
+    Array1<T> m = row(xs, 0);
     // a NaN the max skips still reaches the whole column through the sum s
     for (std::int64_t k = 1; k < l.n; ++k) m = m.max(row(xs, k));
     m = (m == neg_inf).select(T(0), m);  // fully masked columns: exp(-inf - 0) = 0 below
-    Vec<T> s = Vec<T>::Zero(l.inner);
+    Array1<T> s = Array1<T>::Zero(l.inner);
     for (std::int64_t k = 0; k < l.n; ++k) {
-      VecMap<T> yk(ys + k * l.inner, l.inner);
+      ArrayView<T> yk(ys + k * l.inner, l.inner);
       yk = (row(xs, k) == neg_inf).select(T(0), (row(xs, k) - m).exp());  // exp(-inf) = 0 exactly
       s += yk;
     }
     if (log) {
       // s == 0 only in a fully masked column: keep its -inf
-      const Vec<T> log_sum = (s == T(0)).select(T(0), s.log());
-      for (std::int64_t k = 0; k < l.n; ++k) VecMap<T>(ys + k * l.inner, l.inner) = (row(xs, k) - m) - log_sum;
+      const Array1<T> log_sum = (s == T(0)).select(T(0), s.log());
+      for (std::int64_t k = 0; k < l.n; ++k) ArrayView<T>(ys + k * l.inner, l.inner) = (row(xs, k) - m) - log_sum;
     } else {
-      const Vec<T> inv = (s == T(0)).select(T(0), s.inverse());
-      for (std::int64_t k = 0; k < l.n; ++k) VecMap<T>(ys + k * l.inner, l.inner) *= inv;
+      const Array1<T> inv = (s == T(0)).select(T(0), s.inverse());
+      for (std::int64_t k = 0; k < l.n; ++k) ArrayView<T>(ys + k * l.inner, l.inner) *= inv;
     }
   });
 }
@@ -103,23 +93,23 @@ template <class T>
 void softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
   const std::int64_t slab = l.n * l.inner;
   if (l.inner == 1) {
-    parallel_for(l.outer, l.outer * l.n >= kParallelElements, [&](std::int64_t o) {
-      ConstVecMap<T> yr(y + o * l.n, l.n), gr(dy + o * l.n, l.n);
+    parallel_for(l.outer, l.outer * l.n >= kParallelElementwise, [&](std::int64_t o) {
+      ConstArrayView<T> yr(y + o * l.n, l.n), gr(dy + o * l.n, l.n);
       const T dot = (yr * gr).sum();
-      VecMap<T>(dx + o * l.n, l.n) = yr * (gr - dot);
+      ArrayView<T>(dx + o * l.n, l.n) = yr * (gr - dot);
     });
     return;
   }
-  parallel_for(l.outer, l.outer * slab >= kParallelElements, [&](std::int64_t o) {
+  parallel_for(l.outer, l.outer * slab >= kParallelElementwise, [&](std::int64_t o) {
     const std::int64_t base = o * slab;
-    Vec<T> dot = Vec<T>::Zero(l.inner);
+    Array1<T> dot = Array1<T>::Zero(l.inner);
     for (std::int64_t k = 0; k < l.n; ++k) {
       const std::int64_t at = base + k * l.inner;
-      dot += ConstVecMap<T>(y + at, l.inner) * ConstVecMap<T>(dy + at, l.inner);
+      dot += ConstArrayView<T>(y + at, l.inner) * ConstArrayView<T>(dy + at, l.inner);
     }
     for (std::int64_t k = 0; k < l.n; ++k) {
       const std::int64_t at = base + k * l.inner;
-      VecMap<T>(dx + at, l.inner) = ConstVecMap<T>(y + at, l.inner) * (ConstVecMap<T>(dy + at, l.inner) - dot);
+      ArrayView<T>(dx + at, l.inner) = ConstArrayView<T>(y + at, l.inner) * (ConstArrayView<T>(dy + at, l.inner) - dot);
     }
   });
 }
@@ -130,30 +120,30 @@ void log_softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
   const T neg_inf = static_cast<T>(kNegInf);
   const std::int64_t slab = l.n * l.inner;
   if (l.inner == 1) {
-    parallel_for(l.outer, l.outer * l.n >= kParallelElements, [&](std::int64_t o) {
-      ConstVecMap<T> yr(y + o * l.n, l.n), gr(dy + o * l.n, l.n);
-      VecMap<T> dr(dx + o * l.n, l.n);
+    parallel_for(l.outer, l.outer * l.n >= kParallelElementwise, [&](std::int64_t o) {
+      ConstArrayView<T> yr(y + o * l.n, l.n), gr(dy + o * l.n, l.n);
+      ArrayView<T> dr(dx + o * l.n, l.n);
       // A normal row's maximum has y = -log Σ exp(x - m) > -inf; only a masked row is all -inf.
       if (yr(0) == neg_inf && yr.maxCoeff() == neg_inf) dr.setZero();
       else dr = gr - yr.exp() * gr.sum();
     });
     return;
   }
-  parallel_for(l.outer, l.outer * slab >= kParallelElements, [&](std::int64_t o) {
+  parallel_for(l.outer, l.outer * slab >= kParallelElementwise, [&](std::int64_t o) {
     const std::int64_t base = o * slab;
-    Vec<T> s = Vec<T>::Zero(l.inner);
-    Vec<T> top = Vec<T>::Constant(l.inner, neg_inf);
+    Array1<T> s = Array1<T>::Zero(l.inner);
+    Array1<T> top = Array1<T>::Constant(l.inner, neg_inf);
     for (std::int64_t k = 0; k < l.n; ++k) {
       const std::int64_t at = base + k * l.inner;
-      s += ConstVecMap<T>(dy + at, l.inner);
-      top = top.max(ConstVecMap<T>(y + at, l.inner));
+      s += ConstArrayView<T>(dy + at, l.inner);
+      top = top.max(ConstArrayView<T>(y + at, l.inner));
     }
     s = (top == neg_inf).select(T(0), s);
     for (std::int64_t k = 0; k < l.n; ++k) {
       const std::int64_t at = base + k * l.inner;
-      VecMap<T>(dx + at, l.inner) = (top == neg_inf)
-                                        .select(T(0), ConstVecMap<T>(dy + at, l.inner) -
-                                                          ConstVecMap<T>(y + at, l.inner).exp() * s);
+      ArrayView<T>(dx + at, l.inner) = (top == neg_inf)
+                                        .select(T(0), ConstArrayView<T>(dy + at, l.inner) -
+                                                          ConstArrayView<T>(y + at, l.inner).exp() * s);
     }
   });
 }
