@@ -24,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build-tsan}
 
-scripts/install_packages.sh cmake make clang libomp-dev libeigen3-dev libfmt-dev libboost-test-dev
+scripts/install_packages.sh cmake make clang libomp-dev libeigen3-dev libfmt-dev libboost-test-dev nlohmann-json3-dev
 
 archer=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -n 1)
 if [[ -z "$archer" ]]; then
