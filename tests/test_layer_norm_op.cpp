@@ -125,8 +125,8 @@ BOOST_AUTO_TEST_CASE(gradients_when_only_some_inputs_require_grad) {
 }
 
 BOOST_AUTO_TEST_CASE(gradients_of_a_large_input_on_the_threaded_path) {
-  // 256 · 160 elements: above the size where rows are split among threads; dw and db over
-  // three column blocks (64, 64, 32)
+  // 256 · 160 elements: above the size where rows are split among threads; dw and db summed
+  // over four chunks of 64 rows
   ag::GradcheckOptions opt;
   opt.max_full_jacobian = 0;  // random projections
   opt.num_projections = 4;

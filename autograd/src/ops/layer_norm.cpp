@@ -15,9 +15,10 @@
 //   and summing dx̂_i·∂x̂_i/∂x_j over i:
 //     dx = r · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))
 //
-// Threads: rows are independent, so the forward pass and dx split the rows among the threads;
-// dw and db are sums over rows, so they are split by fixed blocks of columns instead, each block
-// adding its rows in order. Every element is computed the same way whatever the thread count.
+// Threads: rows are independent, so both passes split the rows among the threads. dw and db are
+// sums over rows: a large input's rows are cut into fixed chunks (by its shape alone), each chunk
+// sums its own part, and the parts are added in chunk order. Every element is computed the same
+// way whatever the thread count.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -31,8 +32,8 @@ namespace autograd {
 namespace {
 
 constexpr const char* kOp = "layer_norm";
-// Columns of dw and db one thread accumulates at a time (a multiple of every SIMD width).
-constexpr std::int64_t kColumnBlock = 64;
+// Rows of one chunk of a backward pass split among threads.
+constexpr std::int64_t kChunkRows = 64;
 
 // The input seen as N rows of D elements.
 struct Rows {
@@ -65,7 +66,7 @@ Rows check_layer_norm(const Tensor& x, const Shape& normalized_shape, const Tens
 template <class T>
 void forward_rows(const Rows& s, const T* xs, const T* w, const T* b, double eps, double* stats, T* ys) {
   const std::int64_t D = s.d;
-  parallel_for(s.n, s.parallel(), [&](std::int64_t n) {
+  parallel_for(s.n, s.parallel(), [=](std::int64_t n) {
     ConstArrayView<T> row(xs + n * D, D);
     ArrayView<T> out(ys + n * D, D);
     // mean and biased variance accumulated in double
@@ -80,46 +81,63 @@ void forward_rows(const Rows& s, const T* xs, const T* w, const T* b, double eps
   });
 }
 
-// db = Σ_rows dy and dw = Σ_rows dy ⊙ x̂ (either may be null), one block of columns at a time.
+// The gradients of rows [begin, end): dx (when dx is not null) and, added into dw and db
+// (either may be null), Σ dy ⊙ x̂ and Σ dy. x̂ and dx̂ of the current row go in `scratch` (2·D).
 template <class T>
-void parameter_grads(const Rows& s, const T* xs, const T* dys, const double* stats, T* dw, T* db) {
+void backward_rows(const Rows& s, std::int64_t begin, std::int64_t end, const T* xs, const T* dys, const T* w,
+                   const double* stats, T* scratch, T* dx, T* dw, T* db) {
   const std::int64_t D = s.d;
-  const std::int64_t blocks = (D + kColumnBlock - 1) / kColumnBlock;
-  parallel_for(blocks, s.parallel(), [&](std::int64_t blk) {
-    const std::int64_t c0 = blk * kColumnBlock, width = std::min(kColumnBlock, D - c0);
-    for (std::int64_t n = 0; n < s.n; ++n) {
-      ConstArrayView<T> dy(dys + n * D + c0, width);
-      if (db) ArrayView<T>(db + c0, width) += dy;
-      if (dw) {
-        const T mu = static_cast<T>(stats[2 * n]), r = static_cast<T>(stats[2 * n + 1]);
-        ArrayView<T>(dw + c0, width) += dy * ((ConstArrayView<T>(xs + n * D + c0, width) - mu) * r);
-      }
+  ArrayView<T> xhat(scratch, D), dxhat(scratch + D, D);
+  for (std::int64_t n = begin; n < end; ++n) {
+    ConstArrayView<T> dy(dys + n * D, D);
+    const T r = static_cast<T>(stats[2 * n + 1]);
+    xhat = (ConstArrayView<T>(xs + n * D, D) - static_cast<T>(stats[2 * n])) * r;
+    if (db) ArrayView<T>(db, D) += dy;
+    if (dw) ArrayView<T>(dw, D) += dy * xhat;
+    if (!dx) continue;
+    if (w) {
+      dxhat = dy * ConstArrayView<T>(w, D);
+    } else {
+      dxhat = dy;
     }
-  });
+    const T mean_dxhat = dxhat.mean();
+    const T mean_dxhat_xhat = (dxhat * xhat).mean();
+    ArrayView<T>(dx + n * D, D) = r * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+  }
 }
 
-// dx = r · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂)) row by row, dx̂ = dy ⊙ w (w may be null).
+// All the gradients. A small input is one chunk of rows, added in order; a larger one is split
+// into chunks of kChunkRows rows, each summing its own partial dw and db, and the partials are
+// added in chunk order afterwards. The chunks depend on the shape only.
 template <class T>
-void input_grad(const Rows& s, const T* xs, const T* dys, const T* w, const double* stats, T* dx) {
+void backward(const Rows& s, const T* xs, const T* dys, const T* w, const double* stats, T* dx, T* dw, T* db) {
   const std::int64_t D = s.d;
-  parallel_region(s.parallel(), [&] {
-    // x̂ and dx̂ of one row, in a buffer of this thread's pool (no allocation once warm)
+  const std::int64_t chunks = s.parallel() ? (s.n + kChunkRows - 1) / kChunkRows : 1;
+  const std::int64_t chunk_rows = chunks > 1 ? kChunkRows : s.n;
+  // per chunk: its partial dw, then its partial db (only with more than one chunk)
+  const Tensor partial = chunks > 1 ? Tensor::empty({chunks, 2, D}, dtype_of<T>()) : Tensor();
+  parallel_region(chunks > 1, [&] {
+    // this thread's x̂ and dx̂ of one row, from its pool (no allocation once warm)
     const Tensor scratch = Tensor::empty({2, D}, dtype_of<T>());
-    ArrayView<T> xhat(scratch.data<T>(), D), dxhat(scratch.data<T>() + D, D);
 #pragma omp for schedule(static)
-    for (std::int64_t n = 0; n < s.n; ++n) {
-      ConstArrayView<T> dy(dys + n * D, D);
-      xhat = (ConstArrayView<T>(xs + n * D, D) - static_cast<T>(stats[2 * n])) * static_cast<T>(stats[2 * n + 1]);
-      if (w) {
-        dxhat = dy * ConstArrayView<T>(w, D);
-      } else {
-        dxhat = dy;
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      T* pw = dw;
+      T* pb = db;
+      if (chunks > 1) {
+        T* base = partial.data<T>() + 2 * k * D;
+        ArrayView<T>(base, 2 * D).setZero();
+        pw = dw ? base : nullptr;
+        pb = db ? base + D : nullptr;
       }
-      const T mean_dxhat = dxhat.mean();
-      const T mean_dxhat_xhat = (dxhat * xhat).mean();
-      ArrayView<T>(dx + n * D, D) = static_cast<T>(stats[2 * n + 1]) * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+      backward_rows<T>(s, k * chunk_rows, std::min(s.n, (k + 1) * chunk_rows), xs, dys, w, stats, scratch.data<T>(), dx,
+                       pw, pb);
     }
   });
+  for (std::int64_t k = 0; chunks > 1 && k < chunks; ++k) {
+    const T* base = partial.data<T>() + 2 * k * D;
+    if (dw) ArrayView<T>(dw, D) += ConstArrayView<T>(base, D);
+    if (db) ArrayView<T>(db, D) += ConstArrayView<T>(base + D, D);
+  }
 }
 
 // The backward rule: what it saved from the forward pass, and the three gradients.
@@ -142,10 +160,8 @@ struct LayerNormBackward {
       const T* xs = xv.data<T>();
       const T* dys = g[0].data<T>();
       const double* st = stats.data<double>();
-      if (dw.defined() || db.defined())
-        parameter_grads<T>(rows, xs, dys, st, dw.defined() ? dw.data<T>() : nullptr,
-                           db.defined() ? db.data<T>() : nullptr);
-      if (dx.defined()) input_grad<T>(rows, xs, dys, wv.defined() ? wv.data<T>() : nullptr, st, dx.data<T>());
+      auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+      backward<T>(rows, xs, dys, ptr(wv), st, ptr(dx), ptr(dw), ptr(db));
     });
     GradList grads{dx};
     if (has_weight) grads.push_back(dw);
