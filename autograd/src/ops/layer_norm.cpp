@@ -9,8 +9,8 @@
 //   b and w are shared by every row, so their gradients add up over the rows:
 //     db = Σ_rows dy,   dw = Σ_rows dy ⊙ x̂
 //   The gradient reaching x̂ is dx̂ = dy ⊙ w (dy without a weight). x̂_i depends on every x_j of its
-//   row, through x_i itself, through μ (∂μ/∂x_j = 1/D) and through r
-//   (∂r/∂x_j = −½·r³·∂σ²/∂x_j = −r³·(x_j − μ)/D = −r²·x̂_j/D), so
+//   row, through x_i itself, through μ (∂μ/∂x_j = 1/D) and through r: ∂σ²/∂x_j = 2·(x_j − μ)/D
+//   (μ's own change cancels, as Σ_i (x_i − μ) = 0), so ∂r/∂x_j = −½·r³·∂σ²/∂x_j = −r²·x̂_j/D and
 //     ∂x̂_i/∂x_j = r·(δ_ij − 1/D) + (x_i − μ)·∂r/∂x_j = r·(δ_ij − 1/D − x̂_i·x̂_j/D)
 //   and summing dx̂_i·∂x̂_i/∂x_j over i:
 //     dx = r · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))
