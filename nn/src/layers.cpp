@@ -1,9 +1,6 @@
 #include "nn/layers.hpp"
 
-#include <array>
-#include <cmath>
 #include <memory>
-#include <span>
 
 #include "nn/init.hpp"
 
@@ -31,115 +28,6 @@ std::string Embedding::extra_repr() const {
 
 // ---- LayerNorm ----
 
-ag::Tensor layer_norm(const ag::Tensor& x, const ag::Shape& normalized_shape, const ag::Tensor& weight,
-                      const ag::Tensor& bias, double eps) {
-  constexpr const char* op = "layer_norm";
-  if (!x.defined()) ag::fail(op, "input is undefined");
-  const std::size_t k = normalized_shape.size();
-  if (k == 0) ag::fail(op, "normalized_shape is empty");
-  if (x.dim() < static_cast<std::int64_t>(k) ||
-      !std::equal(normalized_shape.begin(), normalized_shape.end(), x.shape().end() - static_cast<std::ptrdiff_t>(k)))
-    ag::fail(op, "input {} does not end with normalized_shape {}", ag::shape_str(x.shape()),
-             ag::shape_str(normalized_shape));
-  for (const auto* p : {&weight, &bias}) {
-    if (!p->defined()) continue;
-    const char* what = p == &weight ? "weight" : "bias";
-    if (p->shape() != normalized_shape)
-      ag::fail(op, "{} {} must have normalized_shape {}", what, ag::shape_str(p->shape()), ag::shape_str(normalized_shape));
-    if (p->dtype() != x.dtype())
-      ag::fail(op, "dtypes differ: input {} and {} {}", ag::dtype_name(x.dtype()), what, ag::dtype_name(p->dtype()));
-  }
-  if (!(eps >= 0.0)) ag::fail(op, "eps must be >= 0, got {}", eps);
-  const std::int64_t D = ag::shape_numel(normalized_shape);
-  const std::int64_t N = D == 0 ? 0 : x.numel() / D;
-
-  // Per row: the mean and 1/√(var + eps), in float64 (a tensor, so its buffer is reused warm).
-  const ag::Tensor stats = ag::Tensor::empty({N, 2}, ag::Dtype::Float64);
-  double* st = stats.data<double>();
-  ag::Tensor y = ag::Tensor::empty(x.shape(), x.dtype());
-  ag::dispatch(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    using Row = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-    using RowOut = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-    const T* xs = x.data<T>();
-    T* ys = y.data<T>();
-    const T* w = weight.defined() ? weight.data<T>() : nullptr;
-    const T* b = bias.defined() ? bias.data<T>() : nullptr;
-    for (std::int64_t n = 0; n < N; ++n) {
-      Row row(xs + n * D, D);
-      RowOut out(ys + n * D, D);
-      // mean and biased variance accumulated in double: stable for float32 rows
-      const double mu = row.template cast<double>().mean();
-      const double var = (row.template cast<double>() - mu).square().mean();
-      const double rstd = 1.0 / std::sqrt(var + eps);
-      st[2 * n] = mu;
-      st[2 * n + 1] = rstd;
-      out = (row - static_cast<T>(mu)) * static_cast<T>(rstd);
-      if (w) out *= Row(w, D);
-      if (b) out += Row(b, D);
-    }
-  });
-  std::array<ag::Tensor, 3> all_inputs{x};
-  std::size_t n_inputs = 1;
-  if (weight.defined()) all_inputs[n_inputs++] = weight;
-  if (bias.defined()) all_inputs[n_inputs++] = bias;
-  const std::span<const ag::Tensor> inputs(all_inputs.data(), n_inputs);
-  if (!ag::needs_grad(inputs)) return y;
-
-  const bool has_weight = weight.defined(), has_bias = bias.defined();
-  // y = x̂·w + b, x̂ = (x − μ)·r  =>  db = Σ_rows dy,  dw = Σ_rows dy·x̂,
-  //                                  dx = r · (dx̂ − mean(dx̂) − x̂ · mean(dx̂·x̂)),  dx̂ = dy·w
-  ag::record(
-      "layer_norm", inputs, std::span<const ag::Tensor>(&y, 1),
-      [stats, saved_x = ag::SavedTensor(x), saved_w = has_weight ? ag::SavedTensor(weight) : ag::SavedTensor(),
-       has_weight, has_bias, normalized_shape, D, N](const ag::TensorList& g, const ag::Node& node) {
-        const ag::Tensor xv = saved_x.get("layer_norm");
-        const double* st = stats.data<double>();
-        const ag::Tensor wv = has_weight ? saved_w.get("layer_norm") : ag::Tensor();
-        const bool need_x = node.needs_input_grad(0);
-        const bool need_w = has_weight && node.needs_input_grad(1);
-        const bool need_b = has_bias && node.needs_input_grad(has_weight ? 2 : 1);
-        ag::Tensor dx, dw, db;
-        if (need_x) dx = ag::Tensor::empty(xv.shape(), xv.dtype());
-        if (need_w) dw = ag::zeros(wv.shape(), wv.dtype());
-        if (need_b) db = ag::zeros(normalized_shape, xv.dtype());
-        ag::dispatch(xv.dtype(), [&](auto zero) {
-          using T = decltype(zero);
-          using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
-          using Row = Eigen::Map<const Arr>;
-          using RowOut = Eigen::Map<Arr>;
-          const T* xs = xv.data<T>();
-          const T* dys = g[0].data<T>();
-          // x̂ and dx̂ of one row, in a pooled buffer (no allocation once warm)
-          const ag::Tensor scratch = ag::Tensor::empty({2, D}, xv.dtype());
-          RowOut xhat(scratch.data<T>(), D), dxhat(scratch.data<T>() + D, D);
-          for (std::int64_t n = 0; n < N; ++n) {
-            Row row(xs + n * D, D), dy(dys + n * D, D);
-            const T mu = static_cast<T>(st[2 * n]);
-            const T r = static_cast<T>(st[2 * n + 1]);
-            xhat = (row - mu) * r;
-            if (need_b) RowOut(db.data<T>(), D) += dy;
-            if (need_w) RowOut(dw.data<T>(), D) += dy * xhat;
-            if (need_x) {
-              if (has_weight) {
-                dxhat = dy * Row(wv.data<T>(), D);
-              } else {
-                dxhat = dy;
-              }
-              const T mean_dxhat = dxhat.mean();
-              const T mean_dxhat_xhat = (dxhat * xhat).mean();
-              RowOut(dx.data<T>() + n * D, D) = r * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
-            }
-          }
-        });
-        ag::GradList grads{dx};
-        if (has_weight) grads.push_back(dw);
-        if (has_bias) grads.push_back(db);
-        return grads;
-      });
-  return y;
-}
-
 LayerNorm::LayerNorm(std::int64_t normalized_size, double eps)
     : LayerNorm(LayerNormOptions{.normalized_shape = {normalized_size}, .eps = eps}) {}
 
@@ -155,7 +43,7 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
 }
 
 ag::Tensor LayerNorm::forward(const ag::Tensor& x) const {
-  return layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);
+  return ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);
 }
 
 std::string LayerNorm::extra_repr() const {

@@ -118,6 +118,38 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor softmax(const Tensor& x, std::int64_t dim);
 Tensor log_softmax(const Tensor& x, std::int64_t dim);
 
+// ---- normalisation — src/ops/layer_norm.cpp ----
+// LayerNorm over the last dims (torch.nn.functional.layer_norm): y = (x − mean) / √(var + eps) ·
+// weight + bias, mean and biased variance over the last normalized_shape.size() dims of x, which
+// must equal normalized_shape. weight and bias are shaped normalized_shape, or undefined (none).
+// Differentiable in x, weight and bias (first order).
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// ---- losses — src/ops/cross_entropy.cpp ----
+enum class Reduction { None, Mean, Sum };
+
+struct CrossEntropyOptions {
+  std::int64_t ignore_index = -100;       // targets equal to this contribute nothing (and no gradient)
+  Reduction reduction = Reduction::Mean;  // Mean divides by the number of targets not ignored
+  double label_smoothing = 0.0;           // in [0, 1]: the target distribution is (1-ε)·onehot + ε/C
+};
+
+// Cross entropy of softmax(logits) against class indices (torch.nn.functional.cross_entropy),
+// computed stably from the logits: loss_n = logsumexp(x_n) − x_n[target_n]. The class dimension
+// is the LAST one: logits (N, C) with targets (N) is PyTorch's layout; logits (B, T, C) go with
+// targets (B, T) (PyTorch would want (B, C, T)). Float32 or Float64 logits; targets shaped like
+// logits without the last dim, holding integral values in [0, C) or ignore_index (any dtype;
+// not differentiated). Returns a scalar (Mean, Sum) or the per-position losses (None). With
+// Mean and every target ignored the result is NaN (0/0), as in PyTorch.
+// Masked (−inf) logits: a −inf class adds nothing (gradient 0 there without smoothing); a −inf
+// target, or smoothing over a row holding a −inf logit, gives +inf, as in PyTorch; a row that is
+// −inf throughout gives +inf with zero gradient (PyTorch: NaN). Differentiable in logits (first order).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options = {});
+// Same, targets given as row-major indices (logits.numel() / C of them).
+Tensor cross_entropy(const Tensor& logits, const std::vector<std::int64_t>& targets,
+                     const CrossEntropyOptions& options = {});
+
 // ---- dropout — src/ops/dropout.cpp ----
 // In training, zeroes each element with probability p and scales the rest by 1/(1-p).
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);

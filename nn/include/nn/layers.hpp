@@ -48,8 +48,8 @@ class Embedding : public Module {
 
 // ---- LayerNorm over the last dims (normalized_shape) ----
 // y = (x − mean) / √(var + eps) · weight + bias, mean and (biased) variance over the last
-// normalized_shape.size() dims. Forward and backward are one fused kernel each:
-//   x̂ = (x − μ)·r, r = 1/√(σ² + eps);  dx = r · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ · x̂)), dx̂ = dy · w
+// normalized_shape.size() dims: the module form of the autograd op ag::layer_norm
+// (autograd/src/ops/layer_norm.cpp, one fused kernel forward and backward).
 struct LayerNormOptions {
   ag::Shape normalized_shape;
   double eps = 1e-5;
@@ -77,9 +77,8 @@ class LayerNorm : public Module {
   ag::Tensor bias_;
 };
 
-// The same normalisation as a function (weight and bias may be undefined).
-ag::Tensor layer_norm(const ag::Tensor& x, const ag::Shape& normalized_shape, const ag::Tensor& weight = {},
-                      const ag::Tensor& bias = {}, double eps = 1e-5);
+// The same normalisation as a function (weight and bias may be undefined): the autograd op.
+using ag::layer_norm;
 
 // ---- activations ----
 class ReLU : public Module {
