@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <autograd/autograd.hpp>
@@ -305,13 +306,16 @@ void bench_memory() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::Args args(argc, argv);
-  g_tsv = args.flag("--tsv");
-  g_trace_train = args.flag("--trace-allocs");
-  ag::set_num_threads(static_cast<int>(args.num("--threads", 1)));
+  CLI::App app("Micro-benchmarks of the engine (medians).", "bench_engine");
   std::vector<std::string> what;
-  for (const auto& a : args.argv)
-    if (a == "op" || a == "backward" || a == "core" || a == "train" || a == "memory") what.push_back(a);
+  app.add_option("what", what, "any of op, backward, core, train, memory (default: op backward core train)")
+      ->check(CLI::IsMember({"op", "backward", "core", "train", "memory"}));
+  int threads = 1;
+  app.add_option("--threads", threads, "kernel threads (default 1)")->check(CLI::Range(1, 1 << 16));
+  app.add_flag("--tsv", g_tsv, "machine-readable lines instead of a table");
+  app.add_flag("--trace-allocs", g_trace_train, "after core and train, the call stack of each allocation of one more step");
+  CLI11_PARSE(app, argc, argv);
+  ag::set_num_threads(threads);
   if (what.empty()) what = {"op", "backward", "core", "train"};
   if (!g_tsv) fmt::print("headgrad engine micro-benchmarks ({} thread(s), medians)\n", ag::get_num_threads());
   for (const auto& w : what) {
