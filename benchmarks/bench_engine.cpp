@@ -30,6 +30,7 @@
 #include <nn/nn.hpp>
 
 #include "bench_common.hpp"
+#include "heads_model.hpp"
 
 namespace ag = autograd;
 
@@ -226,38 +227,12 @@ void bench_core() {
   }
 }
 
-// examples/train_heads.cpp's model and step, on one fixed batch.
-struct ToyModel : nn::Module {
-  std::shared_ptr<nn::Embedding> tok, pos;
-  std::shared_ptr<nn::TransformerBlock> block;
-  std::shared_ptr<nn::LayerNorm> ln_f;
-  std::shared_ptr<nn::Linear> readout;
-  ag::Tensor positions;
-  ToyModel(std::int64_t vocab, std::int64_t T, std::int64_t d_model, std::int64_t heads, std::int64_t d_ff,
-           ag::Generator& gen)
-      : Module("ToyModel") {
-    tok = register_module("tok", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{vocab, d_model}, gen));
-    pos = register_module("pos", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{T, d_model}, gen));
-    block = register_module("block", std::make_shared<nn::TransformerBlock>(
-                                         nn::TransformerBlockOptions{.d_model = d_model, .num_heads = heads, .d_ff = d_ff},
-                                         gen));
-    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(d_model));
-    readout = register_module("readout", std::make_shared<nn::Linear>(nn::LinearOptions{d_model, vocab}, gen));
-    positions = ag::arange(static_cast<double>(T));
-  }
-  ag::Tensor forward(const ag::Tensor& tokens) const {
-    const ag::Tensor x = ag::add(tok->forward(tokens), pos->forward(positions));  // (B, T, D)
-    nn::AttentionOptions opt;
-    opt.is_causal = true;
-    opt.need_weights = false;
-    return readout->forward(ln_f->forward(block->forward(x, opt).output));  // (B, T, V)
-  }
-};
-
+// examples/train_heads.cpp's model (heads_model.hpp) and training step, on one fixed batch.
 void bench_train() {
   const std::int64_t vocab = 8, T = 12, d_model = 32, d_ff = 128, batch = 64;
   ag::Generator gen(1);
-  ToyModel model(vocab, T, d_model, 2, d_ff, gen);
+  heads::HeadsModel model(
+      {.vocab = vocab, .seq_len = T, .d_model = d_model, .d_ff = d_ff, .heads = 2, .classes = vocab, .mlp = true}, gen);
   std::vector<double> tokens(static_cast<std::size_t>(batch * T));
   std::vector<std::int64_t> targets(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -269,7 +244,7 @@ void bench_train() {
   const nn::CrossEntropyOptions ce{.ignore_index = -100};
   const std::vector<ag::Tensor> params = model.parameters();  // once, as a training loop would
   auto step = [&] {
-    ag::Tensor loss = nn::cross_entropy(model.forward(token_tensor), targets, ce);
+    ag::Tensor loss = nn::cross_entropy(model.forward(token_tensor, false).logits, targets, ce);
     opt.zero_grad();
     loss.backward();
     nn::clip_grad_norm_(params, 1.0);
