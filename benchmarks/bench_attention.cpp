@@ -1,5 +1,5 @@
 // One training step of nn::MultiHeadAttention — forward and backward of self-attention, float32,
-// need_weights = false, loss = sum of the output — at the shapes of issue 5, timed as medians.
+// need_weights = false, loss = sum of the output — at the benchmark shapes, timed as medians.
 //
 //   bench_attention                      every shape at 1 and 2 threads, as a table
 //   bench_attention --shapes toy,large --threads 1 --samples 21 --min-time 0.05
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <fmt/format.h>
 
@@ -23,14 +24,16 @@
 namespace ag = autograd;
 
 int main(int argc, char** argv) {
-  const bench::Args args(argc, argv);
-  if (args.flag("--help")) {
-    std::puts("usage: bench_attention [--shapes a,b|all] [--threads 1,2] [--samples N] [--min-time S]\n"
-              "                       [--core fused|composed] [--tsv] [--peak]");
-    return 0;
-  }
-  const bool tsv = args.flag("--tsv");
-  const bool peak_only = args.flag("--peak");
+  CLI::App app("One training step of nn::MultiHeadAttention (forward + backward, float32), timed as medians.",
+               "bench_attention");
+  bench::AttentionRunOptions run;
+  bench::add_attention_run_options(app, run);
+  std::string core_name = "fused";
+  app.add_option("--core", core_name, "attention core (default fused)")->check(CLI::IsMember({"fused", "composed"}));
+  bool peak_only = false;
+  app.add_flag("--peak", peak_only, "print only the FP32 peak estimate");
+  CLI11_PARSE(app, argc, argv);
+  const bool tsv = run.tsv;
   const bench::PeakEstimate peak = tsv && !peak_only ? bench::PeakEstimate{} : bench::estimate_fp32_peak();
   if (peak_only) {
     if (tsv) {
@@ -41,13 +44,9 @@ int main(int argc, char** argv) {
                peak.flops_per_cycle, peak.isa, peak.ghz, peak.gflops());
     return 0;
   }
-  const int samples = static_cast<int>(args.num("--samples", 11));
-  const double min_time = args.num("--min-time", 0.03);
-  const nn::AttentionCore core =
-      args.get("--core", "fused") == "composed" ? nn::AttentionCore::Composed : nn::AttentionCore::Fused;
-  std::vector<std::string> wanted = bench::split_list(args.get("--shapes", "all"));
-  std::vector<int> threads;
-  for (const auto& t : bench::split_list(args.get("--threads", "1,2"))) threads.push_back(std::stoi(t));
+  const int samples = run.samples;
+  const double min_time = run.min_time;
+  const nn::AttentionCore core = core_name == "composed" ? nn::AttentionCore::Composed : nn::AttentionCore::Fused;
 
   if (!tsv) {
     fmt::print("nn::MultiHeadAttention forward + backward, float32, need_weights = false, {} core\n",
@@ -57,12 +56,10 @@ int main(int argc, char** argv) {
     fmt::print("{:<14} {:>7} {:>12} {:>10} {:>12}\n", "shape", "threads", "time/step", "GFLOP/s",
                "% of peak*");
   }
-  for (int n : threads) {
+  for (int n : run.threads) {
     ag::set_num_threads(n);
     for (const auto& s : bench::attention_shapes()) {
-      if (!(wanted.size() == 1 && wanted[0] == "all") &&
-          std::find(wanted.begin(), wanted.end(), s.name) == wanted.end())
-        continue;
+      if (!run.wants(s)) continue;
       bench::AttentionStep step(s, core);
       for (int i = 0; i < 3; ++i) step();  // warm up: grads and caches exist
       const int reps = bench::calibrate(step, min_time);

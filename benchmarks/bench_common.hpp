@@ -1,6 +1,7 @@
 #pragma once
-// Shared by the benchmark programs: the shapes of issue 5, one training step of multi-head
-// attention and its FLOP count, a timer that reports medians, and the machine's FP32 peak.
+// Shared by the benchmark programs: the benchmark shapes, one training step of multi-head
+// attention and its FLOP count, a timer that reports medians, the machine's FP32 peak, and the
+// command-line options the attention benchmarks share.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -11,6 +12,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
@@ -188,31 +191,32 @@ inline PeakEstimate estimate_fp32_peak() {
   return p;
 }
 
-// Reads "--name value" style options.
-struct Args {
-  std::vector<std::string> argv;
-  Args(int argc, char** argv_) : argv(argv_ + 1, argv_ + argc) {}
-  bool flag(std::string_view name) const { return std::find(argv.begin(), argv.end(), name) != argv.end(); }
-  std::string get(std::string_view name, std::string fallback) const {
-    for (std::size_t i = 0; i + 1 < argv.size(); ++i)
-      if (argv[i] == name) return argv[i + 1];
-    return fallback;
-  }
-  double num(std::string_view name, double fallback) const {
-    const std::string s = get(name, "");
-    return s.empty() ? fallback : std::strtod(s.c_str(), nullptr);
+// The options of bench_attention and bench_torch_cpp: which shapes, at which thread counts, how
+// many samples of at least how long, and tab-separated output for compare_torch.py.
+struct AttentionRunOptions {
+  std::vector<std::string> shapes{"all"};
+  std::vector<int> threads{1, 2};
+  int samples = 11;
+  double min_time = 0.03;
+  bool tsv = false;
+
+  bool wants(const AttentionShape& s) const {
+    return std::find(shapes.begin(), shapes.end(), "all") != shapes.end() ||
+           std::find(shapes.begin(), shapes.end(), s.name) != shapes.end();
   }
 };
 
-inline std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= s.size()) {
-    const std::size_t end = std::min(s.find(',', start), s.size());
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
+inline void add_attention_run_options(CLI::App& app, AttentionRunOptions& o) {
+  std::vector<std::string> names{"all"};
+  for (const auto& s : attention_shapes()) names.push_back(s.name);
+  app.add_option("--shapes", o.shapes, "comma-separated shapes, or all (default)")
+      ->delimiter(',')->check(CLI::IsMember(names))->type_name("a,b|all");
+  app.add_option("--threads", o.threads, "comma-separated thread counts (default 1,2)")
+      ->delimiter(',')->check(CLI::Range(1, 1 << 16))->type_name("1,2");
+  app.add_option("--samples", o.samples, "samples per measurement (default 11)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--min-time", o.min_time, "seconds per sample, at least one call (default 0.03)")
+      ->check(CLI::PositiveNumber)->type_name("S");
+  app.add_flag("--tsv", o.tsv, "machine-readable lines instead of a table");
 }
 
 }  // namespace bench

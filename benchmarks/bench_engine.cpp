@@ -23,12 +23,14 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
 #include "bench_common.hpp"
+#include "heads_model.hpp"
 
 namespace ag = autograd;
 
@@ -225,38 +227,12 @@ void bench_core() {
   }
 }
 
-// examples/train_heads.cpp's model and step, on one fixed batch.
-struct ToyModel : nn::Module {
-  std::shared_ptr<nn::Embedding> tok, pos;
-  std::shared_ptr<nn::TransformerBlock> block;
-  std::shared_ptr<nn::LayerNorm> ln_f;
-  std::shared_ptr<nn::Linear> readout;
-  ag::Tensor positions;
-  ToyModel(std::int64_t vocab, std::int64_t T, std::int64_t d_model, std::int64_t heads, std::int64_t d_ff,
-           ag::Generator& gen)
-      : Module("ToyModel") {
-    tok = register_module("tok", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{vocab, d_model}, gen));
-    pos = register_module("pos", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{T, d_model}, gen));
-    block = register_module("block", std::make_shared<nn::TransformerBlock>(
-                                         nn::TransformerBlockOptions{.d_model = d_model, .num_heads = heads, .d_ff = d_ff},
-                                         gen));
-    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(d_model));
-    readout = register_module("readout", std::make_shared<nn::Linear>(nn::LinearOptions{d_model, vocab}, gen));
-    positions = ag::arange(static_cast<double>(T));
-  }
-  ag::Tensor forward(const ag::Tensor& tokens) const {
-    const ag::Tensor x = ag::add(tok->forward(tokens), pos->forward(positions));  // (B, T, D)
-    nn::AttentionOptions opt;
-    opt.is_causal = true;
-    opt.need_weights = false;
-    return readout->forward(ln_f->forward(block->forward(x, opt).output));  // (B, T, V)
-  }
-};
-
+// examples/train_heads.cpp's model (heads_model.hpp) and training step, on one fixed batch.
 void bench_train() {
   const std::int64_t vocab = 8, T = 12, d_model = 32, d_ff = 128, batch = 64;
   ag::Generator gen(1);
-  ToyModel model(vocab, T, d_model, 2, d_ff, gen);
+  heads::HeadsModel model(
+      {.vocab = vocab, .seq_len = T, .d_model = d_model, .d_ff = d_ff, .heads = 2, .classes = vocab, .mlp = true}, gen);
   std::vector<double> tokens(static_cast<std::size_t>(batch * T));
   std::vector<std::int64_t> targets(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -268,7 +244,7 @@ void bench_train() {
   const nn::CrossEntropyOptions ce{.ignore_index = -100};
   const std::vector<ag::Tensor> params = model.parameters();  // once, as a training loop would
   auto step = [&] {
-    ag::Tensor loss = nn::cross_entropy(model.forward(token_tensor), targets, ce);
+    ag::Tensor loss = nn::cross_entropy(model.forward(token_tensor, false).logits, targets, ce);
     opt.zero_grad();
     loss.backward();
     nn::clip_grad_norm_(params, 1.0);
@@ -305,13 +281,16 @@ void bench_memory() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::Args args(argc, argv);
-  g_tsv = args.flag("--tsv");
-  g_trace_train = args.flag("--trace-allocs");
-  ag::set_num_threads(static_cast<int>(args.num("--threads", 1)));
+  CLI::App app("Micro-benchmarks of the engine (medians).", "bench_engine");
   std::vector<std::string> what;
-  for (const auto& a : args.argv)
-    if (a == "op" || a == "backward" || a == "core" || a == "train" || a == "memory") what.push_back(a);
+  app.add_option("what", what, "any of op, backward, core, train, memory (default: op backward core train)")
+      ->check(CLI::IsMember({"op", "backward", "core", "train", "memory"}));
+  int threads = 1;
+  app.add_option("--threads", threads, "kernel threads (default 1)")->check(CLI::Range(1, 1 << 16));
+  app.add_flag("--tsv", g_tsv, "machine-readable lines instead of a table");
+  app.add_flag("--trace-allocs", g_trace_train, "after core and train, the call stack of each allocation of one more step");
+  CLI11_PARSE(app, argc, argv);
+  ag::set_num_threads(threads);
   if (what.empty()) what = {"op", "backward", "core", "train"};
   if (!g_tsv) fmt::print("headgrad engine micro-benchmarks ({} thread(s), medians)\n", ag::get_num_threads());
   for (const auto& w : what) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <autograd/autograd.hpp>
@@ -23,25 +24,23 @@
 
 namespace ag = autograd;
 
-
 int main(int argc, char** argv) {
-  const bench::Args args(argc, argv);
-  const bool tsv = args.flag("--tsv");
-  const int samples = static_cast<int>(args.num("--samples", 11));
-  const double min_time = args.num("--min-time", 0.03);
-  const std::vector<std::string> wanted = bench::split_list(args.get("--shapes", "all"));
-  std::vector<int> threads;
-  for (const auto& t : bench::split_list(args.get("--threads", "1,2"))) threads.push_back(std::stoi(t));
+  CLI::App app("headgrad against libtorch's torch::nn::MultiheadAttention, interleaved in one process.",
+               "bench_torch_cpp");
+  bench::AttentionRunOptions run;
+  bench::add_attention_run_options(app, run);
+  CLI11_PARSE(app, argc, argv);
+  const bool tsv = run.tsv;
+  const int samples = run.samples;
+  const double min_time = run.min_time;
 
   if (!tsv)
     fmt::print("{:<14} {:>7} {:>12} {:>12} {:>14}\n", "shape", "threads", "headgrad", "libtorch", "libtorch/ours");
-  for (int n : threads) {
+  for (int n : run.threads) {
     ag::set_num_threads(n);
     bench::TorchMhaStep::set_num_threads(n);
     for (const auto& s : bench::attention_shapes()) {
-      if (!(wanted.size() == 1 && wanted[0] == "all") &&
-          std::find(wanted.begin(), wanted.end(), s.name) == wanted.end())
-        continue;
+      if (!run.wants(s)) continue;
       bench::AttentionStep ours(s, nn::AttentionCore::Fused);
       bench::TorchMhaStep theirs(s.B, s.T, s.E, s.H, s.causal);
       for (int i = 0; i < 3; ++i) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch (pip) side of the speed comparison of issue 5.
+"""PyTorch (pip) side of headgrad's speed comparison (benchmarks/run.sh).
 
 One training step of multi-head self-attention: forward + backward of
 nn.MultiheadAttention(batch_first=True), float32, need_weights=False, loss = output.sum(),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the benchmarks (Release, optimised for this machine) and prints the speed table of
-# issue 5: headgrad against PyTorch from pip (and libtorch, when CMake finds it), each pair timed
+# Builds the benchmarks (Release, optimised for this machine) and prints the speed table:
+# headgrad against PyTorch from pip (and libtorch, when CMake finds it), each pair timed
 # interleaved in one run, at 1 and 2 threads; then the engine micro-benchmarks.
 #
 #   benchmarks/run.sh [build-dir]          (default build-dir: build-bench)

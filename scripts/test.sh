@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds headgrad (installing what is missing) and runs the whole test suite.
+# Builds all of headgrad (installing what is missing): libraries, tests, examples, benchmarks;
+# then runs the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
