@@ -92,6 +92,7 @@ struct Tally {
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const GradcheckOptions& opt) {
   if (!fn) fail("gradcheck", "no function given");
   if (!(opt.eps > 0)) fail("gradcheck", "eps must be positive, got {}", opt.eps);
+  if (opt.num_projections < 0) fail("gradcheck", "num_projections must not be negative, got {}", opt.num_projections);
   std::vector<std::size_t> checked;
   std::int64_t n_total = 0;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -114,7 +115,13 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
 
   Tensor y = evaluate(fn, inputs);
   const std::int64_t m = y.numel();
+  if (m == 0 || n_total == 0)
+    fail("gradcheck", "the output has {} elements and the checked inputs {}: nothing to compare", m, n_total);
   r.projected = m * n_total > opt.max_full_jacobian;
+  if (r.projected && opt.num_projections == 0)
+    fail("gradcheck",
+         "nothing would be checked: the Jacobian ({} x {}) is above max_full_jacobian = {} and num_projections = 0",
+         m, n_total, opt.max_full_jacobian);
 
   // Analytic vector-Jacobian product vᵀJ for every checked input (zeros where unconnected).
   auto vjp = [&](const Tensor& v) {
