@@ -144,3 +144,31 @@ BOOST_AUTO_TEST_CASE(custom_function_records_its_name_and_skips_graph_under_no_g
   ag::NoGradGuard no_grad;
   BOOST_CHECK(!Cube::apply(x).requires_grad());
 }
+
+BOOST_AUTO_TEST_CASE(a_check_of_nothing_is_an_error_not_a_pass) {
+  // Negative control: with no full Jacobian and no projection, nothing would be compared.
+  Tensor x = input({3}, 12);
+  auto f = [](const TensorList& in) { return ag::exp(in[0]); };
+  ag::GradcheckOptions none;
+  none.max_full_jacobian = 0;
+  none.num_projections = 0;
+  BOOST_CHECK_EXCEPTION(ag::gradcheck(f, {x}, none), std::invalid_argument, [](const std::invalid_argument& e) {
+    const std::string what = e.what();
+    return what.find("gradcheck") != std::string::npos && what.find("num_projections = 0") != std::string::npos &&
+           what.find("max_full_jacobian = 0") != std::string::npos;
+  });
+  ag::GradcheckOptions negative;
+  negative.num_projections = -3;
+  BOOST_CHECK_THROW(ag::gradcheck(f, {x}, negative), std::invalid_argument);
+  // An empty input or output has no element to compare either.
+  Tensor empty = ag::zeros({0}, Dtype::Float64).requires_grad_();
+  BOOST_CHECK_EXCEPTION(ag::gradcheck(f, {empty}), std::invalid_argument, [](const std::invalid_argument& e) {
+    return std::string(e.what()).find("nothing to compare") != std::string::npos;
+  });
+  // One projection is a check.
+  ag::GradcheckOptions one = none;
+  one.num_projections = 1;
+  auto r = ag::gradcheck(f, {x}, one);
+  BOOST_CHECK(r.ok);
+  BOOST_CHECK_EQUAL(r.elements_checked, 1);
+}

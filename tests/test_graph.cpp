@@ -264,3 +264,45 @@ BOOST_AUTO_TEST_CASE(thread_count_can_be_set) {
   ag::set_num_threads(before);
   BOOST_CHECK_EQUAL(ag::get_num_threads(), before);
 }
+
+namespace {
+// A custom backward that returns no gradient at all (PyTorch requires one per input).
+struct ReturnsNothing : ag::Function<ReturnsNothing> {
+  static constexpr const char* name = "returns_nothing";
+  static Tensor forward(ag::FunctionCtx&, const Tensor& x) { return x * 2.0; }
+  static ag::TensorList backward(ag::FunctionCtx&, const ag::TensorList&) { return {}; }
+};
+
+class EmptyNode : public ag::Node {
+ public:
+  EmptyNode() : ag::Node("empty_rule") {}
+  void apply(const ag::TensorList&, ag::TensorList&) override {}
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_custom_backward_returning_no_gradients_is_an_error) {
+  Tensor x = leaf({1.0, 2.0}, {2});
+  BOOST_CHECK_EXCEPTION(ag::sum(ReturnsNothing::apply(x)).backward(), std::runtime_error,
+                        [](const std::runtime_error& e) {
+                          return message_contains(e, "'returns_nothing'") && message_contains(e, "0 gradients for 1 input");
+                        });
+  BOOST_CHECK(!x.grad().defined());
+
+  Tensor y = ag::tensor({3.0}, {1}, Dtype::Float64);  // a custom node built by hand
+  auto node = std::make_shared<EmptyNode>();
+  ag::connect(node, ag::TensorList{x}, ag::TensorList{y});
+  BOOST_CHECK_EXCEPTION(ag::sum(y).backward(), std::runtime_error, [](const std::runtime_error& e) {
+    return message_contains(e, "'empty_rule'") && message_contains(e, "undefined tensor");
+  });
+}
+
+BOOST_AUTO_TEST_CASE(undefined_gradients_say_that_an_input_needs_none) {
+  struct FirstOnly : ag::Function<FirstOnly> {
+    static Tensor forward(ag::FunctionCtx&, const Tensor& a, const Tensor& b) { return a * b; }
+    static ag::TensorList backward(ag::FunctionCtx&, const ag::TensorList& g) { return {g[0] * 4.0, Tensor()}; }
+  };
+  Tensor a = leaf({1.0}, {1}), b = leaf({2.0}, {1});
+  ag::sum(FirstOnly::apply(a, b)).backward();
+  check_values(a.grad(), {4.0});
+  BOOST_CHECK(!b.grad().defined());
+}

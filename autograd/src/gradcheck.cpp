@@ -89,11 +89,11 @@ struct Tally {
 
 }  // namespace
 
-GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const GradcheckOptions& opt) {
-  if (!fn) fail("gradcheck", "no function given");
-  if (!(opt.eps > 0)) fail("gradcheck", "eps must be positive, got {}", opt.eps);
+namespace {
+
+// The indices of the inputs to check (those that require grad), after checking each one.
+std::vector<std::size_t> checked_inputs(const std::vector<Tensor>& inputs) {
   std::vector<std::size_t> checked;
-  std::int64_t n_total = 0;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined()) fail("gradcheck", "input {} is undefined", i);
@@ -103,21 +103,23 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
            dtype_name(t.dtype()));
     if (!t.is_leaf()) fail("gradcheck", "input {} is not a leaf (it was made by '{}')", i, t.grad_fn()->name());
     checked.push_back(i);
-    n_total += t.numel();
   }
   if (checked.empty()) fail("gradcheck", "no input requires grad, so there is nothing to check");
+  return checked;
+}
 
-  GradcheckResult r;
-  Tally tally{opt, r};
-  InputState state(inputs);
-  EnableGradGuard grad_on;
-
-  Tensor y = evaluate(fn, inputs);
-  const std::int64_t m = y.numel();
-  r.projected = m * n_total > opt.max_full_jacobian;
+// One gradcheck run: the function, its inputs (restored at the end) and the tally so far.
+struct Check {
+  const GradcheckFn& fn;
+  const std::vector<Tensor>& inputs;
+  const GradcheckOptions& opt;
+  std::vector<std::size_t> checked;
+  InputState& state;
+  Tally& tally;
+  Tensor y;  // the output, with its graph, at the original inputs
 
   // Analytic vector-Jacobian product vᵀJ for every checked input (zeros where unconnected).
-  auto vjp = [&](const Tensor& v) {
+  std::vector<std::vector<double>> vjp(const Tensor& v) const {
     for (auto i : checked) inputs[i].set_grad(Tensor());
     if (y.requires_grad()) y.backward(v, /*retain_graph=*/true);
     std::vector<std::vector<double>> out;
@@ -126,10 +128,11 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
       out.push_back(g.defined() ? g.to_vector() : std::vector<double>(static_cast<std::size_t>(inputs[i].numel()), 0.0));
     }
     return out;
-  };
+  }
 
-  if (!r.projected) {
-    // Full Jacobian: m backward passes for the analytic rows, 2n forward passes for the numeric columns.
+  // Full Jacobian: m backward passes for the analytic rows, 2n forward passes for the numeric columns.
+  void full_jacobian() {
+    const std::int64_t m = y.numel();
     std::vector<std::vector<std::vector<double>>> analytic;  // [output][checked input][element]
     for (std::int64_t j = 0; j < m; ++j) {
       Tensor onehot = zeros(y.shape(), Dtype::Float64);
@@ -159,8 +162,25 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
         }
       }
     }
-  } else {
-    // Random projections: compare vᵀJu, analytic (one backward) against numeric (two forwards).
+  }
+
+  // vᵀ·f(x + step·u), inputs set to the original values plus step·u.
+  double directional(const std::vector<double>& v, const std::vector<std::vector<double>>& u, double step) const {
+    NoGradGuard no_grad;
+    for (std::size_t c = 0; c < checked.size(); ++c) {
+      const std::size_t i = checked[c];
+      double* x = inputs[i].data<double>();
+      for (std::size_t k = 0; k < u[c].size(); ++k) x[k] = state.original(i, k) + step * u[c][k];
+      inputs[i].mark_modified();
+    }
+    const auto out = evaluate(fn, inputs).to_vector();
+    double dot = 0.0;
+    for (std::size_t j = 0; j < out.size(); ++j) dot += v[j] * out[j];
+    return dot;
+  }
+
+  // Random projections: compare vᵀJu, analytic (one backward) against numeric (two forwards).
+  void projections() {
     Generator gen(opt.seed);
     for (int p = 0; p < opt.num_projections; ++p) {
       if (p > 0) y = evaluate(fn, inputs);  // a fresh graph: the last one saw perturbed inputs
@@ -174,23 +194,40 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
       }
       const auto vv = v.to_vector();
       y = Tensor();
-      auto directional = [&](double step) {
-        NoGradGuard no_grad;
-        for (std::size_t c = 0; c < checked.size(); ++c) {
-          const std::size_t i = checked[c];
-          double* x = inputs[i].data<double>();
-          for (std::size_t k = 0; k < u[c].size(); ++k) x[k] = state.original(i, k) + step * u[c][k];
-          inputs[i].mark_modified();
-        }
-        const auto out = evaluate(fn, inputs).to_vector();
-        double dot = 0.0;
-        for (std::size_t j = 0; j < out.size(); ++j) dot += vv[j] * out[j];
-        return dot;
-      };
-      const double numeric = (directional(opt.eps) - directional(-opt.eps)) / (2.0 * opt.eps);
+      const double numeric = (directional(vv, u, opt.eps) - directional(vv, u, -opt.eps)) / (2.0 * opt.eps);
       for (auto i : checked) state.restore_values(i);
       tally.add(analytic, numeric, -1, p, -1);
     }
+  }
+};
+
+}  // namespace
+
+GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const GradcheckOptions& opt) {
+  if (!fn) fail("gradcheck", "no function given");
+  if (!(opt.eps > 0)) fail("gradcheck", "eps must be positive, got {}", opt.eps);
+  if (opt.num_projections < 0) fail("gradcheck", "num_projections must not be negative, got {}", opt.num_projections);
+  std::vector<std::size_t> checked = checked_inputs(inputs);
+  std::int64_t n_total = 0;
+  for (auto i : checked) n_total += inputs[i].numel();
+
+  GradcheckResult r;
+  Tally tally{opt, r};
+  InputState state(inputs);
+  EnableGradGuard grad_on;
+  Check check{fn, inputs, opt, std::move(checked), state, tally, evaluate(fn, inputs)};
+  const std::int64_t m = check.y.numel();
+  if (m == 0 || n_total == 0)
+    fail("gradcheck", "the output has {} elements and the checked inputs {}: nothing to compare", m, n_total);
+  r.projected = m * n_total > opt.max_full_jacobian;
+  if (r.projected && opt.num_projections == 0)
+    fail("gradcheck",
+         "nothing would be checked: the Jacobian ({} x {}) is above max_full_jacobian = {} and num_projections = 0",
+         m, n_total, opt.max_full_jacobian);
+  if (r.projected) {
+    check.projections();
+  } else {
+    check.full_jacobian();
   }
 
   if (r.worst_input >= 0) r.worst_index = unravel(r.worst_element, inputs[static_cast<std::size_t>(r.worst_input)].shape());

@@ -15,7 +15,9 @@
 //   ag::Tensor y = Cube::apply(x);
 //
 // forward may return a Tensor or a TensorList; backward gets one gradient per output (zeros
-// where none arrived) and returns one per Tensor argument (undefined where none is needed).
+// where none arrived) and returns exactly one per Tensor argument (undefined where none is
+// needed), as in PyTorch; a list of another length, an empty one included, makes backward()
+// throw, naming the function.
 // Check it with gradcheck.
 #include <map>
 #include <memory>

@@ -11,6 +11,7 @@
 // gradients of its inputs (flashlight's style); what a rule needs from the forward pass it
 // keeps in SavedTensors, which remember the version of the data they saved.
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -76,16 +77,22 @@ struct TensorMeta {
   Dtype dtype = Dtype::Float32;
 };
 
+namespace detail {
+class WalkClaim;  // the backward walk's claim on a node (walk.cpp)
+}
+
 class Node : public std::enable_shared_from_this<Node> {
  public:
   explicit Node(std::string_view name);
+  // Frees the graph behind this node in a loop, not by recursion: a chain of any length is
+  // dropped with a small, bounded stack.
   virtual ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
   // grad_outputs has one tensor per output (zeros where none arrived, or undefined when
   // materialize_grads is false); fills grad_inputs (empty on entry; the caller reuses its
-  // capacity) with one gradient per input edge, undefined where that input needs none.
+  // capacity) with exactly one gradient per input edge, undefined where that input needs none.
   virtual void apply(const TensorList& grad_outputs, TensorList& grad_inputs) = 0;
   // Drops what was saved for backward; the node can no longer be applied.
   virtual void release_saved() {}
@@ -94,6 +101,9 @@ class Node : public std::enable_shared_from_this<Node> {
   bool released() const { return released_; }
   void mark_released();
   bool needs_input_grad(std::size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
+  // True for a leaf's AccumulateGrad: the one kind of node that backward() calls on several
+  // threads may reach at the same time (it locks the leaf's .grad while it adds).
+  bool accumulates_into_leaf() const { return accumulates_into_leaf_; }
 
   // (Lists from the per-thread small-object pool: no system allocation once warm.)
   std::vector<Edge, detail::PoolAllocator<Edge>> next_edges;              // one per input
@@ -107,16 +117,19 @@ class Node : public std::enable_shared_from_this<Node> {
   // of multi-output ops set this to skip work (and memory) for outputs nobody used.
   bool materialize_grads = true;
 
-  // Scratch of the backward walk that reaches this node (its slot in the walk's tables, valid
-  // while walk_id matches that walk). Backward calls sharing nodes must not run concurrently.
-  std::uint64_t walk_id = 0;
-  std::size_t walk_slot = 0;
+ protected:
+  Node(std::string_view name, bool accumulates_into_leaf);
 
  private:
+  friend class detail::WalkClaim;
   // (From the small-object pool too: a name longer than the string's inline buffer, such as
   // "scaled_dot_product_attention", would otherwise allocate on every record.)
   std::basic_string<char, std::char_traits<char>, detail::PoolAllocator<char>> name_;
   bool released_ = false;
+  bool accumulates_into_leaf_ = false;
+  // Which thread's walks hold this node now, and how many of them (nested walks from hooks):
+  // zero when no walk does. A walk on another thread that reaches the node meanwhile refuses.
+  std::atomic<std::uint64_t> walkers_{0};
 };
 
 // Backward rule given as a function: grads of outputs -> grads of inputs.
@@ -139,7 +152,8 @@ class FunctionNode final : public Node {
   std::optional<F> fn_;
 };
 
-// Adds the gradient into a leaf's .grad (in place once .grad exists).
+// Adds the gradient into a leaf's .grad (in place once .grad exists), after the leaf's hooks.
+// Walks on several threads may add into one leaf: the addition holds a lock of that leaf.
 class AccumulateGrad : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
@@ -213,6 +227,8 @@ Tensor record(std::string_view name, std::initializer_list<Tensor> inputs, Tenso
 }
 
 // Runs backward from `roots` seeded with `grads` (same shapes). Used by Tensor::backward.
+// A hook may call backward() again (a nested walk, with its own bookkeeping). Walks on several
+// threads may share leaves; one that reaches a node another thread's walk holds throws.
 void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph);
 void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph);
 
