@@ -68,16 +68,20 @@ std::int64_t normalize_dim(std::string_view op, std::int64_t dim, std::int64_t r
 Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b) {
   const std::size_t n = std::max(a.size(), b.size());
   Shape out(n);
+  bool same = a.size() == b.size();
   for (std::size_t i = 0; i < n; ++i) {
     const std::int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const std::int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    if (da != db && da != 1 && db != 1)
-      fail(op, "shapes cannot be broadcast: {} and {}", shape_str(a), shape_str(b));
+    if (da != db) {
+      if (da != 1 && db != 1) fail(op, "shapes cannot be broadcast: {} and {}", shape_str(a), shape_str(b));
+      same = false;
+    }
     out[i] = da == 1 ? db : da;
   }
-  // Two shapes that fit can broadcast to one that does not ([2^62, 1, 0] and [1, 8, 0]).
+  // Two shapes that fit can broadcast to one that does not ([2^62, 1, 0] and [1, 8, 0]); equal
+  // shapes broadcast to themselves.
   std::int64_t numel = 0;
-  if (!numel_fits(out, numel))
+  if (!same && !numel_fits(out, numel))
     fail(op, "shapes {} and {} broadcast to {}, whose sizes multiply past what a 64-bit count can hold",
          shape_str(a), shape_str(b), shape_str(out));
   return out;

@@ -16,10 +16,11 @@ namespace autograd {
 // ---- Storage ----
 
 namespace {
-// Bytes of the buffer behind `n` elements: a positive multiple of 64 (the alignment).
+// Bytes of the buffer behind `n` elements: a positive multiple of 64 (the alignment). Only for
+// counts already checked (see Storage's constructor).
 std::size_t buffer_bytes(Dtype dt, std::int64_t n) {
-  const std::int64_t bytes = checked_add("Storage", checked_mul("Storage", n, dtype_size(dt)), 63) / 64 * 64;
-  return bytes == 0 ? 64 : static_cast<std::size_t>(bytes);
+  const std::size_t bytes = (static_cast<std::size_t>(n) * dtype_size(dt) + 63) / 64 * 64;
+  return bytes == 0 ? 64 : bytes;
 }
 
 // The most elements of dt whose buffer (rounded up to 64 bytes) has a byte count that fits in 64 bits.
@@ -30,6 +31,7 @@ std::int64_t max_elements(Dtype dt) {
 
 Storage::Storage(Dtype dt, std::int64_t n) : dtype(dt), numel(n) {
   if (n < 0) fail("Storage", "negative element count {}", n);
+  checked_add("Storage", checked_mul("Storage", n, static_cast<std::int64_t>(dtype_size(dt))), 63);  // bytes fit
   data = detail::buffer_alloc(buffer_bytes(dt, n));
 }
 
