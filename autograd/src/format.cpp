@@ -70,7 +70,7 @@ std::string to_string(const Tensor& t) {
   }
   std::string extra = fmt::format(", dtype={}, shape={}", dtype_name(t.dtype()), shape_str(t.shape()));
   if (t.grad_fn()) {
-    extra += fmt::format(", grad_fn=<{}>", t.grad_fn()->name());
+    extra += fmt::format(", grad_fn=<{}>", printable(t.grad_fn()->name()));
   } else if (t.requires_grad()) {
     extra += ", requires_grad=true";
   }

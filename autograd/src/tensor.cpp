@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 
 #include "autograd/grad_mode.hpp"
@@ -15,15 +16,22 @@ namespace autograd {
 // ---- Storage ----
 
 namespace {
-// Bytes of the buffer behind `n` elements: a positive multiple of 64 (the alignment).
+// Bytes of the buffer behind `n` elements: a positive multiple of 64 (the alignment). Only for
+// counts already checked (see Storage's constructor).
 std::size_t buffer_bytes(Dtype dt, std::int64_t n) {
   const std::size_t bytes = (static_cast<std::size_t>(n) * dtype_size(dt) + 63) / 64 * 64;
   return bytes == 0 ? 64 : bytes;
+}
+
+// The most elements of dt whose buffer (rounded up to 64 bytes) has a byte count that fits in 64 bits.
+std::int64_t max_elements(Dtype dt) {
+  return (std::numeric_limits<std::int64_t>::max() - 63) / static_cast<std::int64_t>(dtype_size(dt));
 }
 }  // namespace
 
 Storage::Storage(Dtype dt, std::int64_t n) : dtype(dt), numel(n) {
   if (n < 0) fail("Storage", "negative element count {}", n);
+  checked_add("Storage", checked_mul("Storage", n, static_cast<std::int64_t>(dtype_size(dt))), 63);  // bytes fit
   data = detail::buffer_alloc(buffer_bytes(dt, n));
 }
 
@@ -31,13 +39,14 @@ Storage::~Storage() { detail::buffer_free(data, buffer_bytes(dtype, numel)); }
 
 // ---- construction ----
 
-Tensor Tensor::empty(const Shape& shape, Dtype dtype) {
-  for (auto d : shape)
-    if (d < 0) fail("empty", "negative dimension in shape {}", shape_str(shape));
+Tensor Tensor::empty(const Shape& shape, Dtype dtype, std::string_view op) {
+  const std::int64_t numel = checked_numel(op, shape);
+  if (numel > max_elements(dtype))
+    fail(op, "shape {} of {} needs more bytes than a 64-bit count can hold", shape_str(shape), dtype_name(dtype));
   auto impl = std::allocate_shared<TensorImpl>(detail::PoolAllocator<TensorImpl>{});
   impl->shape = shape;
   impl->dtype = dtype;
-  impl->storage = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>{}, dtype, shape_numel(shape));
+  impl->storage = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>{}, dtype, numel);
   return Tensor(std::move(impl));
 }
 
@@ -119,7 +128,7 @@ Tensor& Tensor::requires_grad_(bool on) {
   check_defined("requires_grad_");
   if (impl_->grad_fn)
     fail("requires_grad_", "only leaf tensors can change requires_grad; this one was made by '{}' "
-         "(use detach() to get a leaf)", impl_->grad_fn->name());
+         "(use detach() to get a leaf)", printable(impl_->grad_fn->name()));
   impl_->requires_grad = on;
   return *this;
 }
@@ -207,6 +216,21 @@ Tensor& Tensor::set_name(std::string name) {
 const std::string& Tensor::name() const {
   check_defined("name");
   return impl_->name;
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else {
+      if (c == '\\') out += '\\';
+      out += c;
+    }
+  }
+  return out;
 }
 
 // ---- in place ----
@@ -310,12 +334,10 @@ Tensor& Tensor::set_data(const Tensor& other) {
 // ---- factories ----
 
 Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype) {
-  for (auto d : shape)
-    if (d < 0) fail("tensor", "negative dimension in shape {}", shape_str(shape));
-  if (static_cast<std::int64_t>(values.size()) != shape_numel(shape))
-    fail("tensor", "{} values given for shape {} ({} elements)", values.size(), shape_str(shape),
-         shape_numel(shape));
-  Tensor t = Tensor::empty(shape, dtype);
+  const std::int64_t numel = checked_numel("tensor", shape);
+  if (static_cast<std::int64_t>(values.size()) != numel)
+    fail("tensor", "{} values given for shape {} ({} elements)", values.size(), shape_str(shape), numel);
+  Tensor t = Tensor::empty(shape, dtype, "tensor");
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* d = t.data<T>();
@@ -328,10 +350,10 @@ Tensor tensor(const std::vector<double>& values, std::initializer_list<std::int6
   return tensor(values, Shape(shape), dtype);
 }
 
-Tensor scalar_tensor(double value, Dtype dtype) { return full({}, value, dtype); }
-
-Tensor full(const Shape& shape, double value, Dtype dtype) {
-  Tensor t = Tensor::empty(shape, dtype);
+namespace {
+// A tensor of `shape` with every element `value`, made for the factory `op`.
+Tensor filled(std::string_view op, const Shape& shape, double value, Dtype dtype) {
+  Tensor t = Tensor::empty(shape, dtype, op);
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* d = t.data<T>();
@@ -339,9 +361,12 @@ Tensor full(const Shape& shape, double value, Dtype dtype) {
   });
   return t;
 }
+}  // namespace
 
-Tensor zeros(const Shape& shape, Dtype dtype) { return full(shape, 0.0, dtype); }
-Tensor ones(const Shape& shape, Dtype dtype) { return full(shape, 1.0, dtype); }
+Tensor scalar_tensor(double value, Dtype dtype) { return filled("scalar_tensor", {}, value, dtype); }
+Tensor full(const Shape& shape, double value, Dtype dtype) { return filled("full", shape, value, dtype); }
+Tensor zeros(const Shape& shape, Dtype dtype) { return filled("zeros", shape, 0.0, dtype); }
+Tensor ones(const Shape& shape, Dtype dtype) { return filled("ones", shape, 1.0, dtype); }
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
 
@@ -350,9 +375,13 @@ Tensor arange(double end, Dtype dtype) { return arange(0.0, end, 1.0, dtype); }
 Tensor arange(double start, double end, double step, Dtype dtype) {
   if (step == 0.0 || !std::isfinite(step)) fail("arange", "step must be finite and nonzero, got {}", step);
   if (!std::isfinite(start) || !std::isfinite(end)) fail("arange", "bounds must be finite, got {} and {}", start, end);
-  const double count = std::ceil((end - start) / step);
-  const auto n = static_cast<std::int64_t>(std::max(0.0, count));
-  Tensor t = Tensor::empty({n}, dtype);
+  const double count = std::max(0.0, std::ceil((end - start) / step));
+  // 2^63 is the first double past the largest count; an infinite count (end - start overflowed) is past it too.
+  if (!(count < 0x1p63))
+    fail("arange", "[{}, {}) in steps of {} holds {} values, more than a 64-bit count can hold", start, end, step,
+         count);
+  const auto n = static_cast<std::int64_t>(count);
+  Tensor t = Tensor::empty({n}, dtype, "arange");
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* d = t.data<T>();

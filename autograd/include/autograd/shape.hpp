@@ -46,8 +46,13 @@ std::int64_t shape_numel(const Shape& s);
 std::int64_t checked_mul(std::string_view op, std::int64_t a, std::int64_t b);
 std::int64_t checked_add(std::string_view op, std::int64_t a, std::int64_t b);
 // The element count of s: throws (naming the op and the shape) when a dim is negative or the
-// product does not fit in 64 bits.
+// product does not fit in 64 bits. A shape with a zero size has no elements, but its other sizes
+// must still multiply within 64 bits, so that every partial product of a shape (its strides, the
+// outer and inner counts a kernel computes) fits: [2^62, 0] is a shape, [2^62, 4, 0] is not.
 std::int64_t checked_numel(std::string_view op, const Shape& s);
+// The same test without throwing, for callers that phrase their own message: the element count
+// of s into numel, or false (numel unchanged) when checked_numel would throw.
+bool numel_fits(const Shape& s, std::int64_t& numel);
 
 // Row-major strides of a contiguous tensor of shape s (in elements).
 Shape contiguous_strides(const Shape& s);
@@ -61,7 +66,8 @@ template <class... Args>
 // Maps a possibly negative dim into [0, rank) or throws naming the op.
 std::int64_t normalize_dim(std::string_view op, std::int64_t dim, std::int64_t rank);
 
-// NumPy broadcasting of two shapes; throws "op: shapes cannot be broadcast: [..] and [..]".
+// NumPy broadcasting of two shapes; throws "op: shapes cannot be broadcast: [..] and [..]", or
+// when the broadcast shape's sizes do not fit in 64 bits.
 Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b);
 
 }  // namespace autograd

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <Eigen/Core>
@@ -75,8 +76,10 @@ class Tensor {
   Tensor() = default;  // undefined: "no tensor" (e.g. no mask)
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // Fresh, uninitialised storage of the given shape (kernels fill it).
-  static Tensor empty(const Shape& shape, Dtype dtype = Dtype::Float32);
+  // Fresh, uninitialised storage of the given shape (kernels fill it). A shape with a negative
+  // size, or whose element or byte count does not fit in 64 bits, is std::invalid_argument
+  // starting with `op` (the op that asked for the tensor).
+  static Tensor empty(const Shape& shape, Dtype dtype = Dtype::Float32, std::string_view op = "empty");
 
   bool defined() const { return impl_ != nullptr; }
   explicit operator bool() const = delete;  // ambiguous: use defined()
@@ -132,7 +135,7 @@ class Tensor {
   // The hook sees the gradient arriving at this tensor; returning a defined tensor replaces it.
   void register_hook(TensorHook hook);
 
-  Tensor& set_name(std::string name);
+  Tensor& set_name(std::string name);  // any bytes; messages and to_dot show it through printable()
   const std::string& name() const;
 
   // ---- in place (bump the version counter) ----
@@ -174,6 +177,10 @@ MatrixMap<T> Tensor::as_matrix() const {
   if (dim() != 2) fail("as_matrix", "needs a 2-D tensor, got shape {}", shape_str(shape()));
   return MatrixMap<T>(data<T>(), shape()[0], shape()[1]);
 }
+
+// s as messages and labels quote it: a byte that would not print as itself (a control byte such
+// as NUL, or DEL) is written as \xNN and a backslash as \\, so nothing in a name is cut or hidden.
+std::string printable(std::string_view s);
 
 // ---- factories ----
 // values are row-major; their count must equal the product of shape.

@@ -8,29 +8,20 @@
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "buffer_pool.hpp"
-#include "ops/parallel.hpp"
+#include "ops/common.hpp"
+#include "ops/views.hpp"
 
 namespace autograd {
 
 namespace {
 
-constexpr std::int64_t kParallelElements = 1 << 16;
-
-std::int64_t product(const Shape& s, std::size_t begin, std::size_t end) {
-  std::int64_t n = 1;
-  for (std::size_t i = begin; i < end; ++i) n *= s[i];
-  return n;
-}
-
 // A list of indices in a buffer from the tensor buffer cache: a fixed-shape loop reuses it
 // (no allocation once warm). Move-only; the backward rule owns it.
 class Indices {
  public:
-  explicit Indices(std::size_t n)
-      : n_(n),
-        bytes_((std::max<std::size_t>(n, 1) * sizeof(std::int64_t) + 63) / 64 * 64),
-        data_(static_cast<std::int64_t*>(detail::buffer_alloc(bytes_))) {}
-  explicit Indices(const std::vector<std::int64_t>& values) : Indices(values.size()) {
+  Indices(std::string_view op, std::size_t n)
+      : n_(n), bytes_(buffer_bytes(op, n)), data_(static_cast<std::int64_t*>(detail::buffer_alloc(bytes_))) {}
+  Indices(std::string_view op, const std::vector<std::int64_t>& values) : Indices(op, values.size()) {
     std::copy(values.begin(), values.end(), data_);
   }
   Indices(Indices&& o) noexcept : n_(o.n_), bytes_(o.bytes_), data_(std::exchange(o.data_, nullptr)) {}
@@ -45,14 +36,20 @@ class Indices {
   std::int64_t& operator[](std::size_t i) { return data_[i]; }
 
  private:
+  // n indices rounded up to the buffers' 64-byte granule (at least one).
+  static std::size_t buffer_bytes(std::string_view op, std::size_t n) {
+    const auto count = static_cast<std::int64_t>(std::max<std::size_t>(n, 1));
+    const std::int64_t bytes = checked_mul(op, count, static_cast<std::int64_t>(sizeof(std::int64_t)));
+    return static_cast<std::size_t>(checked_add(op, bytes, 63) / 64 * 64);
+  }
   std::size_t n_, bytes_;
   std::int64_t* data_;
 };
 
 // The values of an index tensor as integers; each must be a whole number.
 Indices to_indices(std::string_view op, const Tensor& index) {
-  if (!index.defined()) fail(op, "index tensor is undefined");
-  Indices out(static_cast<std::size_t>(index.numel()));
+  check_defined(op, index, "the index");
+  Indices out(op, static_cast<std::size_t>(index.numel()));
   dispatch(index.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* values = index.data<T>();
@@ -80,13 +77,13 @@ Tensor gather_along(std::string_view op, const Tensor& x, std::int64_t d, Indice
   const std::int64_t outer = product(in, 0, static_cast<std::size_t>(d));
   const std::int64_t inner = product(in, static_cast<std::size_t>(d) + 1, in.size());
   const auto count = static_cast<std::int64_t>(index.size());
-  Tensor y = Tensor::empty(out_shape, x.dtype());
+  Tensor y = Tensor::empty(out_shape, x.dtype(), op);
   if (y.numel() > 0) {
     dispatch(x.dtype(), [&](auto zero) {
       using T = decltype(zero);
       const T* src = x.data<T>();
       T* dst = y.data<T>();
-      parallel_for(outer * count, y.numel() > kParallelElements, [&](std::int64_t ok) {
+      parallel_for(outer * count, y.numel() > kParallelCopy, [&](std::int64_t ok) {
         const std::int64_t o = ok / count, k = ok % count;
         std::memcpy(dst + ok * inner, src + (o * size + index[static_cast<std::size_t>(k)]) * inner,
                     static_cast<std::size_t>(inner) * sizeof(T));
@@ -108,10 +105,10 @@ Tensor gather_along(std::string_view op, const Tensor& x, std::int64_t d, Indice
         const T* src = g[0].data<T>();
         T* dst = dx.data<T>();
         // Parallel over `outer` only: within one o, repeated indices add into the same row.
-        parallel_for(outer, g[0].numel() > kParallelElements, [&](std::int64_t o) {
+        parallel_for(outer, g[0].numel() > kParallelCopy, [&](std::int64_t o) {
           for (std::int64_t k = 0; k < count; ++k) {
-            Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> row(dst + (o * size + index[static_cast<std::size_t>(k)]) * inner, inner);
-            row += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src + (o * count + k) * inner, inner);
+            ArrayView<T> row(dst + (o * size + index[static_cast<std::size_t>(k)]) * inner, inner);
+            row += ConstArrayView<T>(src + (o * count + k) * inner, inner);
           }
         });
       });
@@ -122,7 +119,7 @@ Tensor gather_along(std::string_view op, const Tensor& x, std::int64_t d, Indice
 }
 
 Tensor select_along(const Tensor& x, std::int64_t dim, Indices index) {
-  if (!x.defined()) fail("index_select", "tensor is undefined");
+  check_defined("index_select", x);
   if (x.dim() == 0) fail("index_select", "cannot index a 0-d tensor");
   const std::int64_t d = normalize_dim("index_select", dim, x.dim());
   Shape out_shape = x.shape();
@@ -133,7 +130,7 @@ Tensor select_along(const Tensor& x, std::int64_t dim, Indices index) {
 }  // namespace
 
 Tensor index_select(const Tensor& x, std::int64_t dim, const std::vector<std::int64_t>& index) {
-  return select_along(x, dim, Indices(index));
+  return select_along(x, dim, Indices("index_select", index));
 }
 
 Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
@@ -143,7 +140,7 @@ Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  if (!weight.defined()) fail("embedding", "weight is undefined");
+  check_defined("embedding", weight, "the weight");
   if (weight.dim() != 2) fail("embedding", "weight must be 2-D (V, D), got shape {}", shape_str(weight.shape()));
   Indices index = to_indices("embedding", indices);
   Shape out_shape = indices.shape();
