@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the threading, determinism, training and graph tests with ThreadSanitizer and runs them;
+# Builds the threading, determinism, training and graph tests (concurrent and nested backward
+# included) with ThreadSanitizer and runs them;
 # any data race reported fails the run.
 # Usage: scripts/test_thread_sanitize.sh [build-dir=build-tsan]
 #
@@ -40,7 +41,7 @@ cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=ThreadSanitize \
   -DOpenMP_CXX_FLAGS="-fopenmp=libomp" -DOpenMP_CXX_LIB_NAMES=omp -DOpenMP_omp_LIBRARY="$llvm_lib/libomp.so" \
   -DHEADGRAD_BLAS=OFF -DHEADGRAD_BUILD_EXAMPLES=OFF -DHEADGRAD_BUILD_BENCHMARKS=OFF >/dev/null
 
-tests=(test_threading test_determinism test_training test_graph)
+tests=(test_threading test_determinism test_training test_graph test_concurrent_backward test_nested_backward test_hook_programs)
 cmake --build "$build_dir" -j"$(nproc)" --target "${tests[@]}"
 
 export OMP_TOOL_LIBRARIES=$archer

@@ -51,7 +51,7 @@ std::string meta_str(const Tensor& t) {
 
 std::string context_of(const Node& node) {
   if (!node.creation_context.empty()) return node.creation_context;
-  return fmt::format("'{}' #{} (created before anomaly detection was turned on)", node.name(), node.sequence_nr);
+  return fmt::format("'{}' #{} (created before anomaly detection was turned on)", printable(node.name()), node.sequence_nr);
 }
 
 }  // namespace
@@ -81,7 +81,7 @@ void anomaly_check_forward(Node& node, const TensorList& inputs, const TensorLis
   std::vector<std::string> metas;
   metas.reserve(inputs.size());
   for (const auto& in : inputs) metas.push_back(meta_str(in));
-  node.creation_context = fmt::format("'{}' #{} from ({})", node.name(), node.sequence_nr, fmt::join(metas, ", "));
+  node.creation_context = fmt::format("'{}' #{} from ({})", printable(node.name()), node.sequence_nr, fmt::join(metas, ", "));
   if (!labels.empty()) node.creation_context += fmt::format(" under '{}'", current_anomaly_label());
 
   if (!current_options.forward) return;
@@ -89,7 +89,7 @@ void anomaly_check_forward(Node& node, const TensorList& inputs, const TensorLis
     const NonFinite bad = find_non_finite(outputs[i], current_options.forward_inf);
     if (bad.index < 0) continue;
     throw AnomalyError(fmt::format(
-        "anomaly detection: '{}' produced {} in output {} of shape {} (element {}) [created as {}]", node.name(),
+        "anomaly detection: '{}' produced {} in output {} of shape {} (element {}) [created as {}]", printable(node.name()),
         value_name(bad.value), i, shape_str(outputs[i].shape()), bad.index, node.creation_context));
   }
 }
@@ -102,7 +102,7 @@ void anomaly_check_backward(const Node& node, const TensorList& grad_inputs) {
     throw AnomalyError(fmt::format(
         "anomaly detection: the backward of '{}' returned {} in the gradient for input {} of shape {} "
         "(element {}) [created as {}]",
-        node.name(), value_name(bad.value), i, shape_str(grad_inputs[i].shape()), bad.index, context_of(node)));
+        printable(node.name()), value_name(bad.value), i, shape_str(grad_inputs[i].shape()), bad.index, context_of(node)));
   }
 }
 

@@ -101,7 +101,7 @@ std::vector<std::size_t> checked_inputs(const std::vector<Tensor>& inputs) {
     if (t.dtype() != Dtype::Float64)
       fail("gradcheck", "input {} {} is {}; gradcheck needs Float64 inputs", i, shape_str(t.shape()),
            dtype_name(t.dtype()));
-    if (!t.is_leaf()) fail("gradcheck", "input {} is not a leaf (it was made by '{}')", i, t.grad_fn()->name());
+    if (!t.is_leaf()) fail("gradcheck", "input {} is not a leaf (it was made by '{}')", i, printable(t.grad_fn()->name()));
     checked.push_back(i);
   }
   if (checked.empty()) fail("gradcheck", "no input requires grad, so there is nothing to check");

@@ -49,8 +49,8 @@ void manual_seed(std::uint64_t seed) {
 
 namespace {
 template <class Draw>
-Tensor fill_with(const Shape& shape, Dtype dtype, Draw draw) {
-  Tensor t = Tensor::empty(shape, dtype);
+Tensor fill_with(std::string_view op, const Shape& shape, Dtype dtype, Draw draw) {
+  Tensor t = Tensor::empty(shape, dtype, op);
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* p = t.data<T>();
@@ -61,16 +61,16 @@ Tensor fill_with(const Shape& shape, Dtype dtype, Draw draw) {
 }  // namespace
 
 Tensor rand(const Shape& shape, Dtype dtype, Generator& gen) {
-  return fill_with(shape, dtype, [&] { return gen.uniform(); });
+  return fill_with("rand", shape, dtype, [&] { return gen.uniform(); });
 }
 Tensor rand(const Shape& shape, Dtype dtype) { return rand(shape, dtype, default_generator()); }
 Tensor randn(const Shape& shape, Dtype dtype, Generator& gen) {
-  return fill_with(shape, dtype, [&] { return gen.normal(); });
+  return fill_with("randn", shape, dtype, [&] { return gen.normal(); });
 }
 Tensor randn(const Shape& shape, Dtype dtype) { return randn(shape, dtype, default_generator()); }
 Tensor uniform(const Shape& shape, double low, double high, Dtype dtype, Generator& gen) {
   if (!(low <= high)) fail("uniform", "low {} is greater than high {}", low, high);
-  return fill_with(shape, dtype, [&] { return low + (high - low) * gen.uniform(); });
+  return fill_with("uniform", shape, dtype, [&] { return low + (high - low) * gen.uniform(); });
 }
 
 }  // namespace autograd

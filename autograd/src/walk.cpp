@@ -64,7 +64,7 @@ class WalkClaim {
     throw std::runtime_error(fmt::format(
         "backward: the graph through '{}' is being walked by another thread right now; backward() "
         "calls on several threads may share leaves, but not other nodes at the same time",
-        node.name()));
+        printable(node.name())));
   }
 };
 
@@ -186,7 +186,7 @@ class WalkTablesLease {
   throw std::runtime_error(fmt::format(
       "backward: the graph through '{}' was already freed by an earlier backward(); "
       "call the first backward with retain_graph = true to walk it twice",
-      node.name()));
+      printable(node.name())));
 }
 
 void accumulate(Tensor& slot, const Tensor& g) { slot = slot.defined() ? add(slot, g) : g; }
@@ -304,7 +304,7 @@ class Walk {
         if (!replaced.defined()) continue;
         if (replaced.shape() != meta.shape || replaced.dtype() != meta.dtype)
           throw std::runtime_error(fmt::format(
-              "backward: a hook on an output of '{}' returned a gradient {} {}, expected {} {}", node.name(),
+              "backward: a hook on an output of '{}' returned a gradient {} {}, expected {} {}", printable(node.name()),
               shape_str(replaced.shape()), dtype_name(replaced.dtype()), shape_str(meta.shape),
               dtype_name(meta.dtype)));
         g = std::move(replaced);
@@ -320,12 +320,12 @@ class Walk {
       throw std::runtime_error(fmt::format(
           "backward of '{}' returned {} gradients for {} inputs; a backward rule returns one per input "
           "(an undefined tensor for an input that needs none)",
-          node.name(), grads.size(), node.next_edges.size()));
+          printable(node.name()), grads.size(), node.next_edges.size()));
     for (std::size_t j = 0; j < grads.size(); ++j) {
       const TensorMeta& meta = node.input_meta[j];
       if (grads[j].defined() && (grads[j].shape() != meta.shape || grads[j].dtype() != meta.dtype))
         throw std::runtime_error(fmt::format("backward of '{}' returned a gradient {} {} for input {} of shape {} {}",
-                                             node.name(), shape_str(grads[j].shape()), dtype_name(grads[j].dtype()),
+                                             printable(node.name()), shape_str(grads[j].shape()), dtype_name(grads[j].dtype()),
                                              j, shape_str(meta.shape), dtype_name(meta.dtype)));
     }
   }

@@ -8,16 +8,9 @@ namespace nn {
 
 std::string quote_name(std::string_view name) {
   std::string out = "'";
-  for (const char c : name) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == '\'' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (byte < 0x20 || byte == 0x7f) {
-      out += fmt::format("\\x{:02x}", byte);
-    } else {
-      out += c;
-    }
+  for (const char c : ag::printable(name)) {  // control bytes as \xNN, backslashes doubled
+    if (c == '\'') out += '\\';
+    out += c;
   }
   out += '\'';
   return out;

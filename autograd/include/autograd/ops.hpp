@@ -90,7 +90,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 // (empty span) or one per weight, each (out_i) or undefined (no bias).
 Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases = {});
 
-// ---- shape — src/ops/shape.cpp ----
+// ---- shape — src/ops/shape.cpp, src/ops/join.cpp ----
 Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 may be inferred; shares storage
 Tensor flatten(const Tensor& x, std::int64_t start_dim = 0, std::int64_t end_dim = -1);
 Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1);
