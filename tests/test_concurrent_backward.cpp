@@ -12,23 +12,15 @@
 
 #include <autograd/autograd.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Tensor;
-
-namespace {
-
-// Kernels on one thread each: the test is about the engine's threads, not the kernels'.
-struct OneKernelThread {
-  int previous = ag::get_num_threads();
-  OneKernelThread() { ag::set_num_threads(1); }
-  ~OneKernelThread() { ag::set_num_threads(previous); }
-};
-
-}  // namespace
+using test_support::ThreadCount;
 
 BOOST_AUTO_TEST_CASE(two_threads_backward_through_one_shared_leaf) {
-  OneKernelThread one;
+  ThreadCount one(1);  // kernels on one thread: the test is about the engine's threads
   constexpr int kIterations = 2000;
   Tensor w = ag::tensor({1.0, 2.0, 3.0, 4.0}, {4}, Dtype::Float64).requires_grad_();
   auto work = [&](double scale) {
@@ -45,7 +37,7 @@ BOOST_AUTO_TEST_CASE(two_threads_backward_through_one_shared_leaf) {
 }
 
 BOOST_AUTO_TEST_CASE(threads_building_graphs_on_a_fresh_leaf_share_one_accumulator) {
-  OneKernelThread one;
+  ThreadCount one(1);  // kernels on one thread: the test is about the engine's threads
   for (int round = 0; round < 200; ++round) {
     Tensor w = ag::tensor({0.5}, {1}, Dtype::Float64).requires_grad_();  // no accumulator yet
     std::vector<std::thread> threads;
@@ -57,7 +49,7 @@ BOOST_AUTO_TEST_CASE(threads_building_graphs_on_a_fresh_leaf_share_one_accumulat
 }
 
 BOOST_AUTO_TEST_CASE(walks_on_two_threads_reaching_one_interior_node_are_exact_or_refused) {
-  OneKernelThread one;
+  ThreadCount one(1);  // kernels on one thread: the test is about the engine's threads
   constexpr int kIterations = 500;
   Tensor x = ag::tensor({0.5, -0.25}, {2}, Dtype::Float64).requires_grad_();
   Tensor shared = ag::exp(x);  // reached by both threads' walks
@@ -98,7 +90,7 @@ BOOST_AUTO_TEST_CASE(walks_on_two_threads_reaching_one_interior_node_are_exact_o
 }
 
 BOOST_AUTO_TEST_CASE(many_threads_train_their_own_graphs_on_shared_weights) {
-  OneKernelThread one;
+  ThreadCount one(1);  // kernels on one thread: the test is about the engine's threads
   Tensor w = ag::tensor({0.1, 0.2, 0.3, 0.4, 0.5, 0.6}, {2, 3}, Dtype::Float64).requires_grad_();
   Tensor b = ag::tensor({0.0, 0.0, 0.0}, {3}, Dtype::Float64).requires_grad_();
   constexpr int kThreads = 4, kSteps = 300;

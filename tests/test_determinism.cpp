@@ -18,17 +18,15 @@
 
 #include "../autograd/src/ops/gemm.hpp"  // the product every op calls, tested directly
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Tensor;
+using test_support::ThreadCount;
 
 namespace {
 
-struct ThreadCount {
-  int previous = ag::get_num_threads();
-  explicit ThreadCount(int n) { ag::set_num_threads(n); }
-  ~ThreadCount() { ag::set_num_threads(previous); }
-};
 
 // The values of a run: each tensor's elements as exact doubles.
 using Values = std::vector<std::vector<double>>;

@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by the test programs: value checks, float64 inputs, gradchecks, error text, and
+// Helpers shared by the test programs: a scoped thread count, value checks, float64 inputs, gradchecks, error text, and
 // a small custom Function.
 #include <boost/test/unit_test.hpp>
 
@@ -14,6 +14,15 @@
 namespace test_support {
 
 namespace ag = autograd;
+
+// Sets the thread count for a scope and restores the previous one when the scope ends.
+struct ThreadCount {
+  int previous = ag::get_num_threads();
+  explicit ThreadCount(int n) { ag::set_num_threads(n); }
+  ~ThreadCount() { ag::set_num_threads(previous); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+};
 
 // Which non-finite expected values check_values accepts. By default neither: a NaN or an
 // infinity in `expected` fails the check, whatever was computed.

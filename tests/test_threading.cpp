@@ -16,18 +16,15 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using ag::Dtype;
 using ag::Tensor;
+using test_support::ThreadCount;
 
 namespace {
 
-// Restores the thread count when a test ends.
-struct ThreadCount {
-  int previous = ag::get_num_threads();
-  explicit ThreadCount(int n) { ag::set_num_threads(n); }
-  ~ThreadCount() { ag::set_num_threads(previous); }
-};
 
 // Largest |a - b| relative to max(|b|, 1).
 double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
