@@ -75,99 +75,116 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   });
 }
 
+namespace {
+
+// Where each piece of linear_cat's output lies: piece i is columns [offset[i], offset[i + 1]).
+struct CatLayout {
+  std::size_t n = 0;
+  std::array<std::int64_t, kMaxCat + 1> offset{};
+  std::int64_t rows = 1, in = 0, out = 0;
+  std::int64_t cols(std::size_t i) const { return offset[i + 1] - offset[i]; }
+};
+
+// y = x·[W_0 | W_1 | …] + [b_0 | b_1 | …]; w receives the packed weight (kept for dX).
+template <class T>
+void linear_cat_forward(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases,
+                        const CatLayout& l, Tensor& y, Tensor& w) {
+  MatrixView<T> packed(w.data<T>(), l.in, l.out);
+  for (std::size_t i = 0; i < l.n; ++i)
+    packed.middleCols(l.offset[i], l.cols(i)) = ConstMatrixView<T>(weights[i].data<T>(), l.in, l.cols(i));
+  bool any_bias = false;
+  for (const auto& b : biases) any_bias = any_bias || b.defined();
+  if (any_bias && l.rows > 0) {  // every row of y starts as [b_0 | b_1 | …]
+    MatrixView<T> ys(y.data<T>(), l.rows, l.out);
+    for (std::size_t i = 0; i < l.n; ++i) {
+      auto first = ys.row(0).segment(l.offset[i], l.cols(i));
+      if (biases[i].defined()) {
+        first = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(biases[i].data<T>(), first.size());
+      } else {
+        first.setZero();
+      }
+    }
+    ys.bottomRows(l.rows - 1).rowwise() = ys.row(0);
+  }
+  gemm<T>(false, false, l.rows, l.out, l.in, T(1), x.data<T>(), l.in, w.data<T>(), l.out, any_bias ? T(1) : T(0),
+          y.data<T>(), l.out);
+}
+
+// Y = X·W + 1·bᵀ with W = [W_0 | W_1 | …], b = [b_0 | b_1 | …]  =>  dX = dY·Wᵀ,
+// dW = Xᵀ·dY, so dW_i = the columns of piece i of dW;  db_i = Σ_rows of dY's columns of piece i.
+// Inputs: x, then the n weights, then the n biases.
+template <class T>
+void linear_cat_backward(const Tensor& g, const Node& node, const CatLayout& l, const SavedTensor& saved_x,
+                         const SavedTensor& saved_w, InlineTensorList<1 + 2 * kMaxCat>& grads) {
+  ConstMatrixView<T> dY(g.data<T>(), l.rows, l.out);
+  if (node.needs_input_grad(0)) {
+    grads[0] = Tensor::empty(node.input_meta[0].shape, g.dtype());
+    gemm<T>(false, true, l.rows, l.in, l.out, T(1), dY.data(), l.out, saved_w.get("linear_cat").data<T>(), l.out,
+            T(0), grads[0].data<T>(), l.in);  // dY·Wᵀ
+  }
+  bool any_dw = false;
+  for (std::size_t i = 0; i < l.n; ++i) any_dw = any_dw || node.needs_input_grad(1 + i);
+  if (any_dw) {
+    Tensor dw = Tensor::empty({l.in, l.out}, g.dtype());
+    gemm<T>(true, false, l.in, l.out, l.rows, T(1), saved_x.get("linear_cat").data<T>(), l.in, dY.data(), l.out,
+            T(0), dw.data<T>(), l.out);  // Xᵀ·dY
+    ConstMatrixView<T> dws(dw.data<T>(), l.in, l.out);
+    for (std::size_t i = 0; i < l.n; ++i) {
+      if (!node.needs_input_grad(1 + i)) continue;
+      grads[1 + i] = Tensor::empty({l.in, l.cols(i)}, g.dtype());
+      MatrixView<T>(grads[1 + i].data<T>(), l.in, l.cols(i)) = dws.middleCols(l.offset[i], l.cols(i));
+    }
+  }
+  for (std::size_t i = 0; i < l.n; ++i) {
+    if (!node.needs_input_grad(1 + l.n + i)) continue;
+    grads[1 + l.n + i] = Tensor::empty({l.cols(i)}, g.dtype());
+    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(grads[1 + l.n + i].data<T>(), l.cols(i)) =
+        dY.middleCols(l.offset[i], l.cols(i)).colwise().sum();
+  }
+}
+
+}  // namespace
+
 Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases) {
   constexpr std::string_view op = "linear_cat";
   const std::size_t n = weights.size();
   if (n == 0 || n > kMaxCat) fail(op, "needs 1 to {} weights, got {}", kMaxCat, n);
   if (!biases.empty() && biases.size() != n)
     fail(op, "needs no biases or one per weight ({}), got {}", n, biases.size());
-  auto bias = [&](std::size_t i) -> const Tensor& {
-    static const Tensor none;
-    return biases.empty() ? none : biases[i];
-  };
-  // offset[i]: the first column of piece i in the output; offset[n] the total.
-  std::array<std::int64_t, kMaxCat + 1> offset{};
-  bool any_bias = false;
-  for (std::size_t i = 0; i < n; ++i) {
-    check_linear(x, weights[i], bias(i), op);
-    offset[i + 1] = offset[i] + weights[i].size(1);
-    any_bias = any_bias || bias(i).defined();
-  }
-  const std::int64_t in = x.size(-1), out = offset[n];
-  std::int64_t rows = 1;
-  for (std::int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  Shape out_shape = x.shape();
-  out_shape.back() = out;
-  Tensor y = Tensor::empty(out_shape, x.dtype());
-  Tensor w = Tensor::empty({in, out}, x.dtype());  // [W_0 | W_1 | …]
-  dispatch(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    MatrixView<T> packed(w.data<T>(), in, out);
-    for (std::size_t i = 0; i < n; ++i)
-      packed.middleCols(offset[i], offset[i + 1] - offset[i]) = ConstMatrixView<T>(weights[i].data<T>(), in, offset[i + 1] - offset[i]);
-    if (any_bias && rows > 0) {  // every row of y starts as [b_0 | b_1 | …]
-      MatrixView<T> ys(y.data<T>(), rows, out);
-      for (std::size_t i = 0; i < n; ++i) {
-        auto first = ys.row(0).segment(offset[i], offset[i + 1] - offset[i]);
-        if (bias(i).defined()) {
-          first = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias(i).data<T>(), first.size());
-        } else {
-          first.setZero();
-        }
-      }
-      ys.bottomRows(rows - 1).rowwise() = ys.row(0);
-    }
-    gemm<T>(false, false, rows, out, in, T(1), x.data<T>(), in, w.data<T>(), out, any_bias ? T(1) : T(0),
-            y.data<T>(), out);
-  });
+  // inputs: x, the weights, the biases (undefined where none was given)
   std::array<Tensor, 1 + 2 * kMaxCat> all_inputs;
   all_inputs[0] = x;
-  bool any_weight_grad = false;
   for (std::size_t i = 0; i < n; ++i) {
     all_inputs[1 + i] = weights[i];
-    all_inputs[1 + n + i] = bias(i);
-    any_weight_grad = any_weight_grad || weights[i].requires_grad();
+    if (!biases.empty()) all_inputs[1 + n + i] = biases[i];
   }
+  const std::span<const Tensor> bias_list(all_inputs.data() + 1 + n, n);
+  CatLayout l;
+  l.n = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    check_linear(x, weights[i], bias_list[i], op);
+    l.offset[i + 1] = l.offset[i] + weights[i].size(1);
+  }
+  l.in = x.size(-1);
+  l.out = l.offset[n];
+  for (std::int64_t d = 0; d + 1 < x.dim(); ++d) l.rows *= x.size(d);
+  Shape out_shape = x.shape();
+  out_shape.back() = l.out;
+  Tensor y = Tensor::empty(out_shape, x.dtype());
+  Tensor w = Tensor::empty({l.in, l.out}, x.dtype());  // [W_0 | W_1 | …]
+  dispatch(x.dtype(), [&](auto zero) { linear_cat_forward<decltype(zero)>(x, weights, bias_list, l, y, w); });
+
   const std::span<const Tensor> inputs(all_inputs.data(), 1 + 2 * n);
   if (!needs_grad(inputs)) return y;
-  // Y = X·W + 1·bᵀ with W = [W_0 | W_1 | …], b = [b_0 | b_1 | …]  =>  dX = dY·Wᵀ,
-  // dW = Xᵀ·dY, so dW_i = the columns of piece i of dW;  db_i = Σ_rows of dY's columns of piece i
+  bool any_weight_grad = false;
+  for (std::size_t i = 0; i < n; ++i) any_weight_grad = any_weight_grad || weights[i].requires_grad();
   SavedTensor saved_x(any_weight_grad ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
-  record(op, inputs, std::span<const Tensor>(&y, 1),
-         [saved_x, saved_w, rows, in, out, n, offset](const TensorList& g, const Node& node) {
-           InlineTensorList<1 + 2 * kMaxCat> grads(1 + 2 * n);
-           dispatch(g[0].dtype(), [&](auto zero) {
-             using T = decltype(zero);
-             ConstMatrixView<T> dY(g[0].data<T>(), rows, out);
-             if (node.needs_input_grad(0)) {
-               grads[0] = Tensor::empty(node.input_meta[0].shape, g[0].dtype());
-               gemm<T>(false, true, rows, in, out, T(1), dY.data(), out, saved_w.get("linear_cat").data<T>(), out,
-                       T(0), grads[0].data<T>(), in);  // dY·Wᵀ
-             }
-             bool any_dw = false;
-             for (std::size_t i = 0; i < n; ++i) any_dw = any_dw || node.needs_input_grad(1 + i);
-             if (any_dw) {
-               Tensor dw = Tensor::empty({in, out}, g[0].dtype());
-               gemm<T>(true, false, in, out, rows, T(1), saved_x.get("linear_cat").data<T>(), in, dY.data(), out, T(0),
-                       dw.data<T>(), out);  // Xᵀ·dY
-               ConstMatrixView<T> dws(dw.data<T>(), in, out);
-               for (std::size_t i = 0; i < n; ++i) {
-                 if (!node.needs_input_grad(1 + i)) continue;
-                 const std::int64_t cols = offset[i + 1] - offset[i];
-                 grads[1 + i] = Tensor::empty({in, cols}, g[0].dtype());
-                 MatrixView<T>(grads[1 + i].data<T>(), in, cols) = dws.middleCols(offset[i], cols);
-               }
-             }
-             for (std::size_t i = 0; i < n; ++i) {
-               if (!node.needs_input_grad(1 + n + i)) continue;
-               const std::int64_t cols = offset[i + 1] - offset[i];
-               grads[1 + n + i] = Tensor::empty({cols}, g[0].dtype());
-               Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(grads[1 + n + i].data<T>(), cols) =
-                   dY.middleCols(offset[i], cols).colwise().sum();
-             }
-           });
-           return grads;
-         });
+  record(op, inputs, std::span<const Tensor>(&y, 1), [saved_x, saved_w, l](const TensorList& g, const Node& node) {
+    InlineTensorList<1 + 2 * kMaxCat> grads(1 + 2 * l.n);
+    dispatch(g[0].dtype(),
+             [&](auto zero) { linear_cat_backward<decltype(zero)>(g[0], node, l, saved_x, saved_w, grads); });
+    return grads;
+  });
   return y;
 }
 
