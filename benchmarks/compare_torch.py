@@ -71,29 +71,18 @@ def calibrate(f, min_time):
         reps *= 8 if t < min_time / 16 else 2
 
 
-def samples(f, reps, n):
+def samples(f, reps, n, clock=time.perf_counter):
     """n samples of reps calls, each call timed alone; a sample is the median call time (on a
-    loaded machine an interrupted call is an outlier the median drops). Same as bench_common.hpp."""
+    loaded machine an interrupted call is an outlier the median drops). Same as bench_common.hpp.
+    clock=time.process_time measures process CPU seconds (steadier than wall time on a loaded
+    machine)."""
     out = []
     for _ in range(n):
         t = []
         for _ in range(reps):
-            t0 = time.perf_counter()
+            t0 = clock()
             f()
-            t.append(time.perf_counter() - t0)
-        out.append(statistics.median(t))
-    return out
-
-
-def samples_cpu(f, reps, n):
-    """Like samples(), in process CPU seconds (steadier than wall time on a loaded machine)."""
-    out = []
-    for _ in range(n):
-        t = []
-        for _ in range(reps):
-            c0 = time.process_time()
-            f()
-            t.append(time.process_time() - c0)
+            t.append(clock() - t0)
         out.append(statistics.median(t))
     return out
 
@@ -132,7 +121,7 @@ def compare(args):
                     ours += o
                     ours_cpu.append(c)
                 theirs += samples(step, reps, args.samples)
-                theirs_cpu += samples_cpu(step, reps, max(1, args.samples // 2))
+                theirs_cpu += samples(step, reps, max(1, args.samples // 2), clock=time.process_time)
             t, tc = statistics.median(theirs), statistics.median(theirs_cpu)
             if args.ours:
                 o, oc = statistics.median(ours), statistics.median(ours_cpu)
