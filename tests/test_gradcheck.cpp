@@ -3,6 +3,9 @@
 #define BOOST_TEST_MODULE gradcheck
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include <autograd/autograd.hpp>
 
 #include "test_support.hpp"
@@ -171,4 +174,21 @@ BOOST_AUTO_TEST_CASE(a_check_of_nothing_is_an_error_not_a_pass) {
   auto r = ag::gradcheck(f, {x}, one);
   BOOST_CHECK(r.ok);
   BOOST_CHECK_EQUAL(r.elements_checked, 1);
+}
+
+BOOST_AUTO_TEST_CASE(tolerances_that_are_nan_or_negative_are_refused) {
+  // A NaN tolerance compares false with everything, so the check could neither pass nor name a
+  // worst element; a negative one could never pass.
+  Tensor x = input({3}, 13);
+  auto f = [](const TensorList& in) { return ag::exp(in[0]); };
+  for (double bad : {std::nan(""), -1e-6, std::numeric_limits<double>::infinity()}) {
+    ag::GradcheckOptions atol, rtol;
+    atol.atol = bad;
+    rtol.rtol = bad;
+    for (const auto& opt : {atol, rtol})
+      BOOST_CHECK_EXCEPTION(ag::gradcheck(f, {x}, opt), std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("gradcheck: atol and rtol must be finite and >= 0") != std::string::npos;
+      });
+  }
+  BOOST_CHECK(ag::gradcheck(f, {x}).ok);  // the default tolerances are fine
 }

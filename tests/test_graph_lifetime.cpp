@@ -158,3 +158,19 @@ BOOST_AUTO_TEST_CASE(a_custom_function_chain_is_dropped) {
     y = Tensor();
   });
 }
+
+BOOST_AUTO_TEST_CASE(a_chain_whose_hooks_hold_the_previous_tensor_is_dropped) {
+  // Each node's hook keeps the tensor before it (and so that tensor's node) alive: dropping the
+  // chain frees hooks and nodes in turn, and must not recurse through the hooks either.
+  on_small_stack([] {
+    Tensor x = leaf(1.0);
+    Tensor y = x;
+    for (int i = 0; i < 200000; ++i) {
+      Tensor previous = y;
+      y = y * 1.0;
+      y.register_hook([previous](const Tensor& g) { return g; });
+    }
+    y = Tensor();
+    BOOST_CHECK(!x.grad().defined());
+  });
+}

@@ -148,3 +148,24 @@ BOOST_AUTO_TEST_CASE(a_replacing_hook_and_a_nested_walk_together) {
   ag::sum(y * 3.0).backward();
   check_values(x.grad(), {2 * 6 * 1.5 + 3 * 1.5 * 1.5});
 }
+
+// A leaf hook whose backward reaches the same leaf runs itself again, and again: PyTorch recurses
+// until Python's limit. Here the nesting stops at a fixed depth with an error naming the cause,
+// instead of running off the end of the stack.
+BOOST_AUTO_TEST_CASE(a_hook_whose_backward_reaches_itself_is_an_error_not_a_stack_overflow) {
+  Tensor x = leaf({2.0});
+  int calls = 0;
+  x.register_hook([x, &calls](const Tensor& g) {
+    ++calls;
+    ag::EnableGradGuard grad_on;
+    ag::sum(x * 5.0).backward();  // reaches x's accumulator, so this hook, again
+    return g;
+  });
+  try {
+    ag::sum(x * x).backward();
+    BOOST_ERROR("an endless nesting of backward() calls did not throw");
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(message_contains(e, "backward: 64 backward() calls nested in hooks"), e.what());
+  }
+  BOOST_TEST(calls == 64);
+}

@@ -328,3 +328,15 @@ BOOST_AUTO_TEST_CASE(load_checkpoint_refuses_a_negative_second_moment_and_change
   BOOST_CHECK(snapshot(other_opt) == before);
   fs::remove_all(dir);
 }
+
+BOOST_AUTO_TEST_CASE(adam_refuses_an_eps_that_would_divide_zero_by_zero) {
+  // With eps = 0 a parameter whose gradient has always been 0 gets 0 / (sqrt(0) + 0) = NaN.
+  ag::Tensor p = ag::zeros({1}, ag::Dtype::Float64).requires_grad_();
+  for (double eps : {0.0, -1e-8, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    const std::string adam = test_support::error_of([&] { nn::Adam({p}, {.eps = eps}); });
+    BOOST_TEST(adam.find("Adam: eps must be positive and finite") != std::string::npos, adam);
+    const std::string adamw = test_support::error_of([&] { nn::AdamW({p}, {.eps = eps}); });
+    BOOST_TEST(adamw.find("AdamW: eps must be positive and finite") != std::string::npos, adamw);
+  }
+  BOOST_CHECK_NO_THROW(nn::Adam({p}, {.eps = 1e-12}));
+}

@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <limits>
+
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
@@ -141,18 +143,22 @@ BOOST_AUTO_TEST_CASE(a_different_seed_gives_different_losses) {
   BOOST_TEST(train_losses(1, 2024, 3) != train_losses(1, 2025, 3));
 }
 
-BOOST_AUTO_TEST_CASE(set_num_threads_refuses_a_count_below_one) {
+BOOST_AUTO_TEST_CASE(set_num_threads_refuses_a_count_below_one_or_above_256) {
   ThreadCount tc(2);
-  for (int n : {0, -1, -64}) {
+  for (int n : {0, -1, -64, 257, 1 << 20, std::numeric_limits<int>::max()}) {
     try {
       ag::set_num_threads(n);
       BOOST_ERROR("set_num_threads(" << n << ") did not throw");
     } catch (const std::invalid_argument& e) {
       BOOST_TEST(std::string(e.what()) ==
-                 "set_num_threads: the thread count must be at least 1, got " + std::to_string(n));
+                 "set_num_threads: the thread count must be in [1, 256], got " + std::to_string(n));
     }
     BOOST_TEST(ag::get_num_threads() == 2);  // unchanged
   }
+  // The largest count allowed runs a threaded product and reduction to the right numbers.
+  ThreadCount most(256);
+  const Tensor a = ag::ones({512, 512}, Dtype::Float64);
+  BOOST_TEST(ag::sum(ag::matmul(a, a)).item() == 512.0 * 512.0 * 512.0);
 }
 
 namespace {

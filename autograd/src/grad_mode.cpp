@@ -14,7 +14,11 @@ bool is_grad_enabled() { return grad_enabled; }
 void set_grad_enabled(bool enabled) { grad_enabled = enabled; }
 
 void set_num_threads(int n) {
-  if (n < 1) fail("set_num_threads", "the thread count must be at least 1, got {}", n);
+  // (The upper bound keeps per-thread scratch and OpenMP's thread creation within reason; far
+  // more threads than cores only slows every kernel down.)
+  constexpr int kMaxThreads = 256;
+  if (n < 1 || n > kMaxThreads)
+    fail("set_num_threads", "the thread count must be in [1, {}], got {}", kMaxThreads, n);
   omp_set_num_threads(n);
 }
 

@@ -206,6 +206,8 @@ struct Check {
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const GradcheckOptions& opt) {
   if (!fn) fail("gradcheck", "no function given");
   if (!(opt.eps > 0)) fail("gradcheck", "eps must be positive, got {}", opt.eps);
+  if (!(opt.atol >= 0) || !(opt.rtol >= 0) || !std::isfinite(opt.atol) || !std::isfinite(opt.rtol))
+    fail("gradcheck", "atol and rtol must be finite and >= 0, got atol = {}, rtol = {}", opt.atol, opt.rtol);
   if (opt.num_projections < 0) fail("gradcheck", "num_projections must not be negative, got {}", opt.num_projections);
   std::vector<std::size_t> checked = checked_inputs(inputs);
   std::int64_t n_total = 0;

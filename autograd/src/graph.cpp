@@ -17,11 +17,13 @@ namespace {
 
 std::atomic<std::uint64_t> next_sequence_nr{0};
 
-// The nodes this thread is freeing, whose edges are still to be dropped. The outermost
-// ~Node on a thread empties it in a loop; a ~Node run from that loop only adds its edges to
-// it, so freeing a graph never recurses more than one node deep.
+// The nodes this thread is freeing, whose edges (and hooks, which may hold tensors and so
+// graphs) are still to be dropped. The outermost ~Node on a thread empties it in a loop; a ~Node
+// run from that loop only adds its edges and hooks to it, so freeing a graph never recurses
+// more than one node deep.
 struct ReleaseList {
   std::vector<std::shared_ptr<Node>> nodes;
+  std::vector<TensorHook> hooks;
   bool draining = false;
   ~ReleaseList();
 };
@@ -46,17 +48,25 @@ Node::Node(std::string_view name, bool accumulates_into_leaf)
     : sequence_nr(next_sequence_nr++), name_(name), accumulates_into_leaf_(accumulates_into_leaf) {}
 
 Node::~Node() {
-  if (next_edges.empty() || release_list_destroyed) return;  // (at thread exit: plain destruction)
+  if ((next_edges.empty() && output_hooks.empty()) || release_list_destroyed) return;  // (thread exit: plain)
   ReleaseList& list = release_list;
   try {
     for (auto& e : next_edges)
       if (e.node) list.nodes.push_back(std::move(e.node));
+    for (auto& hooks : output_hooks)
+      for (auto& hook : hooks) list.hooks.push_back(std::move(hook));
   } catch (...) {
-    return;  // no memory for the list: the edges left are dropped the plain (recursive) way
+    return;  // no memory for the list: what is left is dropped the plain (recursive) way
   }
   if (list.draining) return;  // an outer ~Node on this thread is emptying the list
   list.draining = true;
-  while (!list.nodes.empty()) {
+  while (!list.nodes.empty() || !list.hooks.empty()) {
+    if (!list.hooks.empty()) {
+      TensorHook hook = std::move(list.hooks.back());
+      list.hooks.pop_back();
+      hook = nullptr;  // the tensors it captured go; their nodes' ~Node adds to the list
+      continue;
+    }
     std::shared_ptr<Node> next = std::move(list.nodes.back());
     list.nodes.pop_back();
     next.reset();  // when this was its last owner, its ~Node adds its own edges to the list

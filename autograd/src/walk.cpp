@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -351,12 +352,36 @@ class Walk {
 
 }  // namespace
 
+namespace {
+
+// How many backward walks this thread is inside (a hook may start one within another). A hook
+// whose backward reaches the same hook again would recurse until the stack runs out; past
+// kMaxNesting walks deep that is an error instead.
+constexpr int kMaxNesting = 64;
+thread_local int nesting = 0;
+struct NestingDepth {
+  NestingDepth() {
+    if (nesting >= kMaxNesting)
+      throw std::runtime_error(fmt::format(
+          "backward: {} backward() calls nested in hooks: a hook runs a backward that reaches the same hook "
+          "again (remove the hook inside it, or detach what its backward reads)",
+          kMaxNesting));
+    ++nesting;
+  }
+  ~NestingDepth() { --nesting; }
+  NestingDepth(const NestingDepth&) = delete;
+  NestingDepth& operator=(const NestingDepth&) = delete;
+};
+
+}  // namespace
+
 void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
   run_backward(std::span<const Tensor>(roots), std::span<const Tensor>(grads), retain_graph);
 }
 
 void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph) {
   if (roots.size() != grads.size()) fail("backward", "{} roots but {} gradients", roots.size(), grads.size());
+  NestingDepth depth;  // a hook may run a backward, but not without end
   NoGradGuard no_grad;  // backward rules compute with plain ops: no graph of the graph
   WalkTablesLease tables;  // the release: its end lets go of every node the walk held
   Walk walk(*tables);

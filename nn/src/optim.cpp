@@ -184,7 +184,10 @@ Adam::Adam(std::string name, OptimizerParams params, const AdamOptions& options,
     : Optimizer(name, std::move(params), options.lr), options_(options), decoupled_(decoupled) {
   check_hyper(name, "beta1", options.beta1, 0.0, std::nextafter(1.0, 0.0));
   check_hyper(name, "beta2", options.beta2, 0.0, std::nextafter(1.0, 0.0));
-  check_hyper(name, "eps", options.eps, 0.0, std::numeric_limits<double>::max());
+  // eps keeps m / (sqrt(v) + eps) finite where v is 0 (a gradient that has always been 0): 0 would
+  // make that 0/0 = NaN.
+  if (!(options.eps > 0.0) || !std::isfinite(options.eps))
+    ag::fail(name, "eps must be positive and finite, got {}", options.eps);
   check_hyper(name, "weight_decay", options.weight_decay, 0.0, std::numeric_limits<double>::max());
 }
 
