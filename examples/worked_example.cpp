@@ -48,15 +48,15 @@ void set(const ag::Tensor& param, const std::vector<double>& values) {
   p.copy_(ag::tensor(values, param.shape(), param.dtype()));
 }
 
-}  // namespace
+// The seed's example, built: d_model = 4, 2 heads of width 2, no biases, W_Q = W_K = W_V = I and
+// the seed's W_O; study mode keeps every intermediate tensor.
+constexpr std::int64_t d_model = 4, num_heads = 2, d_k = d_model / num_heads;
+const char* const token[] = {"t1", "t2"};
+using S = nn::AttentionStudy;
 
-int main() {
-  const ag::Dtype f64 = ag::Dtype::Float64;
-  const std::int64_t d_model = 4, num_heads = 2, d_k = d_model / num_heads;
-  const char* token[] = {"t1", "t2"};
-
+nn::MultiHeadAttention seed_layer() {
   nn::MultiHeadAttentionOptions opt{d_model, num_heads, 0.0, /*bias=*/false};
-  opt.dtype = f64;
+  opt.dtype = ag::Dtype::Float64;
   opt.study = true;  // keep per-head Q, K, V, scores, weights and context of each forward
   nn::MultiHeadAttention mha(opt);
   const std::vector<double> identity = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
@@ -67,31 +67,17 @@ int main() {
                   0, 1, 0, 1,
                   1, 0, 0, 1,
                   0, 1, 1, 0});
+  return mha;
+}
 
-  // The projected rows. Head 1 (columns 1-2) is the seed's: Q-t1 [1,0], K-t1 [1,0], K-t2 [0,1],
-  // V-t1 [2,0], V-t2 [0,2]. Head 2's values are [1,1] for both tokens, as in the seed.
-  const ag::Tensor Q = ag::tensor({1, 0, 1, 0, 0, 1, 0, 1}, {2, 4}, f64);
-  const ag::Tensor K = ag::tensor({1, 0, 0, 1, 0, 1, 1, 0}, {2, 4}, f64);
-  const ag::Tensor V = ag::tensor({2, 0, 1, 1, 0, 2, 1, 1}, {2, 4}, f64);
-
-  fmt::print("Multi-head attention with the seed's numbers: d_model = {}, {} heads, d_k = {}\n\n", d_model,
-             num_heads, d_k);
-  fmt::print("{}\n\n", mha);
-  fmt::print("W_Q = W_K = W_V = I, so the inputs are the projected rows themselves:\n");
-  for (int t = 0; t < 2; ++t)
-    fmt::print("  {}:  Q {}   K {}   V {}\n", token[t], vec(row(Q, t)), vec(row(K, t)), vec(row(V, t)));
-
-  auto [out, weights] = mha(Q, K, V);
-  const nn::AttentionStudy& st = mha.study();
-  using S = nn::AttentionStudy;
-
+// Split, then per head: raw scores, scaled scores, weights and the weighted sum of values.
+void print_split_and_attend(const S& st) {
   fmt::print("\nSplit. Head 1 takes columns 1-2, head 2 takes columns 3-4 (a reshape, nothing new):\n");
   for (std::int64_t h = 0; h < num_heads; ++h) {
     const ag::Tensor q = S::head(st.q, h), k = S::head(st.k, h), v = S::head(st.v, h);
     fmt::print("  head {}:  Q-t1 {}  Q-t2 {}   K-t1 {}  K-t2 {}   V-t1 {}  V-t2 {}\n", h + 1, vec(row(q, 0)),
                vec(row(q, 1)), vec(row(k, 0)), vec(row(k, 1)), vec(row(v, 0)), vec(row(v, 1)));
   }
-
   const double root = std::sqrt(static_cast<double>(d_k));
   for (std::int64_t h = 0; h < num_heads; ++h) {
     fmt::print("\nAttend (head {}). sqrt(d_k) = sqrt({}) = {:.3f}\n", h + 1, d_k, root);
@@ -106,11 +92,13 @@ int main() {
     }
   }
   fmt::print("  (head 2's value rows are both [1, 1], so every weighted sum lands on [1, 1])\n");
+}
 
+// Concat of the heads, W_O, and the output rows.
+void print_concat_and_output(const S& st, const nn::MultiHeadAttention& mha, const ag::Tensor& out) {
   const ag::Tensor concat = ag::reshape(st.concat.detach(), {2, d_model});
   fmt::print("\nConcat. Head 1's output, then head 2's:\n");
   for (int t = 0; t < 2; ++t) fmt::print("  {}: {}\n", token[t], vec(row(concat, t)));
-
   fmt::print("\nW_O (rows):\n");
   print_matrix("  ", mha.W_O());
   fmt::print("out = concat · W_O:\n");
@@ -118,12 +106,13 @@ int main() {
   const auto c1 = row(concat, 0);
   fmt::print("  check: out(t1)[0] = {}·1 + {}·0 + {}·1 + {}·0 = {}\n", num(c1[0]), num(c1[1]), num(c1[2]),
              num(c1[3]), num(c1[0] + c1[2]));
-
   fmt::print("\nParameters: {} = 4 · d_model² = 4 · {}; with 4 heads of width 1 it would be {} too.\n",
              mha.num_parameters(), d_model * d_model,
              nn::MultiHeadAttention(nn::MultiHeadAttentionOptions{d_model, 4, 0.0, false}).num_parameters());
+}
 
-  // ---- backward of a simple loss: L = out(t1)[0], the first number of t1's output ----
+// Backward of L = out(t1)[0], the first number of t1's output: dL/dW_O and dL/d(scores).
+void print_backward(const S& st, const nn::MultiHeadAttention& mha, const ag::Tensor& out) {
   ag::Tensor loss = ag::sum(ag::narrow(ag::narrow(out, 0, 0, 1), 1, 0, 1));
   loss.backward();
   fmt::print("\nBackward of L = out(t1)[0] = {}\n", num(loss.item()));
@@ -135,10 +124,12 @@ int main() {
   }
   fmt::print("  (head 2's scores get no gradient: its values are all equal, so moving weight between\n"
              "   keys changes nothing; in head 1, raising t1's score for K-t1 raises L)\n");
-  fmt::print("dL/d(raw scores) = dL/d(scaled scores) / {:.3f}; head 1: {}\n", root,
+  fmt::print("dL/d(raw scores) = dL/d(scaled scores) / {:.3f}; head 1: {}\n", std::sqrt(static_cast<double>(d_k)),
              vec(row(S::head(st.raw_scores.grad(), 0), 0)));
+}
 
-  // ---- gradcheck of every parameter, float64, against central differences ----
+// Every parameter against central differences, float64, on both attention cores.
+bool gradcheck_parameters(nn::MultiHeadAttention& mha, const ag::Tensor& Q, const ag::Tensor& K, const ag::Tensor& V) {
   fmt::print("\nGradcheck (float64, central differences, atol 1e-8, rtol 1e-6), output = out:\n");
   mha.set_study(false);
   bool all_ok = true;
@@ -151,5 +142,30 @@ int main() {
                  r.ok ? "ok  " : "FAIL", r.max_abs_error);
     }
   }
-  return all_ok ? 0 : 1;
+  return all_ok;
+}
+
+}  // namespace
+
+int main() {
+  const ag::Dtype f64 = ag::Dtype::Float64;
+  nn::MultiHeadAttention mha = seed_layer();
+  // The projected rows. Head 1 (columns 1-2) is the seed's: Q-t1 [1,0], K-t1 [1,0], K-t2 [0,1],
+  // V-t1 [2,0], V-t2 [0,2]. Head 2's values are [1,1] for both tokens, as in the seed.
+  const ag::Tensor Q = ag::tensor({1, 0, 1, 0, 0, 1, 0, 1}, {2, 4}, f64);
+  const ag::Tensor K = ag::tensor({1, 0, 0, 1, 0, 1, 1, 0}, {2, 4}, f64);
+  const ag::Tensor V = ag::tensor({2, 0, 1, 1, 0, 2, 1, 1}, {2, 4}, f64);
+
+  fmt::print("Multi-head attention with the seed's numbers: d_model = {}, {} heads, d_k = {}\n\n", d_model,
+             num_heads, d_k);
+  fmt::print("{}\n\n", mha);
+  fmt::print("W_Q = W_K = W_V = I, so the inputs are the projected rows themselves:\n");
+  for (int t = 0; t < 2; ++t)
+    fmt::print("  {}:  Q {}   K {}   V {}\n", token[t], vec(row(Q, t)), vec(row(K, t)), vec(row(V, t)));
+
+  auto [out, weights] = mha(Q, K, V);
+  print_split_and_attend(mha.study());
+  print_concat_and_output(mha.study(), mha, out);
+  print_backward(mha.study(), mha, out);
+  return gradcheck_parameters(mha, Q, K, V) ? 0 : 1;
 }
