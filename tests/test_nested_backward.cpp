@@ -155,7 +155,7 @@ BOOST_AUTO_TEST_CASE(a_replacing_hook_and_a_nested_walk_together) {
 BOOST_AUTO_TEST_CASE(a_hook_whose_backward_reaches_itself_is_an_error_not_a_stack_overflow) {
   Tensor x = leaf({2.0});
   int calls = 0;
-  x.register_hook([x, &calls](const Tensor& g) {
+  x.register_hook([&x, &calls](const Tensor& g) {  // (x by reference: a copy inside its own hook would keep x alive forever)
     ++calls;
     ag::EnableGradGuard grad_on;
     ag::sum(x * 5.0).backward();  // reaches x's accumulator, so this hook, again
