@@ -13,14 +13,9 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Tensor;
-using test_support::check_gradients;
+using namespace test_support::prelude;
 
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr auto F64 = ag::Dtype::Float64;
 
 Tensor randn64(const ag::Shape& shape, std::uint64_t seed, bool grad = true) {
   ag::Generator gen(seed);
@@ -83,9 +78,6 @@ std::vector<Tensor> grads_of(const ag::SdpaResult& r, const Tensor& r1, const Te
   for (const auto& t : inputs) g.push_back(t.grad());
   return g;
 }
-
-// The message of the std::invalid_argument f throws, "(no exception)" when it throws none.
-std::string error_of(const std::function<void()>& f) { return test_support::error_of(f, "(no exception)"); }
 
 }  // namespace
 

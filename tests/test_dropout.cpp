@@ -12,11 +12,7 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::error_of;
+using namespace test_support::prelude;
 
 namespace {
 

@@ -15,33 +15,11 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
+#include "test_support.hpp"
+
+using namespace test_support::prelude;
 
 namespace {
-
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Runs f; checks that it throws E and that the message contains every part. Logs the message
-// (run with --log_level=message to see them all).
-template <class E, class F>
-void check_throws(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const E& e) {
-    const std::string msg = e.what();
-    BOOST_TEST_MESSAGE("  -> " << msg);
-    for (const auto& p : parts) BOOST_TEST(msg.find(p) != std::string::npos, "message lacks '" << p << "': " << msg);
-    return;
-  } catch (const std::exception& e) {
-    BOOST_ERROR("threw the wrong exception type: " << e.what());
-    return;
-  }
-  BOOST_ERROR("did not throw");
-}
-
-Tensor f64(const std::vector<double>& v, const ag::Shape& s) { return ag::tensor(v, s, Dtype::Float64); }
 
 // A scratch directory for checkpoint files, removed at the end.
 struct Scratch {

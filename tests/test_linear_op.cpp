@@ -4,15 +4,7 @@
 #define BOOST_TEST_MODULE linear_op
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::check_gradients;
-using test_support::check_values;
-using test_support::error_of;
-using test_support::f64;
-using test_support::input;
+using namespace test_support::prelude;
 
 BOOST_AUTO_TEST_CASE(values_by_hand) {
   // x = [[1, 2]], W = [[1, 0, 2], [0, 1, 3]], b = [10, 20, 30]  =>  [1+10, 2+20, 2+6+30]

@@ -13,15 +13,7 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Shape;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::check_values;
-using test_support::error_of;
-using test_support::f64;
-using test_support::input;
+using namespace test_support::prelude;
 
 namespace {
 
