@@ -272,3 +272,32 @@ BOOST_AUTO_TEST_CASE(converting_a_module_keeps_its_parameters_names) {
   model.to(F64);
   check_tensor_names_match(model);
 }
+
+namespace {
+
+// y = x², with a backward 1% too large: a wrong gradient for gradcheck to find.
+struct SquareWrong : ag::Function<SquareWrong> {
+  static constexpr const char* name = "square_wrong";
+  static ag::Tensor forward(ag::FunctionCtx& ctx, const ag::Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x;
+  }
+  static ag::TensorList backward(ag::FunctionCtx& ctx, const ag::TensorList& g) {
+    return {g[0] * 2.02 * ctx.saved_tensors()[0]};
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gradcheck_names_a_failing_parameter_by_its_dotted_name) {
+  // Negative control: the output projection's weight gets a wrong gradient, so the check fails
+  // there and says which parameter it is; the other input's gradient is right.
+  Model model;
+  const std::vector<ag::Tensor> inputs{model.parameter("block.fc_1.bias"), model.parameter("block.attn.W_O")};
+  auto f = [](const std::vector<ag::Tensor>& in) { return ag::sum(in[0] * in[0]) + ag::sum(SquareWrong::apply(in[1])); };
+  const auto r = ag::gradcheck(f, inputs);
+  BOOST_CHECK(!r.ok);
+  BOOST_CHECK_EQUAL(r.worst_input, 1);
+  BOOST_CHECK_EQUAL(r.worst_input_name, "block.attn.W_O");
+  BOOST_TEST(r.message.find("input 1 'block.attn.W_O' element ") == 0u, r.message);
+}
