@@ -745,7 +745,7 @@ BOOST_AUTO_TEST_CASE(packed_argument_errors_name_the_op_and_shapes) {
   BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 6}, F64), 0); }) ==
              "scaled_dot_product_attention_packed: num_heads must be positive, got 0");
   BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(Tensor(), 1); }) ==
-             "scaled_dot_product_attention_packed: qkv is an undefined tensor");
+             "scaled_dot_product_attention_packed: qkv is an undefined tensor (default-constructed: no value)");
   BOOST_CHECK_THROW(ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 6}, F64), 1, ag::zeros({2, 3}, F64)),
                     std::invalid_argument);
 }

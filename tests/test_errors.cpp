@@ -159,7 +159,20 @@ BOOST_AUTO_TEST_CASE(factory_values_that_do_not_fill_the_shape) {
 }
 
 BOOST_AUTO_TEST_CASE(undefined_tensor_as_an_argument) {
-  check_throws<std::invalid_argument>([] { ag::exp(Tensor()); }, {"exp:", "undefined"});
+  check_throws<std::invalid_argument>([] { ag::exp(Tensor()); },
+                                      {"exp: argument is an undefined tensor (default-constructed: no value)"});
+  check_throws<std::invalid_argument>([] { Tensor().to_vector(); },
+                                      {"to_vector: called on an undefined tensor (default-constructed: no value)"});
+}
+
+BOOST_AUTO_TEST_CASE(reading_a_grad_before_backward) {
+  Tensor w = ag::ones({4, 4}, Dtype::Float64).requires_grad_(true);
+  w.set_name("attn.W_Q");
+  check_throws<std::invalid_argument>([&] { w.grad().to_vector(); },
+                                      {"to_vector: the .grad() of 'attn.W_Q' [4, 4] is undefined: no backward has "
+                                       "reached it yet (call backward() on a loss that depends on it)"});
+  check_throws<std::invalid_argument>([&] { ag::exp(w.grad()); },
+                                      {"exp: argument is the .grad() of 'attn.W_Q' [4, 4], which is undefined"});
 }
 
 BOOST_AUTO_TEST_CASE(empty_tensors_flow_through_ops_and_backward) {

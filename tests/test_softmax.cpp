@@ -195,5 +195,5 @@ BOOST_AUTO_TEST_CASE(dim_out_of_range_is_rejected) {
 }
 
 BOOST_AUTO_TEST_CASE(undefined_input_is_rejected) {
-  BOOST_TEST(error_of([] { ag::softmax(Tensor(), 0); }) == "softmax: the input is an undefined tensor");
+  BOOST_TEST(error_of([] { ag::softmax(Tensor(), 0); }) == "softmax: the input is an undefined tensor (default-constructed: no value)");
 }

@@ -41,7 +41,9 @@ class Module {
 
   // Registers t as a parameter (a leaf that requires grad) and returns the handle. Names (here and
   // in register_module) must be non-empty and hold no '.' and no NUL byte: std::invalid_argument.
-  // The same tensor may be registered under several names (tied weights).
+  // The same tensor may be registered under several names (tied weights). Each parameter's
+  // tensor name is its dotted name in named_parameters() ("block.attn.W_Q", set again whenever a
+  // module is registered above it), unless it had a name of its own (set_name) when registered.
   ag::Tensor register_parameter(std::string name, ag::Tensor t, bool requires_grad = true);
   template <class M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
