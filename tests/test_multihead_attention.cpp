@@ -378,6 +378,17 @@ BOOST_AUTO_TEST_CASE(worked_example_matches_the_formula_to_float64) {
 
 // ---------------------------------------------------------------- masks
 
+// Every weight that `blocked(n)` marks (n: row-major index into w) is exactly zero; every other
+// is positive.
+template <class Blocked>
+void check_blocked(const ag::Tensor& weights, Blocked blocked) {
+  const auto w = weights.to_vector();
+  for (std::size_t n = 0; n < w.size(); ++n) {
+    if (blocked(n)) BOOST_TEST(w[n] == 0.0, "weight " << n << " should be blocked");
+    else BOOST_TEST(w[n] > 0.0, "weight " << n << " should be visible");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(causal_blocks_future_keys_and_equals_an_explicit_minus_inf_mask) {
   for (auto core : {AttentionCore::Fused, AttentionCore::Composed}) {
     Case c;
@@ -396,12 +407,8 @@ BOOST_AUTO_TEST_CASE(causal_blocks_future_keys_and_equals_an_explicit_minus_inf_
     explicit_mask.average_attn_weights = false;
     auto b = s.mha->forward(s.query, s.key, s.value, explicit_mask);
     BOOST_TEST(max_abs_diff(a.output, b.output) < 1e-15);
-    const auto w = a.weights.to_vector();  // (2, 2, 4, 4)
-    for (std::size_t n = 0; n < w.size(); ++n) {
-      const std::size_t i = (n / 4) % 4, j = n % 4;
-      if (j > i) BOOST_TEST(w[n] == 0.0);
-      else BOOST_TEST(w[n] > 0.0);
-    }
+    // (2, 2, 4, 4): query i sees keys 0..i
+    check_blocked(a.weights, [](std::size_t n) { return n % 4 > (n / 4) % 4; });
   }
 }
 
@@ -413,13 +420,11 @@ BOOST_AUTO_TEST_CASE(any_nonzero_padding_entry_blocks_its_key) {
   // bool-like 1, float-mask-like -inf, and any other nonzero value all mean "padding".
   ao.key_padding_mask = ag::tensor({0, 1, 0, 0, 0, 0, -kInf, 5}, {2, 4}, F64);
   ao.average_attn_weights = false;
-  const auto w = s.mha->forward(s.query, s.key, s.value, ao).weights.to_vector();  // (2, 2, 3, 4)
-  for (std::size_t n = 0; n < w.size(); ++n) {
+  const ag::Tensor w = s.mha->forward(s.query, s.key, s.value, ao).weights;  // (2, 2, 3, 4)
+  check_blocked(w, [](std::size_t n) {
     const std::size_t b = n / 24, j = n % 4;
-    const bool padded = (b == 0 && j == 1) || (b == 1 && j >= 2);
-    if (padded) BOOST_TEST(w[n] == 0.0);
-    else BOOST_TEST(w[n] > 0.0);
-  }
+    return (b == 0 && j == 1) || (b == 1 && j >= 2);
+  });
 }
 
 BOOST_AUTO_TEST_CASE(add_bias_kv_and_add_zero_attn_append_visible_keys) {
