@@ -1,0 +1,56 @@
+#include "report_study.hpp"
+
+#include <nn/nn.hpp>
+
+namespace heads {
+
+namespace {
+
+const nn::CrossEntropyOptions kLoss{.ignore_index = kIgnore};
+
+// The model in eval mode for the life of the guard, then back in the mode it was in.
+class EvalMode {
+ public:
+  explicit EvalMode(HeadsModel& model) : model_(model), was_training_(model.is_training()) { model.eval(); }
+  ~EvalMode() { model_.train(was_training_); }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  HeadsModel& model_;
+  bool was_training_;
+};
+
+// The mean over the batch of a (B, H, T, T) tensor, as (H, T, T) row-major values.
+std::vector<double> batch_mean_values(const ag::Tensor& t) {
+  return ag::mean(t.detach(), {0}).to_vector();
+}
+
+}  // namespace
+
+Snapshot take_snapshot(HeadsModel& model, const Batch& test, std::int64_t step) {
+  ag::NoGradGuard no_grad;
+  EvalMode eval(model);
+  const auto out = model.forward(test.token_tensor, true);
+  return {.step = step,
+          .accuracy = batch_accuracy(out.logits, test.targets),
+          .loss = nn::cross_entropy(out.logits, test.targets, kLoss).item(),
+          .mean_weights = batch_mean_values(out.weights)};
+}
+
+std::vector<double> attention_gradient(HeadsModel& model, const Batch& test) {
+  EvalMode eval(model);
+  nn::MultiHeadAttention& attn = model.attention();
+  attn.set_study(true);
+  const auto out = model.forward(test.token_tensor, false);
+  ag::Tensor loss = nn::cross_entropy(out.logits, test.targets, kLoss);
+  loss.backward();
+  // The loss is the mean over the B sequences' own losses, so the sum over the batch of its
+  // gradient is the mean over sequences of the gradient of each sequence's own loss.
+  std::vector<double> grad = ag::sum(attn.study().weights.grad(), {0}).to_vector();
+  attn.set_study(false);
+  model.zero_grad(true);
+  return grad;
+}
+
+}  // namespace heads
