@@ -285,7 +285,9 @@ int main(int argc, char** argv) {
     if (c.write_files) write_pictures(runs, c);
     if (!c.report.empty()) {
       write_report(c.report, runs, job);
-      fmt::print("report: {}\n", c.report);
+      double seconds = 0;
+      for (const auto& r : runs) seconds += r.study.seconds;
+      fmt::print("report: {} (its measurements took {:.1f} s)\n", c.report, seconds);
     }
     if (!c.summary.empty()) {
       write_text_file(c.summary, summary_json(runs, job).dump(2) + "\n");
