@@ -146,8 +146,22 @@ void add_options(CLI::App& app, Config& c) {
   app.add_flag("--quiet", c.quiet, "no progress line");
 }
 
+// An output file's directory exists and the path is not a directory: checked before training,
+// so that a typo does not cost the run.
+void check_output_path(const std::string& option, const std::string& path) {
+  if (path.empty()) return;
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  if (std::filesystem::is_directory(p))
+    throw std::invalid_argument(fmt::format("{} {}: is a directory, wanted a file name", option, path));
+  if (!std::filesystem::is_directory(dir))
+    throw std::invalid_argument(fmt::format("{} {}: directory {} does not exist", option, path, dir.string()));
+}
+
 // The checks that involve more than one option, and the derived settings.
 void finish_config(Config& c) {
+  check_output_path("--summary", c.summary);
+  check_output_path("--report", c.report);
   for (auto h : c.heads)
     if (c.d_model % h != 0)
       throw std::invalid_argument(fmt::format("--d-model {} is not divisible by {} heads", c.d_model, h));

@@ -146,6 +146,9 @@ bool parse_args(int argc, char** argv, std::string& report) {
     const std::string arg = argv[i];
     if (arg == "--report" && i + 1 < argc) {
       report = argv[++i];
+    } else if (arg == "--report") {
+      fmt::print(stderr, "worked_example: --report wants a file name\nusage: worked_example [--report FILE.html]\n");
+      return false;
     } else {
       fmt::print(stderr, "worked_example: unexpected argument '{}'\nusage: worked_example [--report FILE.html]\n", arg);
       return false;
