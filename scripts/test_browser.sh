@@ -5,7 +5,8 @@
 # Usage: scripts/test_browser.sh CASE BUILD_DIR OUT_DIR
 #   train_heads     train_heads --steps 150 (1 head, then 2 heads) --report
 #   worked_example  worked_example --report, and its numbers against its terminal output
-#   negative        broken copies of a page that the checker must reject, each for its reason
+#   negative        broken copies of a page that the checker must reject, each for its reason; and
+#                   --report paths the examples refuse, with messages naming them
 #   broken          one page with a script error through the checker (fails: a WILL_FAIL test)
 # Pages, terminal output and screenshots stay in OUT_DIR.
 set -euo pipefail
@@ -38,6 +39,18 @@ check_rejects() {
   echo "negative control '$1': rejected ($2)"
 }
 
+# refuses MESSAGE COMMAND...: COMMAND fails, saying MESSAGE on stderr.
+refuses() {
+  local message=$1 err
+  shift
+  if err=$("$@" 2>&1 >/dev/null); then
+    echo "'$*' succeeded; it should have failed with '$message'" >&2
+    exit 1
+  fi
+  grep -q -F -- "$message" <<<"$err" || { echo "'$*' failed, but said '$err', not '$message'" >&2; exit 1; }
+  echo "refused: $message"
+}
+
 case $case_name in
   train_heads)
     OMP_NUM_THREADS=1 "$build/examples/train_heads" --steps 150 --no-files --quiet \
@@ -67,6 +80,11 @@ case $case_name in
     check_rejects neg_no_colour_scale "wanted 'class=\"colour-scale\"' at least 40 times"
     sed 's/1\.340/1.341/g' "$page" >"$out/neg_wrong_number.html"
     check_rejects neg_wrong_number "wanted '[1.340, 0.660]' at least 1 times, found 0"
+    refuses "--report $out/no_such_dir/r.html: directory $out/no_such_dir does not exist" \
+      "$build/examples/train_heads" --steps 1 --no-files --report "$out/no_such_dir/r.html"
+    refuses "--report $out: is a directory" "$build/examples/train_heads" --steps 1 --no-files --report "$out"
+    refuses "cannot write $out/no_such_dir/w.html: No such file or directory" \
+      "$build/examples/worked_example" --report "$out/no_such_dir/w.html"
     ;;
   broken)
     worked_page
