@@ -21,8 +21,6 @@
 
 #include "bench_common.hpp"
 
-namespace ag = autograd;
-
 int main(int argc, char** argv) {
   CLI::App app("One training step of nn::MultiHeadAttention (forward + backward, float32), timed as medians.",
                "bench_attention");
@@ -44,8 +42,6 @@ int main(int argc, char** argv) {
                peak.flops_per_cycle, peak.isa, peak.ghz, peak.gflops());
     return 0;
   }
-  const int samples = run.samples;
-  const double min_time = run.min_time;
   const nn::AttentionCore core = core_name == "composed" ? nn::AttentionCore::Composed : nn::AttentionCore::Fused;
 
   if (!tsv) {
@@ -56,31 +52,26 @@ int main(int argc, char** argv) {
     fmt::print("{:<14} {:>7} {:>12} {:>10} {:>12}\n", "shape", "threads", "time/step", "GFLOP/s",
                "% of peak*");
   }
-  for (int n : run.threads) {
-    ag::set_num_threads(n);
-    for (const auto& s : bench::attention_shapes()) {
-      if (!run.wants(s)) continue;
-      bench::AttentionStep step(s, core);
-      for (int i = 0; i < 3; ++i) step();  // warm up: grads and caches exist
-      const int reps = bench::calibrate(step, min_time);
-      std::vector<double> times;
-      for (int i = 0; i < samples; ++i) times.push_back(bench::sample(step, reps));
-      const double med = bench::median(times);
-      std::vector<double> cpu;
-      for (int i = 0; i < std::max(3, samples / 2); ++i) cpu.push_back(bench::sample_cpu(step, reps));
-      const double cpu_med = bench::median(cpu);
-      const double gflops = bench::attention_flops(s) / med / 1e9;
-      if (tsv) {
-        fmt::print("ours\t{}\t{}\t{:.9g}\t{:.4g}\t{:.9g}\t{:.9g}\n", s.name, n, med, gflops, fmt::join(times, ","),
-                   cpu_med);
-      } else {
-        // % of peak against the CPU time used (robust to other processes' load): FLOPs per
-        // CPU-second over one core's peak.
-        fmt::print("{:<14} {:>7} {:>9.1f} µs {:>10.2f} {:>11.1f}%\n", s.name, n, med * 1e6, gflops,
-                   100.0 * bench::attention_flops(s) / cpu_med / 1e9 / peak.gflops());
-      }
-      std::fflush(stdout);
+  run.for_each_run([&](const bench::AttentionShape& s, int n) {
+    bench::AttentionStep step(s, core);
+    for (int i = 0; i < 3; ++i) step();  // warm up: grads and caches exist
+    const int reps = bench::calibrate(step, run.min_time);
+    std::vector<double> times;
+    for (int i = 0; i < run.samples; ++i) times.push_back(bench::sample(step, reps));
+    const double med = bench::median(times);
+    std::vector<double> cpu;
+    for (int i = 0; i < std::max(3, run.samples / 2); ++i) cpu.push_back(bench::sample_cpu(step, reps));
+    const double cpu_med = bench::median(cpu);
+    const double gflops = bench::attention_flops(s) / med / 1e9;
+    if (tsv) {
+      fmt::print("ours\t{}\t{}\t{:.9g}\t{:.4g}\t{:.9g}\t{:.9g}\n", s.name, n, med, gflops, fmt::join(times, ","),
+                 cpu_med);
+    } else {
+      // % of peak against the CPU time used (robust to other processes' load): FLOPs per
+      // CPU-second over one core's peak.
+      fmt::print("{:<14} {:>7} {:>9.1f} µs {:>10.2f} {:>11.1f}%\n", s.name, n, med * 1e6, gflops,
+                 100.0 * bench::attention_flops(s) / cpu_med / 1e9 / peak.gflops());
     }
-  }
+  });
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <ctime>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -203,6 +204,20 @@ struct AttentionRunOptions {
   bool wants(const AttentionShape& s) const {
     return std::find(shapes.begin(), shapes.end(), "all") != shapes.end() ||
            std::find(shapes.begin(), shapes.end(), s.name) != shapes.end();
+  }
+
+  // Calls measure(shape, threads) for every thread count asked for (set with
+  // autograd::set_num_threads first) and every shape asked for, flushing stdout after each.
+  template <class F>
+  void for_each_run(F&& measure) const {
+    for (int n : threads) {
+      autograd::set_num_threads(n);
+      for (const auto& s : attention_shapes()) {
+        if (!wants(s)) continue;
+        measure(s, n);
+        std::fflush(stdout);
+      }
+    }
   }
 };
 

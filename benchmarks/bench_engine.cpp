@@ -162,6 +162,19 @@ std::pair<double, double> allocations_per_call(F&& f, int calls = 20) {
           static_cast<double>(g_allocated_bytes.load() - b0) / calls};
 }
 
+// Reports the allocations per call of a warm step (their bytes followed by `note`); with
+// --trace-allocs, one more call prints each allocation it makes.
+template <class F>
+void report_step_allocations(const std::string& key, F& step, const std::string& note) {
+  const auto [n, bytes] = allocations_per_call(step);
+  report(key, n, "/step", fmt::format("{:.0f} bytes{}", bytes, note));
+  if (g_trace_train) {
+    g_trace = true;
+    step();
+    g_trace = false;
+  }
+}
+
 void bench_op() {
   ag::Tensor a = ag::randn({4}).requires_grad_();
   ag::Tensor b = ag::randn({4});
@@ -218,13 +231,7 @@ void bench_core() {
   }
   bench::AttentionShape toy{"toy", 8, 32, 64, 4};
   bench::AttentionStep step(toy, nn::AttentionCore::Fused);
-  const auto [n, bytes] = allocations_per_call(step);
-  report("MHA fwd+bwd toy: allocations", n, "/step", fmt::format("{:.0f} bytes", bytes));
-  if (g_trace_train) {
-    g_trace = true;
-    step();
-    g_trace = false;
-  }
+  report_step_allocations("MHA fwd+bwd toy: allocations", step, "");
 }
 
 // examples/train_heads.cpp's model (heads_model.hpp) and training step, on one fixed batch.
@@ -253,13 +260,7 @@ void bench_train() {
   const double t = median_seconds(step, 1, 15, 0.05);
   report("toy model training step (B=64, T=12, D=32, 2 heads)", t * 1e6, "µs");
   report("toy model training steps per second", 1.0 / t, "steps/s");
-  const auto [n, bytes] = allocations_per_call(step);
-  report("toy model training step: allocations", n, "/step", fmt::format("{:.0f} bytes (goal: 0)", bytes));
-  if (g_trace_train) {
-    g_trace = true;
-    step();
-    g_trace = false;
-  }
+  report_step_allocations("toy model training step: allocations", step, " (goal: 0)");
 }
 
 double max_rss_mib() {

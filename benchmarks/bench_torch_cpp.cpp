@@ -22,44 +22,33 @@
 #include "bench_common.hpp"
 #include "torch_mha_step.hpp"
 
-namespace ag = autograd;
-
 int main(int argc, char** argv) {
   CLI::App app("headgrad against libtorch's torch::nn::MultiheadAttention, interleaved in one process.",
                "bench_torch_cpp");
   bench::AttentionRunOptions run;
   bench::add_attention_run_options(app, run);
   CLI11_PARSE(app, argc, argv);
-  const bool tsv = run.tsv;
-  const int samples = run.samples;
-  const double min_time = run.min_time;
-
-  if (!tsv)
+  if (!run.tsv)
     fmt::print("{:<14} {:>7} {:>12} {:>12} {:>14}\n", "shape", "threads", "headgrad", "libtorch", "libtorch/ours");
-  for (int n : run.threads) {
-    ag::set_num_threads(n);
+  run.for_each_run([&](const bench::AttentionShape& s, int n) {
     bench::TorchMhaStep::set_num_threads(n);
-    for (const auto& s : bench::attention_shapes()) {
-      if (!run.wants(s)) continue;
-      bench::AttentionStep ours(s, nn::AttentionCore::Fused);
-      bench::TorchMhaStep theirs(s.B, s.T, s.E, s.H, s.causal);
-      for (int i = 0; i < 3; ++i) {
-        ours();
-        theirs();
-      }
-      const int reps_ours = bench::calibrate(ours, min_time), reps_theirs = bench::calibrate(theirs, min_time);
-      std::vector<double> t_ours, t_theirs;
-      for (int i = 0; i < samples; ++i) {  // interleaved: a load change hits both alike
-        t_ours.push_back(bench::sample(ours, reps_ours));
-        t_theirs.push_back(bench::sample(theirs, reps_theirs));
-      }
-      const double a = bench::median(t_ours), b = bench::median(t_theirs);
-      if (tsv)
-        fmt::print("libtorch\t{}\t{}\t{:.9g}\t{:.9g}\t{:.4g}\n", s.name, n, a, b, b / a);
-      else
-        fmt::print("{:<14} {:>7} {:>9.1f} µs {:>9.1f} µs {:>13.2f}x\n", s.name, n, a * 1e6, b * 1e6, b / a);
-      std::fflush(stdout);
+    bench::AttentionStep ours(s, nn::AttentionCore::Fused);
+    bench::TorchMhaStep theirs(s.B, s.T, s.E, s.H, s.causal);
+    for (int i = 0; i < 3; ++i) {
+      ours();
+      theirs();
     }
-  }
+    const int reps_ours = bench::calibrate(ours, run.min_time), reps_theirs = bench::calibrate(theirs, run.min_time);
+    std::vector<double> t_ours, t_theirs;
+    for (int i = 0; i < run.samples; ++i) {  // interleaved: a load change hits both alike
+      t_ours.push_back(bench::sample(ours, reps_ours));
+      t_theirs.push_back(bench::sample(theirs, reps_theirs));
+    }
+    const double a = bench::median(t_ours), b = bench::median(t_theirs);
+    if (run.tsv)
+      fmt::print("libtorch\t{}\t{}\t{:.9g}\t{:.9g}\t{:.4g}\n", s.name, n, a, b, b / a);
+    else
+      fmt::print("{:<14} {:>7} {:>9.1f} µs {:>9.1f} µs {:>13.2f}x\n", s.name, n, a * 1e6, b * 1e6, b / a);
+  });
   return 0;
 }

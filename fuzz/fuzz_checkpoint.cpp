@@ -23,20 +23,14 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
+#include "target_module.hpp"
+
 namespace ag = autograd;
 
 namespace {
 
-// The module the seed corpus was written for (fuzz/make_seeds.cpp): names and shapes match.
-struct Target : nn::Module {
-  std::shared_ptr<nn::Linear> layer;
-  ag::Tensor scale;
-  Target() : nn::Module("Target") {
-    ag::Generator gen(1);
-    layer = register_module("layer", std::make_shared<nn::Linear>(nn::LinearOptions{3, 2}, gen));
-    scale = register_parameter("scale", ag::tensor({1.5, -2.0}, {2}, ag::Dtype::Float64));
-  }
-};
+// The module the seed corpus was written for, with values other than the seeds' (a load changes them).
+fuzz::Target make_target() { return fuzz::Target(1, 1.5, -2.0); }
 
 std::vector<std::vector<double>> snapshot(const nn::NamedTensors& tensors) {
   std::vector<std::vector<double>> out;
@@ -89,7 +83,7 @@ void parse_only(std::string_view bytes) {
 }
 
 void load_parameters_all_or_nothing(std::string_view bytes, const std::string& path) {
-  Target model;
+  fuzz::Target model = make_target();
   const auto before = snapshot(model.named_parameters());
   try {
     nn::load_parameters(model, path);
@@ -111,7 +105,7 @@ void load_parameters_all_or_nothing(std::string_view bytes, const std::string& p
 }
 
 void load_checkpoint_all_or_nothing(const std::string& path) {
-  Target model;
+  fuzz::Target model = make_target();
   nn::Adam adam(model.parameters(), {.lr = 1e-3});
   // One step so that the optimizer has state to lose.
   ag::sum(model.layer->forward(ag::ones({1, 3})) * 2.0).backward();

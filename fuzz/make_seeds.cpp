@@ -1,4 +1,4 @@
-// Writes the fuzzer's seed corpus: valid files for fuzz_checkpoint.cpp's Target module (so the
+// Writes the fuzzer's seed corpus: valid files for the Target module of target_module.hpp (so the
 // fuzzer starts from the success path), and a few near misses. Usage: make_seeds <dir>
 #include <cstdio>
 #include <fstream>
@@ -8,19 +8,11 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
+#include "target_module.hpp"
+
 namespace ag = autograd;
 
 namespace {
-
-struct Target : nn::Module {
-  std::shared_ptr<nn::Linear> layer;
-  ag::Tensor scale;
-  Target() : nn::Module("Target") {
-    ag::Generator gen(2);
-    layer = register_module("layer", std::make_shared<nn::Linear>(nn::LinearOptions{3, 2}, gen));
-    scale = register_parameter("scale", ag::tensor({0.5, 3.0}, {2}, ag::Dtype::Float64));
-  }
-};
 
 void write(const std::string& dir, const std::string& name, const std::string& bytes) {
   std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
@@ -34,7 +26,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  Target model;
+  fuzz::Target model(2, 0.5, 3.0);
   write(dir, "parameters.safetensors", nn::serialize_safetensors(model.named_parameters(), {{"note", "seed"}}));
   nn::Adam adam(model.parameters(), {.lr = 1e-2});
   ag::sum(model.layer->forward(ag::ones({2, 3}))).backward();

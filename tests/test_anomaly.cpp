@@ -12,14 +12,9 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using test_support::contains;
+using namespace test_support::prelude;
 
 namespace {
-
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-const double kInf = std::numeric_limits<double>::infinity();
 
 // Runs f, expects an AnomalyError, returns its message.
 template <class F>
@@ -51,12 +46,11 @@ BOOST_AUTO_TEST_CASE(without_the_guard_nan_passes_silently) {
 BOOST_AUTO_TEST_CASE(forward_nan_names_the_op_its_output_and_element) {
   ag::DetectAnomalyGuard anomaly;
   auto x = leaf({1.0, 2.0, -1.0, 4.0}, {4});
-  const auto msg = anomaly_message([&] { ag::log(x); });
-  BOOST_TEST_MESSAGE(msg);
-  BOOST_TEST(contains(msg, "'log' produced NaN"));
-  BOOST_TEST(contains(msg, "shape [4]"));
-  BOOST_TEST(contains(msg, "element 2"));
-  BOOST_TEST(contains(msg, "from ([4] Float64)"));
+  check_throws<ag::AnomalyError>([&] { ag::log(x); },
+                                 {"'log' produced NaN",
+                                  "shape [4]",
+                                  "element 2",
+                                  "from ([4] Float64)"});
 }
 
 BOOST_AUTO_TEST_CASE(the_first_anomalous_op_is_named_not_a_later_one) {
@@ -76,9 +70,7 @@ BOOST_AUTO_TEST_CASE(forward_inf_from_division_by_zero_throws) {
   ag::DetectAnomalyGuard anomaly;
   auto x = leaf({1.0, 0.0}, {2});
   auto y = leaf({2.0, 3.0}, {2});
-  const auto msg = anomaly_message([&] { ag::div(y, x); });
-  BOOST_TEST(contains(msg, "'div' produced +Inf"));
-  BOOST_TEST(contains(msg, "element 1"));
+  check_throws<ag::AnomalyError>([&] { ag::div(y, x); }, {"'div' produced +Inf", "element 1"});
 }
 
 BOOST_AUTO_TEST_CASE(forward_inf_can_be_allowed_for_masks_while_nan_still_throws) {
@@ -107,21 +99,19 @@ BOOST_AUTO_TEST_CASE(backward_inf_names_the_op_and_its_creation_context) {
     ag::AnomalyLabel layer("norm");
     loss = ag::sum(ag::sqrt(x));
   }
-  const auto msg = anomaly_message([&] { loss.backward(); });
-  BOOST_TEST_MESSAGE(msg);
-  BOOST_TEST(contains(msg, "backward of 'sqrt' returned +Inf"));
-  BOOST_TEST(contains(msg, "gradient for input 0 of shape [3] (element 1)"));
-  BOOST_TEST(contains(msg, "created as 'sqrt'"));
-  BOOST_TEST(contains(msg, "from ([3] Float64)"));
-  BOOST_TEST(contains(msg, "under 'model/norm'"));
+  check_throws<ag::AnomalyError>([&] { loss.backward(); },
+                                 {"backward of 'sqrt' returned +Inf",
+                                  "gradient for input 0 of shape [3] (element 1)",
+                                  "created as 'sqrt'",
+                                  "from ([3] Float64)",
+                                  "under 'model/norm'"});
 }
 
 BOOST_AUTO_TEST_CASE(backward_nan_from_a_custom_function_is_caught) {
   ag::DetectAnomalyGuard anomaly;
   auto x = leaf({1.0, 2.0}, {2});
   auto loss = ag::sum(BrokenBackward::apply(x));
-  const auto msg = anomaly_message([&] { loss.backward(); });
-  BOOST_TEST(contains(msg, "backward of 'broken_backward' returned NaN"));
+  check_throws<ag::AnomalyError>([&] { loss.backward(); }, {"backward of 'broken_backward' returned NaN"});
   BOOST_TEST(!x.grad().defined());  // nothing reached the leaf
 }
 
@@ -136,8 +126,7 @@ BOOST_AUTO_TEST_CASE(nan_input_data_is_caught_at_the_first_op_that_uses_it) {
   ag::DetectAnomalyGuard anomaly;
   auto x = leaf({1.0, kNaN}, {2});
   auto w = leaf({3.0, 4.0}, {2});
-  const auto msg = anomaly_message([&] { ag::mul(x, w); });
-  BOOST_TEST(contains(msg, "'mul' produced NaN in output 0 of shape [2] (element 1)"));
+  check_throws<ag::AnomalyError>([&] { ag::mul(x, w); }, {"'mul' produced NaN in output 0 of shape [2] (element 1)"});
 }
 
 BOOST_AUTO_TEST_CASE(creation_context_is_kept_only_under_the_guard) {
@@ -158,9 +147,9 @@ BOOST_AUTO_TEST_CASE(node_made_before_the_guard_is_still_reported_in_backward) {
   auto x = leaf({0.0}, {1});
   auto loss = ag::sum(ag::sqrt(x));
   ag::DetectAnomalyGuard anomaly;
-  const auto msg = anomaly_message([&] { loss.backward(); });
-  BOOST_TEST(contains(msg, "backward of 'sqrt'"));
-  BOOST_TEST(contains(msg, "created before anomaly detection was turned on"));
+  check_throws<ag::AnomalyError>([&] { loss.backward(); },
+                                 {"backward of 'sqrt'",
+                                  "created before anomaly detection was turned on"});
 }
 
 BOOST_AUTO_TEST_CASE(finite_graph_runs_unchanged_under_the_guard) {

@@ -13,14 +13,9 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Tensor;
-using test_support::check_gradients;
+using namespace test_support::prelude;
 
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr auto F64 = ag::Dtype::Float64;
 
 Tensor randn64(const ag::Shape& shape, std::uint64_t seed, bool grad = true) {
   ag::Generator gen(seed);
@@ -83,9 +78,6 @@ std::vector<Tensor> grads_of(const ag::SdpaResult& r, const Tensor& r1, const Te
   for (const auto& t : inputs) g.push_back(t.grad());
   return g;
 }
-
-// The message of the std::invalid_argument f throws, "(no exception)" when it throws none.
-std::string error_of(const std::function<void()>& f) { return test_support::error_of(f, "(no exception)"); }
 
 }  // namespace
 
@@ -753,7 +745,7 @@ BOOST_AUTO_TEST_CASE(packed_argument_errors_name_the_op_and_shapes) {
   BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 6}, F64), 0); }) ==
              "scaled_dot_product_attention_packed: num_heads must be positive, got 0");
   BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(Tensor(), 1); }) ==
-             "scaled_dot_product_attention_packed: qkv is an undefined tensor");
+             "scaled_dot_product_attention_packed: qkv is an undefined tensor (default-constructed: no value)");
   BOOST_CHECK_THROW(ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 6}, F64), 1, ag::zeros({2, 3}, F64)),
                     std::invalid_argument);
 }

@@ -14,9 +14,7 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
+using namespace test_support::prelude;
 using test_support::ThreadCount;
 
 BOOST_AUTO_TEST_CASE(two_threads_backward_through_one_shared_leaf) {

@@ -9,27 +9,14 @@
 #include <cmath>
 #include <limits>
 
-namespace ag = autograd;
+using namespace test_support::prelude;
 using ag::CrossEntropyOptions;
-using ag::Dtype;
 using ag::Reduction;
-using ag::Shape;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::check_gradients;
-using test_support::check_message;
-using test_support::f64;
-using test_support::input;
 using Targets = std::vector<std::int64_t>;
 
 namespace {
 
 constexpr double inf = std::numeric_limits<double>::infinity();
-
-// An expected ±inf must come out exactly equal; tight tolerance otherwise.
-void check_values(const Tensor& t, const Shape& shape, const std::vector<double>& expected, double tol = 1e-12) {
-  test_support::check_values(t, shape, expected, tol, {.inf = true});
-}
 
 // loss_n = −(1−ε)·log_softmax(x_n)_t − ε/C · Σ_c log_softmax(x_n)_c from elementary ops (rows of
 // (N, C) logits, no ignored rows), the target entries picked by index so that −inf entries
@@ -117,11 +104,11 @@ BOOST_AUTO_TEST_CASE(a_masked_target_gives_inf_with_a_finite_gradient) {
   const Tensor x = f64({-inf, 0, 1, 0.5, -inf, 2}, {2, 3}).requires_grad_();
   const Tensor loss = ag::cross_entropy(x, Targets{0, 2}, {.reduction = Reduction::None});
   const auto q = softmax_row({0.5, 2});
-  check_values(loss, {2}, {inf, std::log(std::exp(0.5) + std::exp(2.0)) - 2});
+  check_values_nonfinite(loss, {2}, {inf, std::log(std::exp(0.5) + std::exp(2.0)) - 2});
   loss.backward(f64({1, 1}, {2}));
   const auto p = softmax_row({0, 1});
   check_values(x.grad(), {2, 3}, {-1, p[0], p[1], q[0], 0, q[1] - 1});
-  check_values(ag::cross_entropy(x, Targets{0, 2}), {}, {inf});
+  check_values_nonfinite(ag::cross_entropy(x, Targets{0, 2}), {}, {inf});
 }
 
 BOOST_AUTO_TEST_CASE(label_smoothing_over_a_masked_logit_gives_inf_as_in_pytorch) {
@@ -129,13 +116,13 @@ BOOST_AUTO_TEST_CASE(label_smoothing_over_a_masked_logit_gives_inf_as_in_pytorch
   const double eps = 0.3;
   const Tensor x = f64({-inf, 0, 1}, {1, 3}).requires_grad_();
   const Tensor loss = ag::cross_entropy(x, Targets{1}, {.label_smoothing = eps});
-  check_values(loss, {}, {inf});
+  check_values_nonfinite(loss, {}, {inf});
   loss.backward();
   // gradient softmax − q, q = (1−ε)·onehot + ε/3: −ε/3 at the masked logit, finite everywhere
   const auto p = softmax_row({0, 1});
   check_values(x.grad(), {1, 3}, {-eps / 3, p[0] - (1 - eps) - eps / 3, p[1] - eps / 3});
   // ε = 1: the target's weight is zero; the smoothing term alone is inf (PyTorch: 0·inf = NaN)
-  check_values(ag::cross_entropy(x, Targets{0}, {.label_smoothing = 1.0}), {}, {inf});
+  check_values_nonfinite(ag::cross_entropy(x, Targets{0}, {.label_smoothing = 1.0}), {}, {inf});
   // a row without masked logits is finite with smoothing
   const Tensor y = f64({0, 1, 2}, {1, 3});
   check_values(ag::cross_entropy(y, Targets{1}, {.label_smoothing = 1.0}), {},
@@ -147,14 +134,14 @@ BOOST_AUTO_TEST_CASE(a_fully_masked_row_gives_inf_with_zero_gradient) {
   // PyTorch gives NaN.
   const Tensor x = f64({-inf, -inf, -inf, 1, 2, 3}, {2, 3}).requires_grad_();
   const Tensor loss = ag::cross_entropy(x, Targets{1, 2}, {.reduction = Reduction::None});
-  check_values(loss, {2}, {inf, std::log(1 + std::exp(-1.0) + std::exp(-2.0))});
+  check_values_nonfinite(loss, {2}, {inf, std::log(1 + std::exp(-1.0) + std::exp(-2.0))});
   loss.backward(f64({1, 1}, {2}));
   const auto p = softmax_row({1, 2, 3});
   check_values(x.grad(), {2, 3}, {0, 0, 0, p[0], p[1], p[2] - 1});
-  check_values(ag::cross_entropy(x, Targets{1, 2}, {.label_smoothing = 0.1}), {}, {inf});
+  check_values_nonfinite(ag::cross_entropy(x, Targets{1, 2}, {.label_smoothing = 0.1}), {}, {inf});
   // log_softmax of that row, for comparison
-  check_values(ag::log_softmax(x.detach(), -1), {2, 3},
-               {-inf, -inf, -inf, std::log(p[0]), std::log(p[1]), std::log(p[2])});
+  check_values_nonfinite(ag::log_softmax(x.detach(), -1), {2, 3},
+                         {-inf, -inf, -inf, std::log(p[0]), std::log(p[1]), std::log(p[2])});
 }
 
 BOOST_AUTO_TEST_CASE(ignored_rows_may_be_masked) {
@@ -181,7 +168,7 @@ BOOST_AUTO_TEST_CASE(masked_rows_agree_with_minus_log_softmax) {
     const Tensor x1 = (base + mask).detach().requires_grad_(), x2 = x1.detach().requires_grad_();
     const Tensor got = ag::cross_entropy(x1, t, {.reduction = Reduction::None, .label_smoothing = eps});
     const Tensor want = composed(x2, t, eps);
-    check_values(got, {6}, want.to_vector());
+    check_values_nonfinite(got, {6}, want.to_vector());
     ag::sum(got * w).backward();
     ag::sum(want * w).backward();
     check_values(x1.grad(), {6, 5}, x2.grad().to_vector());

@@ -20,13 +20,10 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
+using namespace test_support::prelude;
 using test_support::ThreadCount;
 
 namespace {
-
 
 // The values of a run: each tensor's elements as exact doubles.
 using Values = std::vector<std::vector<double>>;

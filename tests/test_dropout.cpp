@@ -12,11 +12,7 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::error_of;
+using namespace test_support::prelude;
 
 namespace {
 
@@ -129,5 +125,5 @@ BOOST_AUTO_TEST_CASE(p_outside_zero_one_is_rejected) {
   BOOST_TEST(error_of([&] { ag::dropout(x, 1.5); }) == "dropout: p must be in [0, 1], got 1.5");
   BOOST_TEST(error_of([&] { ag::dropout(x, std::nan("")); }).find("dropout: p must be in [0, 1]") == 0);
   BOOST_TEST(error_of([&] { ag::dropout(x, 2.0, false); }).find("dropout: p must be in [0, 1]") == 0);
-  BOOST_TEST(error_of([&] { ag::dropout(Tensor(), 0.5); }) == "dropout: the input is an undefined tensor");
+  BOOST_TEST(error_of([&] { ag::dropout(Tensor(), 0.5); }) == "dropout: the input is an undefined tensor (default-constructed: no value)");
 }

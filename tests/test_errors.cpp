@@ -15,33 +15,11 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
+#include "test_support.hpp"
+
+using namespace test_support::prelude;
 
 namespace {
-
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Runs f; checks that it throws E and that the message contains every part. Logs the message
-// (run with --log_level=message to see them all).
-template <class E, class F>
-void check_throws(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const E& e) {
-    const std::string msg = e.what();
-    BOOST_TEST_MESSAGE("  -> " << msg);
-    for (const auto& p : parts) BOOST_TEST(msg.find(p) != std::string::npos, "message lacks '" << p << "': " << msg);
-    return;
-  } catch (const std::exception& e) {
-    BOOST_ERROR("threw the wrong exception type: " << e.what());
-    return;
-  }
-  BOOST_ERROR("did not throw");
-}
-
-Tensor f64(const std::vector<double>& v, const ag::Shape& s) { return ag::tensor(v, s, Dtype::Float64); }
 
 // A scratch directory for checkpoint files, removed at the end.
 struct Scratch {
@@ -181,7 +159,20 @@ BOOST_AUTO_TEST_CASE(factory_values_that_do_not_fill_the_shape) {
 }
 
 BOOST_AUTO_TEST_CASE(undefined_tensor_as_an_argument) {
-  check_throws<std::invalid_argument>([] { ag::exp(Tensor()); }, {"exp:", "undefined"});
+  check_throws<std::invalid_argument>([] { ag::exp(Tensor()); },
+                                      {"exp: argument is an undefined tensor (default-constructed: no value)"});
+  check_throws<std::invalid_argument>([] { Tensor().to_vector(); },
+                                      {"to_vector: called on an undefined tensor (default-constructed: no value)"});
+}
+
+BOOST_AUTO_TEST_CASE(reading_a_grad_before_backward) {
+  Tensor w = ag::ones({4, 4}, Dtype::Float64).requires_grad_(true);
+  w.set_name("attn.W_Q");
+  check_throws<std::invalid_argument>([&] { w.grad().to_vector(); },
+                                      {"to_vector: the .grad() of 'attn.W_Q' [4, 4] is undefined: no backward has "
+                                       "reached it yet (call backward() on a loss that depends on it)"});
+  check_throws<std::invalid_argument>([&] { ag::exp(w.grad()); },
+                                      {"exp: argument is the .grad() of 'attn.W_Q' [4, 4], which is undefined"});
 }
 
 BOOST_AUTO_TEST_CASE(empty_tensors_flow_through_ops_and_backward) {

@@ -192,3 +192,49 @@ BOOST_AUTO_TEST_CASE(tolerances_that_are_nan_or_negative_are_refused) {
   }
   BOOST_CHECK(ag::gradcheck(f, {x}).ok);  // the default tolerances are fine
 }
+
+// ---- inputs are named by their tensor names ----
+
+BOOST_AUTO_TEST_CASE(a_failing_check_names_the_worst_input_by_its_tensor_name) {
+  // Negative control: the wrong backward is on the second input, which has a name.
+  Tensor a = input({3}, 14);
+  Tensor b = input({2, 3}, 15);
+  b.set_name("attn.W_O");
+  auto r = ag::gradcheck([](const TensorList& in) { return ag::sum(in[0]) + CubeWrongAtFour::apply(in[1]); }, {a, b});
+  BOOST_CHECK(!r.ok);
+  BOOST_CHECK_EQUAL(r.worst_input, 1);
+  BOOST_CHECK_EQUAL(r.worst_input_name, "attn.W_O");
+  BOOST_CHECK_EQUAL(r.worst_element, 4);
+  BOOST_TEST(r.message.find("input 1 'attn.W_O' element 4 [1, 1] (output element 4)") == 0u, r.message);
+  const std::string text = fmt::format("{}", r);
+  BOOST_TEST(text.find("worst: input 1 'attn.W_O' element 4 [1, 1]") != std::string::npos, text);
+  BOOST_CHECK_EQUAL(ag::worst_element_text(r), "input 1 'attn.W_O' element 4 [1, 1] (output element 4)");
+}
+
+BOOST_AUTO_TEST_CASE(an_unnamed_input_is_named_by_its_index_alone) {
+  Tensor x = input({2, 3}, 16);
+  auto r = ag::gradcheck([](const TensorList& in) { return CubeWrongAtFour::apply(in[0]); }, {x});
+  BOOST_CHECK(!r.ok);
+  BOOST_CHECK(r.worst_input_name.empty());
+  BOOST_TEST(r.message.find("input 0 element 4 [1, 1] (output element 4)") == 0u, r.message);
+}
+
+BOOST_AUTO_TEST_CASE(input_errors_name_the_input_by_its_tensor_name) {
+  auto f = [](const TensorList& in) { return ag::sum(in[1]); };
+  Tensor ok = input({2}, 17);
+  Tensor w = ag::ones({2}).requires_grad_();
+  w.set_name("fc_1.weight");
+  BOOST_TEST(test_support::error_of([&] { ag::gradcheck(f, {ok, w}); }) ==
+             "gradcheck: input 1 'fc_1.weight' [2] is Float32; gradcheck needs Float64 inputs");
+  Tensor h = input({2}, 18) * 2.0;
+  h.set_name("hidden");
+  BOOST_TEST(test_support::error_of([&] { ag::gradcheck(f, {ok, h}); }) ==
+             "gradcheck: input 1 'hidden' is not a leaf (it was made by 'mul')");
+  BOOST_TEST(test_support::error_of([&] { ag::gradcheck(f, {ok, Tensor()}); }) ==
+             "gradcheck: input 1 is an undefined tensor (default-constructed: no value)");
+  Tensor p = input({2}, 19);
+  p.set_name("b_Q");
+  BOOST_TEST(test_support::error_of([&] { ag::gradcheck(f, {ok, p.grad()}); }) ==
+             "gradcheck: input 1 is the .grad() of 'b_Q' [2], which is undefined: no backward has reached it yet "
+             "(call backward() on a loss that depends on it)");
+}

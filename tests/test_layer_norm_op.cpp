@@ -9,16 +9,7 @@
 #include <cmath>
 #include <limits>
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Shape;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::check_gradients;
-using test_support::check_message;
-using test_support::check_values;
-using test_support::f64;
-using test_support::input;
+using namespace test_support::prelude;
 
 namespace {
 

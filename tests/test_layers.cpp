@@ -12,13 +12,9 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using test_support::check_gradients;
-using test_support::check_message;
+using namespace test_support::prelude;
 
 namespace {
-
-constexpr auto F64 = ag::Dtype::Float64;
 
 std::vector<std::string> names_of(const nn::Module& m) {
   std::vector<std::string> out;

@@ -4,15 +4,7 @@
 #define BOOST_TEST_MODULE linear_op
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::check_gradients;
-using test_support::check_values;
-using test_support::error_of;
-using test_support::f64;
-using test_support::input;
+using namespace test_support::prelude;
 
 BOOST_AUTO_TEST_CASE(values_by_hand) {
   // x = [[1, 2]], W = [[1, 0, 2], [0, 1, 3]], b = [10, 20, 30]  =>  [1+10, 2+20, 2+6+30]
@@ -73,7 +65,7 @@ BOOST_AUTO_TEST_CASE(errors) {
              "linear: bias must have shape [2] (the weight's out), got [3]");
   BOOST_TEST(error_of([&] { ag::linear(x, w.to(Dtype::Float32)); }) ==
              "linear: dtypes differ: input Float64 and weight Float32");
-  BOOST_TEST(error_of([&] { ag::linear(Tensor(), w); }) == "linear: input is an undefined tensor");
+  BOOST_TEST(error_of([&] { ag::linear(Tensor(), w); }) == "linear: input is an undefined tensor (default-constructed: no value)");
 }
 
 // ---- linear_cat: several linears of one input, outputs side by side ----

@@ -11,13 +11,9 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using test_support::check_gradients;
-using test_support::check_message;
+using namespace test_support::prelude;
 
 namespace {
-
-constexpr auto F64 = ag::Dtype::Float64;
 
 // logits from torch's check:  x = [[1, 2, 3], [0.5, -1, 2], [3, 0, -2]], targets [2, 0, 1]
 ag::Tensor logits3x3(bool requires_grad = false) {

@@ -13,15 +13,7 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Shape;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::check_values;
-using test_support::error_of;
-using test_support::f64;
-using test_support::input;
+using namespace test_support::prelude;
 
 namespace {
 
@@ -212,5 +204,5 @@ BOOST_AUTO_TEST_CASE(dtypes_must_match) {
 }
 
 BOOST_AUTO_TEST_CASE(undefined_arguments_are_rejected) {
-  BOOST_TEST(error_of([] { ag::matmul(Tensor(), ag::zeros({2, 2})); }) == "matmul: the first argument is an undefined tensor");
+  BOOST_TEST(error_of([] { ag::matmul(Tensor(), ag::zeros({2, 2})); }) == "matmul: the first argument is an undefined tensor (default-constructed: no value)");
 }

@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -241,5 +242,41 @@ BOOST_AUTO_TEST_CASE(masks_of_either_dtype_mean_the_same_and_take_no_gradient) {
     BOOST_TEST(ra.output.to_vector() == rb.output.to_vector());
     ag::sum(rb.output).backward();
     BOOST_TEST(!b.attn_mask.grad().defined());  // a mask is an input, not a parameter
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_hook_callback_sees_every_point_in_order_and_may_replace_one) {
+  nn::MultiHeadAttention mha = make_mha(AttentionCore::Fused, true, true);  // S' = S + 2
+  const ag::Tensor x = randn64({2, 3, 4}, 1);
+  std::vector<std::string> seen;
+  std::vector<std::string> shapes;
+  const std::function<ag::Tensor(const char*, const ag::Tensor&)> hooks = [&](const char* point, const ag::Tensor& v) {
+    seen.emplace_back(point);
+    shapes.push_back(ag::shape_str(v.shape()));
+    if (std::string(point) == "z") return ag::zeros_like(v);  // every head removed: out = b_O
+    return ag::Tensor();
+  };
+  F::MultiHeadAttentionConfig c = config_of(mha);
+  c.hooks = &hooks;
+  nn::AttentionOptions ao;
+  ao.average_attn_weights = false;
+  const nn::AttentionOutput r = F::multi_head_attention_forward(x, x, x, mha.functional_weights(), c, ao);
+  const std::vector<std::string> want{"q", "k", "v", "raw_scores", "scores", "pattern", "z", "concat", "out"};
+  BOOST_TEST(seen == want, boost::test_tools::per_element());
+  const std::vector<std::string> want_shapes{"[2, 2, 3, 2]", "[2, 2, 5, 2]", "[2, 2, 5, 2]", "[2, 2, 3, 5]",
+                                             "[2, 2, 3, 5]", "[2, 2, 3, 5]", "[2, 2, 3, 2]", "[2, 3, 4]", "[2, 3, 4]"};
+  BOOST_TEST(shapes == want_shapes, boost::test_tools::per_element());
+  const auto out = r.output.to_vector(), b_O = mha.b_O().to_vector();
+  for (std::size_t i = 0; i < out.size(); ++i) BOOST_TEST(out[i] == b_O[i % 4]);
+  // A replacement of the wrong shape throws naming the point and both shapes.
+  const std::function<ag::Tensor(const char*, const ag::Tensor&)> bad = [](const char* point, const ag::Tensor&) {
+    return std::string(point) == "scores" ? ag::zeros({2, 3, 5}, F64) : ag::Tensor();
+  };
+  c.hooks = &bad;
+  try {
+    F::multi_head_attention_forward(x, x, x, mha.functional_weights(), c, ao);
+    BOOST_FAIL("no throw");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(message_has(e, {"MultiHeadAttention", "'scores'", "[2, 3, 5]", "[2, 2, 3, 5]"}));
   }
 }

@@ -190,3 +190,114 @@ BOOST_AUTO_TEST_CASE(looking_up_a_name_with_a_nul_byte_reports_it_in_full) {
   BOOST_TEST(test_support::error_of([&] { m.parameter(std::string("w\0x", 3)); }) ==
              "parameter: no parameter named 'w\\x00x' in SameTensor");
 }
+
+// ---- parameters carry their dotted names as tensor names ----
+
+namespace {
+
+// A model holding a TransformerBlock under "block": its parameters' names are three deep.
+struct Model : nn::Module {
+  std::shared_ptr<nn::TransformerBlock> block;
+  Model() : Module("Model") {
+    block = register_module("block", std::make_shared<nn::TransformerBlock>(
+                                         nn::TransformerBlockOptions{.d_model = 4, .num_heads = 2, .dtype = F64}));
+  }
+};
+
+// Every tensor's name is the name named_parameters() lists it under.
+void check_tensor_names_match(const nn::Module& m) {
+  const auto named = m.named_parameters();
+  BOOST_TEST(!named.empty());
+  for (const auto& [name, p] : named) BOOST_TEST(p.name() == name);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_parameter_is_named_by_its_local_name_when_registered) {
+  nn::Linear lin(nn::LinearOptions{.in_features = 2, .out_features = 3, .dtype = F64});
+  BOOST_TEST(lin.weight().name() == "weight");
+  BOOST_TEST(lin.bias().name() == "bias");
+  nn::MultiHeadAttention mha(4, 2);
+  BOOST_TEST(mha.parameter("W_Q").name() == "W_Q");
+  check_tensor_names_match(mha);
+}
+
+BOOST_AUTO_TEST_CASE(registering_a_child_prefixes_its_parameters_names_at_every_level) {
+  nn::TransformerBlock block(nn::TransformerBlockOptions{.d_model = 4, .num_heads = 2, .dtype = F64});
+  BOOST_TEST(block.parameter("attn.W_Q").name() == "attn.W_Q");
+  BOOST_TEST(block.parameter("fc_1.weight").name() == "fc_1.weight");
+  check_tensor_names_match(block);
+  Model model;
+  BOOST_TEST(model.parameter("block.attn.W_Q").name() == "block.attn.W_Q");
+  BOOST_TEST(model.parameter("block.fc_2.bias").name() == "block.fc_2.bias");
+  check_tensor_names_match(model);
+  // The block's own handles see the same names: the names live on the shared tensors.
+  BOOST_TEST(model.block->parameter("ln_1.weight").name() == "block.ln_1.weight");
+}
+
+BOOST_AUTO_TEST_CASE(a_tied_tensor_is_named_by_its_first_name_in_named_parameters) {
+  Tied m;  // one Linear under "encoder" and "decoder"
+  BOOST_TEST(m.shared->weight().name() == "encoder.weight");
+  check_tensor_names_match(m);
+  SameTensor s;  // one tensor as "w" and "w_alias"
+  BOOST_TEST(s.w.name() == "w");
+  // A tensor first met as a child's parameter, then registered in the parent itself: the
+  // parent's own parameters come first in the walk, so its own name wins.
+  nn::Module parent("Parent");
+  auto child = std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 2, .out_features = 2, .dtype = F64});
+  parent.register_module("child", child);
+  BOOST_TEST(child->weight().name() == "child.weight");
+  parent.register_parameter("tied", child->weight());
+  // "child.weight" is the same tensor as "tied", listed once.
+  BOOST_TEST(names_of(parent.named_parameters()) == (std::vector<std::string>{"tied", "child.bias"}));
+  BOOST_TEST(child->weight().name() == "tied");
+  check_tensor_names_match(parent);
+}
+
+BOOST_AUTO_TEST_CASE(a_name_given_before_registering_is_kept) {
+  auto inner = std::make_shared<nn::Module>("Inner");
+  ag::Tensor t = ag::zeros({2}, F64);
+  t.set_name("my scale");
+  inner->register_parameter("scale", t);
+  nn::Module outer("Outer");
+  outer.register_module("inner", inner);
+  BOOST_TEST(outer.parameter("inner.scale").name() == "my scale");
+}
+
+BOOST_AUTO_TEST_CASE(converting_a_module_keeps_its_parameters_names) {
+  Model model;
+  model.to(ag::Dtype::Float32);
+  BOOST_CHECK(model.parameter("block.attn.W_O").dtype() == ag::Dtype::Float32);
+  check_tensor_names_match(model);
+  model.to(F64);
+  check_tensor_names_match(model);
+}
+
+namespace {
+
+// y = x², with a backward 1% too large: a wrong gradient for gradcheck to find.
+struct SquareWrong : ag::Function<SquareWrong> {
+  static constexpr const char* name = "square_wrong";
+  static ag::Tensor forward(ag::FunctionCtx& ctx, const ag::Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x;
+  }
+  static ag::TensorList backward(ag::FunctionCtx& ctx, const ag::TensorList& g) {
+    return {g[0] * 2.02 * ctx.saved_tensors()[0]};
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gradcheck_names_a_failing_parameter_by_its_dotted_name) {
+  // Negative control: the output projection's weight gets a wrong gradient, so the check fails
+  // there and says which parameter it is; the other input's gradient is right.
+  Model model;
+  const std::vector<ag::Tensor> inputs{model.parameter("block.fc_1.bias"), model.parameter("block.attn.W_O")};
+  auto f = [](const std::vector<ag::Tensor>& in) { return ag::sum(in[0] * in[0]) + ag::sum(SquareWrong::apply(in[1])); };
+  const auto r = ag::gradcheck(f, inputs);
+  BOOST_CHECK(!r.ok);
+  BOOST_CHECK_EQUAL(r.worst_input, 1);
+  BOOST_CHECK_EQUAL(r.worst_input_name, "block.attn.W_O");
+  BOOST_TEST(r.message.find("input 1 'block.attn.W_O' element ") == 0u, r.message);
+}

@@ -129,6 +129,30 @@ BOOST_AUTO_TEST_CASE(adamw_decays_weights_directly) {
   check_close(got[2], {0.9193003700904834, -1.7791365313263066});
 }
 
+BOOST_AUTO_TEST_CASE(adam_and_adamw_defaults_are_torch_optims) {
+  // torch.optim.Adam / AdamW: lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay 0 / 0.01, amsgrad=False
+  ag::Tensor p = param({1.0});
+  const nn::Adam adam({p});
+  const nn::AdamW adamw({p});
+  for (const nn::AdamOptions& o : {adam.options(), adamw.options()}) {
+    BOOST_TEST(o.lr == 1e-3);
+    BOOST_TEST(o.beta1 == 0.9);
+    BOOST_TEST(o.beta2 == 0.999);
+    BOOST_TEST(o.eps == 1e-8);
+    BOOST_TEST(!o.amsgrad);
+  }
+  BOOST_TEST(adam.options().weight_decay == 0.0);
+  BOOST_TEST(adamw.options().weight_decay == 1e-2);
+  // Options given to AdamW reach the update unchanged.
+  const nn::AdamW custom({p}, {.lr = 0.5, .beta1 = 0.8, .beta2 = 0.7, .eps = 1e-3, .weight_decay = 0.2, .amsgrad = true});
+  BOOST_TEST(custom.options().lr == 0.5);
+  BOOST_TEST(custom.options().beta1 == 0.8);
+  BOOST_TEST(custom.options().beta2 == 0.7);
+  BOOST_TEST(custom.options().eps == 1e-3);
+  BOOST_TEST(custom.options().weight_decay == 0.2);
+  BOOST_TEST(custom.options().amsgrad);
+}
+
 BOOST_AUTO_TEST_CASE(amsgrad_keeps_the_largest_second_moment) {
   // torch.optim.Adam([p], lr=0.1, betas=(0.9, 0.5), amsgrad=True / False)
   const std::vector<std::vector<double>> grads = {{2.0, -2.0}, {0.1, 0.1}, {0.1, -0.1}};

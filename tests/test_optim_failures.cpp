@@ -18,13 +18,11 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using test_support::contains;
+using namespace test_support::prelude;
 
 namespace {
 
 constexpr auto F32 = ag::Dtype::Float32;
-constexpr auto F64 = ag::Dtype::Float64;
 
 ag::Tensor param(std::vector<double> v, ag::Dtype dtype = F64) {
   const auto n = static_cast<std::int64_t>(v.size());
@@ -234,9 +232,6 @@ void expect_refused(nn::Optimizer& opt, const nn::NamedTensors& state, const std
   for (const auto& f : fragments) BOOST_CHECK_MESSAGE(contains(loaded, f), "'" << f << "' not in: " << loaded);
   BOOST_CHECK_MESSAGE(snapshot(opt) == before, "a refused load changed the optimizer: " << loaded);
 }
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 }  // namespace
 

@@ -22,14 +22,7 @@
 extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
 #endif
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Shape;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::check_values;
-using test_support::error_of;
-using test_support::iota;
+using namespace test_support::prelude;
 
 namespace {
 

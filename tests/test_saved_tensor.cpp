@@ -10,10 +10,7 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
-using test_support::contains;
+using namespace test_support::prelude;
 using test_support::Cube;
 
 namespace {

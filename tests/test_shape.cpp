@@ -12,17 +12,7 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Shape;
-using ag::Tensor;
-using ag::TensorList;
-using test_support::check_gradients;
-using test_support::check_values;
-using test_support::error_of;
-using test_support::f64;
-using test_support::input;
-using test_support::iota;
+using namespace test_support::prelude;
 
 namespace {
 

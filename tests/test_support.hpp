@@ -1,11 +1,13 @@
 #pragma once
-// Helpers shared by the test programs: a scoped thread count, value checks, float64 inputs, gradchecks, error text, and
-// a small custom Function.
+// Helpers shared by the test programs: a scoped thread count, value checks, float64 inputs, gradchecks, error text,
+// a small custom Function, and the prelude of names most test programs use unqualified.
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,13 @@ inline void check_values(const ag::Tensor& t, const ag::Shape& shape, const std:
     BOOST_TEST(std::abs(got[i] - expected[i]) <= tol * (1.0 + std::abs(expected[i])),
                "element " << i << ": " << got[i] << " vs expected " << expected[i]);
   }
+}
+
+// check_values for results that may be non-finite: an expected NaN must come out NaN and an
+// expected ±inf exactly equal.
+inline void check_values_nonfinite(const ag::Tensor& t, const ag::Shape& shape, const std::vector<double>& expected,
+                                   double tol = 1e-12) {
+  check_values(t, shape, expected, tol, {.nan = true, .inf = true});
 }
 
 inline ag::Tensor f64(const std::vector<double>& v, const ag::Shape& s) {
@@ -105,6 +114,24 @@ std::string message_of(F&& f, const std::string& expected) {
   return {};
 }
 
+// Runs f; checks that it throws E and that the message contains every part. Logs the message
+// (run with --log_level=message to see them all).
+template <class E, class F>
+void check_throws(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    BOOST_TEST_MESSAGE("  -> " << msg);
+    for (const auto& p : parts) BOOST_TEST(msg.find(p) != std::string::npos, "message lacks '" << p << "': " << msg);
+    return;
+  } catch (const std::exception& e) {
+    BOOST_ERROR("threw the wrong exception type: " << e.what());
+    return;
+  }
+  BOOST_ERROR("did not throw");
+}
+
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // f throws a std::invalid_argument whose message contains `fragment`.
@@ -129,5 +156,28 @@ struct Cube : ag::Function<Cube> {
     return {g[0] * 3.0 * x * x};  // d(x³)/dx = 3x²
   }
 };
+
+// The names most test programs use unqualified; a test file brings them in with
+// `using namespace test_support::prelude;`.
+namespace prelude {
+namespace ag = autograd;
+using autograd::Dtype;
+using autograd::Shape;
+using autograd::Tensor;
+using autograd::TensorList;
+using test_support::check_gradients;
+using test_support::check_message;
+using test_support::check_throws;
+using test_support::check_values;
+using test_support::check_values_nonfinite;
+using test_support::contains;
+using test_support::error_of;
+using test_support::f64;
+using test_support::input;
+using test_support::iota;
+inline constexpr auto F64 = autograd::Dtype::Float64;
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+}  // namespace prelude
 
 }  // namespace test_support

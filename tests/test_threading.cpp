@@ -20,13 +20,10 @@
 
 #include "test_support.hpp"
 
-namespace ag = autograd;
-using ag::Dtype;
-using ag::Tensor;
+using namespace test_support::prelude;
 using test_support::ThreadCount;
 
 namespace {
-
 
 // Largest |a - b| relative to max(|b|, 1).
 double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {

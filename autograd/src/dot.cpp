@@ -33,15 +33,76 @@ std::string leaf_label(const TensorImpl& leaf) {
   return label;
 }
 
+constexpr const char* kMarkColour = "gold";
+
+// The marked tensors, found by the node that made them: (node, output) for a non-leaf, the leaf
+// itself for a leaf. Each mark is looked for once; `found` records the ones the walk met.
+struct Marks {
+  const DotOptions& options;
+  std::vector<bool> found = std::vector<bool>(options.marked.size(), false);
+
+  // The mark lines for a node ("\n<label>" each), empty when it carries none.
+  std::string of_node(const Node& node) {
+    std::string out;
+    for (std::size_t i = 0; i < options.marked.size(); ++i) {
+      const Tensor& t = options.marked[i].second;
+      if (!t.defined() || t.grad_fn().get() != &node) continue;
+      found[i] = true;
+      out += "\\n" + label_text(options.marked[i].first);
+      if (node.output_meta.size() > 1) out += fmt::format(" (output {})", t.output_nr());
+    }
+    return out;
+  }
+  std::string of_leaf(const TensorImpl& leaf) {
+    std::string out;
+    for (std::size_t i = 0; i < options.marked.size(); ++i) {
+      if (options.marked[i].second.impl().get() != &leaf) continue;
+      found[i] = true;
+      out += "\\n" + label_text(options.marked[i].first);
+    }
+    return out;
+  }
+  // A note listing the marks the walk did not meet, or nothing.
+  std::string missing() const {
+    std::string lines;
+    for (std::size_t i = 0; i < options.marked.size(); ++i) {
+      if (found[i]) continue;
+      const Tensor& t = options.marked[i].second;
+      lines += "\\n" + label_text(options.marked[i].first) + " " +
+               (t.defined() ? shape_str(t.shape()) : std::string("(undefined)"));
+    }
+    if (lines.empty()) return {};
+    return fmt::format("  not_in_graph [shape=note, label=\"marked, not in this graph:{}\"];\n", lines);
+  }
+};
+
+std::string node_line(std::size_t id, const Node& node, Marks& marks) {
+  if (const auto* acc = dynamic_cast<const AccumulateGrad*>(&node)) {
+    const std::string mark = marks.of_leaf(*acc->leaf());
+    return fmt::format("  n{} [shape=ellipse, style=filled, fillcolor={}{}, label=\"{}{}\"];\n", id,
+                       mark.empty() ? "lightblue" : kMarkColour, mark.empty() ? "" : ", penwidth=2",
+                       leaf_label(*acc->leaf()), mark);
+  }
+  std::vector<std::string> shapes;
+  for (const auto& m : node.output_meta) shapes.push_back(shape_str(m.shape));
+  const std::string mark = marks.of_node(node);
+  return fmt::format("  n{} [shape=box{}, label=\"{}\\n{}{}{}\"];\n", id,
+                     mark.empty() ? "" : fmt::format(", style=filled, fillcolor={}, penwidth=2", kMarkColour),
+                     label_text(node.name()), fmt::join(shapes, " "), node.released() ? "\\n(freed)" : "", mark);
+}
+
 }  // namespace
 
-std::string to_dot(const Tensor& t) {
-  if (!t.defined()) fail("to_dot", "tensor is undefined");
+std::string to_dot(const Tensor& t) { return to_dot(t, DotOptions{}); }
+
+std::string to_dot(const Tensor& t, const DotOptions& options) {
+  if (!t.defined()) fail("to_dot", "the tensor is {}", undefined_description(t));
   std::string out = "digraph autograd {\n  rankdir=BT;\n  node [fontname=\"monospace\", fontsize=10];\n";
   out += fmt::format("  out [shape=doubleoctagon, label=\"{}\\n{}\"];\n",
                      t.name().empty() ? "output" : label_text(t.name()), shape_str(t.shape()));
+  Marks marks{options};
   const Edge root = gradient_edge(t);
-  if (!root.valid()) return out + "}\n";
+  if (!root.valid()) return out + marks.missing() + "}\n";
 
   std::unordered_map<const Node*, std::size_t> ids;
   std::vector<std::shared_ptr<Node>> stack{root.node};
@@ -51,15 +112,8 @@ std::string to_dot(const Tensor& t) {
     auto node = stack.back();
     stack.pop_back();
     const std::size_t id = ids[node.get()];
-    if (auto* acc = dynamic_cast<AccumulateGrad*>(node.get())) {
-      out += fmt::format("  n{} [shape=ellipse, style=filled, fillcolor=lightblue, label=\"{}\"];\n", id,
-                         leaf_label(*acc->leaf()));
-      continue;
-    }
-    std::vector<std::string> shapes;
-    for (const auto& m : node->output_meta) shapes.push_back(shape_str(m.shape));
-    out += fmt::format("  n{} [shape=box, label=\"{}\\n{}{}\"];\n", id, label_text(node->name()),
-                       fmt::join(shapes, " "), node->released() ? "\\n(freed)" : "");
+    out += node_line(id, *node, marks);
+    if (dynamic_cast<AccumulateGrad*>(node.get())) continue;
     for (const auto& e : node->next_edges) {
       if (!e.valid()) continue;
       auto [it, inserted] = ids.emplace(e.node.get(), ids.size());
@@ -67,7 +121,7 @@ std::string to_dot(const Tensor& t) {
       out += fmt::format("  n{} -> n{};\n", it->second, id);
     }
   }
-  return out + "}\n";
+  return out + marks.missing() + "}\n";
 }
 
 }  // namespace autograd

@@ -91,17 +91,24 @@ struct Tally {
 
 namespace {
 
+// "input 3", or "input 3 'attn.W_O'" when the tensor has a name.
+std::string input_label(std::int64_t i, const Tensor& t) {
+  if (!t.defined() || t.name().empty()) return fmt::format("input {}", i);
+  return fmt::format("input {} {}", i, quoted(t.name()));
+}
+
 // The indices of the inputs to check (those that require grad), after checking each one.
 std::vector<std::size_t> checked_inputs(const std::vector<Tensor>& inputs) {
   std::vector<std::size_t> checked;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
-    if (!t.defined()) fail("gradcheck", "input {} is undefined", i);
+    const std::string label = input_label(static_cast<std::int64_t>(i), t);
+    if (!t.defined()) fail("gradcheck", "{} is {}", label, undefined_description(t));
     if (!t.requires_grad()) continue;
     if (t.dtype() != Dtype::Float64)
-      fail("gradcheck", "input {} {} is {}; gradcheck needs Float64 inputs", i, shape_str(t.shape()),
+      fail("gradcheck", "{} {} is {}; gradcheck needs Float64 inputs", label, shape_str(t.shape()),
            dtype_name(t.dtype()));
-    if (!t.is_leaf()) fail("gradcheck", "input {} is not a leaf (it was made by '{}')", i, printable(t.grad_fn()->name()));
+    if (!t.is_leaf()) fail("gradcheck", "{} is not a leaf (it was made by '{}')", label, printable(t.grad_fn()->name()));
     checked.push_back(i);
   }
   if (checked.empty()) fail("gradcheck", "no input requires grad, so there is nothing to check");
@@ -232,15 +239,25 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
     check.full_jacobian();
   }
 
-  if (r.worst_input >= 0) r.worst_index = unravel(r.worst_element, inputs[static_cast<std::size_t>(r.worst_input)].shape());
+  if (r.worst_input >= 0) {
+    const Tensor& worst = inputs[static_cast<std::size_t>(r.worst_input)];
+    r.worst_index = unravel(r.worst_element, worst.shape());
+    r.worst_input_name = worst.name();
+  }
   if (!r.ok) {
     r.message = r.projected
         ? fmt::format("projection {}: analytic {:.10g} vs numeric {:.10g}", r.worst_element, r.analytic, r.numeric)
-        : fmt::format("input {} element {} {} (output element {}): analytic {:.10g} vs numeric {:.10g}",
-                      r.worst_input, r.worst_element, shape_str(r.worst_index), r.worst_output, r.analytic,
-                      r.numeric);
+        : fmt::format("{}: analytic {:.10g} vs numeric {:.10g}", worst_element_text(r), r.analytic, r.numeric);
   }
   return r;
+}
+
+std::string worst_element_text(const GradcheckResult& r) {
+  const std::string input = r.worst_input_name.empty() ? fmt::format("input {}", r.worst_input)
+                                                       : fmt::format("input {} {}", r.worst_input,
+                                                                     quoted(r.worst_input_name));
+  return fmt::format("{} element {} {} (output element {})", input, r.worst_element, shape_str(r.worst_index),
+                     r.worst_output);
 }
 
 }  // namespace autograd
@@ -254,8 +271,7 @@ fmt::format_context::iterator fmt::formatter<autograd::GradcheckResult>::format(
     text += r.projected
         ? fmt::format("; worst: projection {}, analytic {:.10g}, numeric {:.10g}", r.worst_element, r.analytic,
                       r.numeric)
-        : fmt::format("; worst: input {} element {} {} (output element {}), analytic {:.10g}, numeric {:.10g}",
-                      r.worst_input, r.worst_element, autograd::shape_str(r.worst_index), r.worst_output,
+        : fmt::format("; worst: {}, analytic {:.10g}, numeric {:.10g}", autograd::worst_element_text(r),
                       r.analytic, r.numeric);
   }
   return fmt::formatter<std::string_view>::format(text, ctx);

@@ -50,8 +50,6 @@ Tensor Tensor::empty(const Shape& shape, Dtype dtype, std::string_view op) {
   return Tensor(std::move(impl));
 }
 
-void Tensor::undefined_error(std::string_view op) { fail(op, "tensor is undefined"); }
-
 std::int64_t Tensor::size(std::int64_t d) const { return shape()[normalize_dim("size", d, dim())]; }
 
 
@@ -135,17 +133,12 @@ Tensor& Tensor::requires_grad_(bool on) {
 
 bool Tensor::is_leaf() const { return impl_ && !impl_->grad_fn; }
 
-Tensor Tensor::grad() const {
-  check_defined("grad");
-  return Tensor(impl_->grad);
-}
-
 void Tensor::set_grad(const Tensor& g) const {
   check_defined("set_grad");
   if (g.defined() && (g.shape() != shape() || g.dtype() != dtype()))
     fail("set_grad", "gradient {} {} does not match tensor {} {}", shape_str(g.shape()), dtype_name(g.dtype()),
          shape_str(shape()), dtype_name(dtype()));
-  impl_->grad = g.impl();
+  impl_->grad = g.defined() ? g.impl() : nullptr;  // an undefined g's note is not kept
 }
 
 
@@ -218,21 +211,6 @@ const std::string& Tensor::name() const {
   return impl_->name;
 }
 
-std::string printable(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char c : s) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7f) {
-      out += fmt::format("\\x{:02x}", byte);
-    } else {
-      if (c == '\\') out += '\\';
-      out += c;
-    }
-  }
-  return out;
-}
-
 // ---- in place ----
 
 namespace {
@@ -255,7 +233,7 @@ std::uint64_t Tensor::version() const {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
-  if (!src.defined()) fail("copy_", "source tensor is undefined");
+  if (!src.defined()) fail("copy_", "the source is {}", undefined_description(src));
   if (src.shape() != shape())
     fail("copy_", "shapes differ: destination {} and source {}", shape_str(shape()), shape_str(src.shape()));
   check_in_place("copy_", *this);
@@ -288,7 +266,7 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_defined("add_");
-  if (!other.defined()) fail("add_", "other tensor is undefined");
+  if (!other.defined()) fail("add_", "the other tensor is {}", undefined_description(other));
   if (other.shape() != shape())
     fail("add_", "shapes differ: {} and {}", shape_str(shape()), shape_str(other.shape()));
   if (other.dtype() != dtype())
@@ -322,7 +300,7 @@ Tensor& Tensor::mul_(double value) {
 
 Tensor& Tensor::set_data(const Tensor& other) {
   check_defined("set_data");
-  if (!other.defined()) fail("set_data", "source tensor is undefined");
+  if (!other.defined()) fail("set_data", "the source is {}", undefined_description(other));
   impl_->shape = other.shape();
   impl_->dtype = other.dtype();
   impl_->storage = other.impl()->storage;

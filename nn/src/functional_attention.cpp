@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "functional_attention_detail.hpp"
+#include "nn/module.hpp"
 
 namespace nn {
 
@@ -57,28 +58,42 @@ ag::Tensor merge_heads(const ag::Tensor& x) {
   return ag::reshape(ag::transpose(x, 1, 2), {B, L, H * d_k});  // (B, L, H, d_k) -> (B, L, E)
 }
 
+// The call's hook callback, if any, at one point: the value, or the replacement it returned.
+struct Points {
+  const std::function<ag::Tensor(const char*, const ag::Tensor&)>* hooks = nullptr;
+  ag::Tensor operator()(const char* point, const ag::Tensor& value) const {
+    if (hooks == nullptr) return value;
+    ag::Tensor replacement = (*hooks)(point, value);
+    if (!replacement.defined()) return value;
+    check_replacement("MultiHeadAttention", point, value, replacement);
+    return replacement;
+  }
+};
+
 struct CoreResult {
   ag::Tensor concat;   // (B, T, E): the heads' contexts side by side
   ag::Tensor weights;  // (B, H, T, S')
 };
 
 // The attention core written out as separate autograd ops: the readable reference that the
-// fused op is tested against. Fills `study` with every intermediate when it is given.
+// fused op is tested against. Each intermediate passes through its hook point `at`; fills
+// `study` with them when it is given.
 CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::int64_t H, double dropout_p,
-                             ag::Generator& gen, AttentionStudy* study) {
-  const ag::Tensor q = split_heads(p.q, H);  // (B, H, T, d_k)
-  const ag::Tensor k = split_heads(p.k, H);  // (B, H, S', d_k)
-  const ag::Tensor v = split_heads(p.v, H);  // (B, H, S', d_k)
+                             ag::Generator& gen, const Points& at, AttentionStudy* study) {
+  const ag::Tensor q = at("q", split_heads(p.q, H));  // (B, H, T, d_k)
+  const ag::Tensor k = at("k", split_heads(p.k, H));  // (B, H, S', d_k)
+  const ag::Tensor v = at("v", split_heads(p.v, H));  // (B, H, S', d_k)
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));  // 1/√d_k
-  ag::Tensor raw_scores = ag::matmul(q, ag::transpose(k, -2, -1));  // (B,H,T,d_k)·(B,H,d_k,S') = (B,H,T,S')
-  ag::Tensor scores = raw_scores * scale;                             // (B, H, T, S')
-  if (mask.defined()) scores = scores + mask;                         // + the mask (broadcast); -inf blocks
+  const ag::Tensor raw_scores = at("raw_scores", ag::matmul(q, ag::transpose(k, -2, -1)));  // (B,H,T,d_k)·(B,H,d_k,S')
+  ag::Tensor scores = raw_scores * scale;                      // (B, H, T, S')
+  if (mask.defined()) scores = scores + mask;                  // + the mask (broadcast); -inf blocks
+  scores = at("scores", scores);
   // A row whose scores are all -inf (every key blocked) gets zero weights and zero gradients.
-  ag::Tensor weights = ag::softmax(scores, -1);  // (B, H, T, S'), rows sum to 1 (or 0)
-  ag::Tensor dropped = dropout_p > 0.0 ? ag::dropout(weights, dropout_p, true, gen) : weights;  // (B, H, T, S')
-  ag::Tensor context = ag::matmul(dropped, v);  // (B,H,T,S')·(B,H,S',d_k) = (B, H, T, d_k)
-  ag::Tensor concat = merge_heads(context);     // (B, T, E)
-  if (study) *study = AttentionStudy{q, k, v, raw_scores, scores, weights, context, concat};
+  const ag::Tensor weights = at("pattern", ag::softmax(scores, -1));  // (B, H, T, S'), rows sum to 1 (or 0)
+  const ag::Tensor dropped = dropout_p > 0.0 ? ag::dropout(weights, dropout_p, true, gen) : weights;
+  const ag::Tensor context = at("z", ag::matmul(dropped, v));  // (B,H,T,S')·(B,H,S',d_k) = (B, H, T, d_k)
+  const ag::Tensor concat = at("concat", merge_heads(context));  // (B, T, E)
+  if (study) *study = AttentionStudy{q, k, v, raw_scores, scores, weights, context, concat, concat.requires_grad()};
   return {concat, weights};
 }
 
@@ -89,7 +104,7 @@ CoreResult attend(const Projected& p, const detail::Masks& m, const MultiHeadAtt
                   AttentionStudy* study) {
   ag::Generator& gen = c.dropout_generator != nullptr ? *c.dropout_generator : ag::default_generator();
   const std::int64_t H = c.num_heads;
-  if (composed) return compose_attention(p, m.additive, H, c.dropout_p, gen, study);
+  if (composed) return compose_attention(p, m.additive, H, c.dropout_p, gen, Points{c.hooks}, study);
   const ag::SdpaResult r =
       p.qkv.defined()
           ? ag::scaled_dot_product_attention_packed(p.qkv, H, m.additive, m.causal_flag, 0.0, c.dropout_p, &gen)
@@ -131,7 +146,8 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
   const ag::Tensor value3 = g.batched ? value : ag::unsqueeze(value, 0);  // (B, S, vdim)
 
   // ---- choose the core; build the masks ----
-  const bool composed = config.core == AttentionCore::Composed || config.study != nullptr;
+  const bool composed =
+      config.core == AttentionCore::Composed || config.study != nullptr || config.hooks != nullptr;
   // Self-attention (one tensor as query, key and value) on the fused core: one projection by
   // [W_Q | W_K | W_V] gives q, k, v side by side in each row, and the fused op reads them there.
   // One GEMM forward and one per operand backward instead of three each (and no sum of three dX).
@@ -144,7 +160,7 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
   const Projected p = project(query3, key3, value3, weights, g, config.add_zero_attn, packed);
   AttentionStudy study;
   const CoreResult core = attend(p, masks, config, composed, config.study != nullptr ? &study : nullptr);
-  const ag::Tensor out = ag::linear(core.concat, weights.W_O, weights.b_O);  // (B, T, E)
+  const ag::Tensor out = Points{config.hooks}("out", ag::linear(core.concat, weights.W_O, weights.b_O));  // (B, T, E)
   if (config.study != nullptr) {
     retain_grads(study);
     *config.study = std::move(study);
@@ -156,8 +172,44 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
 
 }  // namespace functional
 
+namespace {
+
+constexpr std::string_view kStudyFields = "q, k, v, raw_scores, scores, weights (or pattern), context (or z), concat";
+
+}  // namespace
+
+const ag::Tensor& AttentionStudy::value(std::string_view field) const {
+  if (field == "q") return q;
+  if (field == "k") return k;
+  if (field == "v") return v;
+  if (field == "raw_scores") return raw_scores;
+  if (field == "scores") return scores;
+  if (field == "weights" || field == "pattern") return weights;
+  if (field == "context" || field == "z") return context;
+  if (field == "concat") return concat;
+  ag::fail("AttentionStudy", "no field {}; the fields are {}", quote_name(field), kStudyFields);
+}
+
+ag::Tensor AttentionStudy::grad(std::string_view field) const {
+  const ag::Tensor& t = value(field);
+  if (!t.defined())
+    ag::fail("AttentionStudy::grad", "the study is empty: no forward in study mode has filled it ({} asked for)",
+             quote_name(field));
+  if (!has_graph)
+    ag::fail("AttentionStudy::grad", "no gradient of {}: the forward that made this study recorded no graph (it ran "
+             "under NoGradGuard, or nothing it used requires grad). A study holds the last forward's live tensors; "
+             "for values that later forwards do not replace, use nn::run_with_cache", quote_name(field));
+  ag::Tensor g = t.grad();
+  if (!g.defined())
+    ag::fail("AttentionStudy::grad", "no gradient of {} yet: no backward since the forward that made this study "
+             "has reached it", quote_name(field));
+  return g;
+}
+
 ag::Tensor AttentionStudy::head(const ag::Tensor& t, std::int64_t h, std::int64_t b) {
-  if (!t.defined()) ag::fail("AttentionStudy::head", "tensor is undefined (no backward yet?)");
+  if (!t.defined())
+    ag::fail("AttentionStudy::head", "the tensor is undefined: a .grad() not computed yet (no backward since the "
+             "forward, or a forward without a graph, e.g. under NoGradGuard), or a study no forward has filled");
   if (t.dim() != 4) ag::fail("AttentionStudy::head", "needs a (B, H, rows, cols) tensor, got {}", ag::shape_str(t.shape()));
   if (b < 0 || b >= t.size(0) || h < 0 || h >= t.size(1))
     ag::fail("AttentionStudy::head", "batch {} head {} out of range for shape {}", b, h, ag::shape_str(t.shape()));

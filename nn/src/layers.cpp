@@ -65,6 +65,13 @@ namespace nn {
 
 // ---- TransformerBlock ----
 
+namespace {
+
+// The block's hook points, in the order the forward reaches them.
+enum BlockPoint : std::size_t { kResidPre, kResidMid, kMlpHidden, kResidPost };
+
+}  // namespace
+
 TransformerBlock::TransformerBlock(std::int64_t d_model, std::int64_t num_heads)
     : TransformerBlock(TransformerBlockOptions{.d_model = d_model, .num_heads = num_heads}) {}
 
@@ -73,6 +80,7 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options)
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& options, ag::Generator& gen)
     : Module("TransformerBlock"), options_(options) {
+  declare_hook_points({"resid_pre", "resid_mid", "mlp_hidden", "resid_post"});
   if (options_.d_model <= 0) ag::fail("TransformerBlock", "d_model must be positive, got {}", options_.d_model);
   if (options_.d_ff == 0) options_.d_ff = 4 * options_.d_model;
   if (options_.d_ff < 0) ag::fail("TransformerBlock", "d_ff must be positive, got {}", options_.d_ff);
@@ -98,13 +106,16 @@ ag::Tensor TransformerBlock::forward(const ag::Tensor& x) const {
 }
 
 TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const AttentionOptions& options) const {
-  const ag::Tensor h = ln_1_->forward(x);                       // (B, T, d_model)
+  // Each hook point returns its value unchanged (no call, no allocation) when it has no hook.
+  const HookPoints& at = hook_points();
+  const ag::Tensor x0 = at.run(kResidPre, x);                   // (B, T, d_model)
+  const ag::Tensor h = ln_1_->forward(x0);                      // (B, T, d_model)
   AttentionOutput a = attn_->forward(h, h, h, options);         // (B, T, d_model)
-  const ag::Tensor x1 = ag::add(x, a.output);                   // residual
+  const ag::Tensor x1 = at.run(kResidMid, ag::add(x0, a.output));  // residual
   const ag::Tensor m = ln_2_->forward(x1);                      // (B, T, d_model)
   const ag::Tensor f = fc_1_->forward(m);                       // (B, T, d_ff)
-  const ag::Tensor act = options_.gelu ? ag::gelu(f) : ag::relu(f);
-  return {ag::add(x1, fc_2_->forward(act)), a.weights};        // residual
+  const ag::Tensor act = at.run(kMlpHidden, options_.gelu ? ag::gelu(f) : ag::relu(f));
+  return {at.run(kResidPost, ag::add(x1, fc_2_->forward(act))), a.weights};  // residual
 }
 
 std::string TransformerBlock::extra_repr() const {

@@ -1,6 +1,7 @@
 #include "nn/module.hpp"
 
 #include <stdexcept>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -28,6 +29,32 @@ std::string join_name(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
 
+// True when `name` is one of `dotted` or the end of one after a dot: a name that a walk from
+// this module or from one of its descendants gives the tensor, so one this code gave it earlier.
+bool is_walk_name(const std::string& name, const std::vector<std::string>& dotted) {
+  for (const auto& d : dotted)
+    if (d == name || (d.size() > name.size() && d.ends_with(name) && d[d.size() - name.size() - 1] == '.'))
+      return true;
+  return false;
+}
+
+// Gives every parameter of m's tree its dotted name as tensor name: the first name the walk
+// meets (named_parameters' name for a tied tensor). A name that is not one of the tensor's walk
+// names (a user's set_name) is kept.
+void name_parameters(const Module& m) {
+  std::vector<std::pair<ag::Tensor, std::vector<std::string>>> tensors;  // in the walk's order
+  std::unordered_map<const void*, std::size_t> index;
+  for (auto& [name, p] : m.named_parameters(true, false)) {
+    auto [it, inserted] = index.emplace(p.impl().get(), tensors.size());
+    if (inserted) tensors.emplace_back(p, std::vector<std::string>{});
+    tensors[it->second].second.push_back(std::move(name));
+  }
+  for (auto& [p, names] : tensors) {
+    const std::string& current = p.name();
+    if (current != names.front() && (current.empty() || is_walk_name(current, names))) p.set_name(names.front());
+  }
+}
+
 }  // namespace
 
 ag::Tensor Module::register_parameter(std::string name, ag::Tensor t, bool requires_grad) {
@@ -37,8 +64,8 @@ ag::Tensor Module::register_parameter(std::string name, ag::Tensor t, bool requi
     if (n == name) ag::fail("register_parameter", "parameter {} is already registered", quote_name(name));
   if (!t.is_leaf()) t = t.detach();
   t.requires_grad_(requires_grad);
-  if (t.name().empty()) t.set_name(name);
   params_.emplace_back(std::move(name), t);
+  name_parameters(*this);
   return t;
 }
 
@@ -52,6 +79,7 @@ void Module::register_child(std::string name, std::shared_ptr<Module> module) {
     ag::fail("register_module", "module {} ({}) is this {} or contains it; a module cannot contain itself",
              quote_name(name), module->type_name(), type_name_);
   children_.emplace_back(std::move(name), std::move(module));
+  name_parameters(*this);
 }
 
 bool Module::contains(const Module* module) const {

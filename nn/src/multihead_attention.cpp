@@ -1,6 +1,7 @@
 #include "nn/multihead_attention.hpp"
 
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 
 #include "nn/init.hpp"
@@ -10,6 +11,8 @@ namespace nn {
 namespace {
 
 constexpr std::string_view kOp = "MultiHeadAttention";
+// The hook points, in the order the forward reaches them; "out" last.
+constexpr std::size_t kOutPoint = 8;
 
 // The parameter of this shape fits in memory's arithmetic: its element and byte counts are
 // 64-bit numbers (a wrapped count would make a tiny buffer for a huge shape).
@@ -32,6 +35,7 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options, ag::Generator& gen)
     : Module("MultiHeadAttention"), options_(options) {
+  declare_hook_points({"q", "k", "v", "raw_scores", "scores", "pattern", "z", "concat", "out"});
   const auto& o = options;
   if (o.embed_dim <= 0 || o.num_heads <= 0)
     ag::fail(kOp, "embed_dim and num_heads must be positive, got {} and {}", o.embed_dim, o.num_heads);
@@ -107,7 +111,27 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
   config.dropout_generator = &dropout_gen_;
   config.core = options_.core;
   config.study = options_.study ? &study : nullptr;
+  // A hook on an attention-internal point (q .. concat) runs the layer on the composed core with
+  // the callback; "out" is run here, on either core. No hook: neither (the fused path as it was).
+  const HookPoints& points = hook_points();
+  std::function<ag::Tensor(const char*, const ag::Tensor&)> on_point;
+  if (points.any()) {
+    bool inside = false;
+    for (std::size_t i = 0; i < kOutPoint; ++i) inside = inside || points.hooked(i);
+    if (inside) {
+      on_point = [&points](const char* point, const ag::Tensor& v) {
+        const std::size_t i = points.index(point);
+        return i == kOutPoint ? ag::Tensor() : points.run(i, v);
+      };
+      config.hooks = &on_point;
+    }
+  }
   AttentionOutput result = functional::multi_head_attention_forward(query, key, value, functional_weights(), config, ao);
+  if (points.hooked(kOutPoint)) {  // the out point is batched, as the others
+    const bool batched = query.dim() == 3;
+    const ag::Tensor out = points.run(kOutPoint, batched ? result.output : ag::unsqueeze(result.output, 0));
+    result.output = batched ? out : ag::squeeze(out, 0);
+  }
   if (options_.study) {  // only a forward that succeeded replaces the last one's study
     study_ = std::move(study);
     has_study_ = true;

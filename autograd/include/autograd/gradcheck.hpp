@@ -34,6 +34,7 @@ struct GradcheckResult {
   std::int64_t elements_checked = 0;
   // The worst element (largest violation of the tolerance), or the worst projection.
   std::int64_t worst_input = -1;
+  std::string worst_input_name;     // that input's tensor name ("attn.W_O"), empty when it has none
   std::int64_t worst_element = -1;  // flat index into that input (projection index if projected)
   std::int64_t worst_output = -1;   // flat index into the output
   Shape worst_index;                // multi-index of worst_element in its input
@@ -46,6 +47,10 @@ using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;
 
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
                           const GradcheckOptions& options = {});
+
+// Where the worst element of a full-Jacobian check is, as the messages say it:
+// "input 3 'attn.W_O' element 5 [1, 2] (output element 0)" (the name only when the input has one).
+std::string worst_element_text(const GradcheckResult& r);
 
 }  // namespace autograd
 

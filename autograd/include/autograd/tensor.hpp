@@ -75,6 +75,9 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: "no tensor" (e.g. no mask)
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+  // An undefined tensor that says why it holds nothing, in every error it causes ("called on an
+  // undefined tensor (<why>)"). why must outlive the tensor (a string literal).
+  static Tensor undefined(const char* why);
 
   // Fresh, uninitialised storage of the given shape (kernels fill it). A shape with a negative
   // size, or whose element or byte count does not fit in 64 bits, is std::invalid_argument
@@ -121,7 +124,9 @@ class Tensor {
   bool requires_grad() const { return impl_ && (impl_->requires_grad || impl_->grad_fn); }  // leaf flag, or grad_fn
   Tensor& requires_grad_(bool on = true);
   bool is_leaf() const;
-  Tensor grad() const;              // undefined until a backward reached this tensor
+  // Undefined until a backward reached this tensor; that undefined tensor remembers whose
+  // .grad() it is, so an error on it names the tensor and says why there is no gradient.
+  Tensor grad() const;
   void set_grad(const Tensor& g) const;  // replace (undefined clears)
   const std::shared_ptr<Node>& grad_fn() const {
     check_defined("grad_fn");
@@ -159,7 +164,9 @@ class Tensor {
     if (!impl_) [[unlikely]]
       undefined_error(op);
   }
-  [[noreturn]] static void undefined_error(std::string_view op);
+  [[noreturn]] void undefined_error(std::string_view op) const;
+  // Undefined: null, or null with a control block whose deleter says what the tensor is (see
+  // grad() and undefined()); either way impl_.get() is null, so defined() is one test.
   std::shared_ptr<TensorImpl> impl_;
 };
 
@@ -181,6 +188,14 @@ MatrixMap<T> Tensor::as_matrix() const {
 // s as messages and labels quote it: a byte that would not print as itself (a control byte such
 // as NUL, or DEL) is written as \xNN and a backslash as \\, so nothing in a name is cut or hidden.
 std::string printable(std::string_view s);
+// s as messages quote a name: printable(s) in single quotes, a quote inside escaped as \'.
+std::string quoted(std::string_view s);
+
+// What an undefined tensor is, as messages put it after "is": "an undefined tensor
+// (default-constructed: no value)", or for a gradient not computed yet "the .grad() of 'attn.W_Q'
+// [4, 4], which is undefined: no backward has reached it yet (call backward() on a loss that
+// depends on it)". t must be undefined.
+std::string undefined_description(const Tensor& t);
 
 // ---- factories ----
 // values are row-major; their count must equal the product of shape.

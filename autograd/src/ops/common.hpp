@@ -33,9 +33,11 @@ inline constexpr std::int64_t kParallelCopy = 1 << 16;        // elements moved 
 inline constexpr std::int64_t kParallelFlops = 1 << 16;       // multiply-adds of a batch of products
 
 // ---- argument checks ----
-// "op: <what> is an undefined tensor" when t holds no tensor.
+// "op: <what> is an undefined tensor (default-constructed: no value)" when t holds no tensor
+// (or "<what> is the .grad() of 'x' [2], which is undefined: ...": see undefined_description).
 inline void check_defined(std::string_view op, const Tensor& t, std::string_view what = "the input") {
-  if (!t.defined()) fail(op, "{} is an undefined tensor", what);
+  if (!t.defined()) [[unlikely]]
+    fail(op, "{} is {}", what, undefined_description(t));
 }
 
 }  // namespace autograd

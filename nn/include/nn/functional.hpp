@@ -43,13 +43,23 @@
 // Study (config.study set): the call keeps the per-head Q, K, V, the raw and scaled scores, the
 // weights, the context and the concatenated heads, with retain_grad() on each, so that after
 // backward() study->scores.grad() is dL/d(scores) — no hooks needed. It always runs the
-// Composed core (the fused op has no intermediate tensors to keep).
+// Composed core (the fused op has no intermediate tensors to keep). The tensors are live: they
+// belong to this call's graph, and a forward without a graph (NoGradGuard) gives tensors without
+// gradients (study->has_graph says which; study->grad("scores") throws saying so).
+//
+// Hooks (config.hooks set): the call runs the Composed core and calls (*hooks)(point, value) at
+// each point, in this order: "q", "k", "v" (B, H, T|S', d_k), "raw_scores", "scores", "pattern"
+// (B, H, T, S'), "z" (B, H, T, d_k), "concat" (B, T, E), "out" (B, T, E), batched as the study.
+// The callback returns an undefined tensor to keep the value, or a replacement of the same shape
+// and dtype (checked), which the rest of the call uses (the study keeps the replacements).
 //
 // Bad arguments throw std::invalid_argument starting "MultiHeadAttention:" and naming the shapes
 // (or values) at fault: inputs of the wrong rank, width, batch size or dtype; masks of the wrong
 // shape or holding NaN (+inf for attn_mask); is_causal with T != S; weights whose shapes or dtypes
 // do not fit together; num_heads that does not divide embed_dim; dropout_p outside [0, 1).
 #include <cstdint>
+#include <functional>
+#include <string_view>
 
 #include <autograd/autograd.hpp>
 
@@ -84,6 +94,14 @@ struct AttentionStudy {
   ag::Tensor weights;     // (B, H, T, S')    softmax(scores), before dropout
   ag::Tensor context;     // (B, H, T, d_k)   (dropped) weights · v
   ag::Tensor concat;      // (B, T, E)        the heads side by side: W_O's input
+  bool has_graph = false;  // the forward recorded a graph: the tensors get gradients from backward
+
+  // A field by its name ("q", "k", "v", "raw_scores", "scores", "weights" or "pattern",
+  // "context" or "z", "concat"); throws naming the names there are.
+  const ag::Tensor& value(std::string_view field) const;
+  // Its gradient after backward, checked: throws naming the field and saying why there is none
+  // (the forward recorded no graph, or no backward has reached it yet).
+  ag::Tensor grad(std::string_view field) const;
 
   // The (rows x cols) matrix of batch entry b, head h of a (B, H, rows, cols) tensor such as
   // scores or scores.grad(), as a new tensor outside the graph.
@@ -111,6 +129,8 @@ struct MultiHeadAttentionConfig {
   ag::Generator* dropout_generator = nullptr;  // null: ag::default_generator()
   AttentionCore core = AttentionCore::Fused;
   AttentionStudy* study = nullptr;  // when given: run the Composed core and keep its intermediates here
+  // When given: run the Composed core and call it at each hook point (see the top of this file).
+  const std::function<ag::Tensor(const char* point, const ag::Tensor& value)>* hooks = nullptr;
 };
 
 // query (B, T, E), key (B, S, kdim), value (B, S, vdim); or unbatched (T, E), (S, kdim),

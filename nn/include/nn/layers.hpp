@@ -138,6 +138,9 @@ class Sequential : public Module {
 //   x = x + fc_2(act(fc_1(ln_2(x))))
 // Children, in order: "ln_1" (LayerNorm), "attn" (MultiHeadAttention), "ln_2" (LayerNorm),
 // "fc_1" (Linear d_model -> d_ff), "fc_2" (Linear d_ff -> d_model).
+// Hook points (nn/hooks.hpp), shaped as x (batched or not): "resid_pre" (the input x),
+// "resid_mid" (x after attention is added), "mlp_hidden" (the activation's output, d_ff wide),
+// "resid_post" (the output); with the child's "attn.q" .. "attn.out".
 struct TransformerBlockOptions {
   std::int64_t d_model = 0;
   std::int64_t num_heads = 1;

@@ -18,6 +18,8 @@
 #include <autograd/autograd.hpp>
 #include <fmt/format.h>
 
+#include "nn/hooks.hpp"
+
 namespace nn {
 
 namespace ag = autograd;
@@ -39,7 +41,9 @@ class Module {
 
   // Registers t as a parameter (a leaf that requires grad) and returns the handle. Names (here and
   // in register_module) must be non-empty and hold no '.' and no NUL byte: std::invalid_argument.
-  // The same tensor may be registered under several names (tied weights).
+  // The same tensor may be registered under several names (tied weights). Each parameter's
+  // tensor name is its dotted name in named_parameters() ("block.attn.W_Q", set again whenever a
+  // module is registered above it), unless it had a name of its own (set_name) when registered.
   ag::Tensor register_parameter(std::string name, ag::Tensor t, bool requires_grad = true);
   template <class M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
@@ -72,19 +76,37 @@ class Module {
   // A readable tree with shapes and parameter counts.
   std::string to_string() const;
 
+  // ---- hook points (nn/hooks.hpp) ----
+  // Every hook point of this module and its descendants, dotted ("block.attn.pattern"), in the
+  // order of named_modules().
+  std::vector<std::string> hook_point_names() const;
+  // An unknown name throws listing the names there are; a null hook throws.
+  HookHandle add_hook(const std::string& dotted_name, ForwardHook hook);
+  HookHandle add_backward_hook(const std::string& dotted_name, BackwardHook hook);
+  void remove_hooks();  // every hook of this module and its descendants
+  std::size_t hook_count() const;  // forward and backward hooks on this module and its descendants
+
  protected:
   void register_child(std::string name, std::shared_ptr<Module> module);
+  // A subclass names its own hook points once, in its constructor, and runs them in forward
+  // through hook_points().run(i, value) when hook_points().any().
+  void declare_hook_points(std::vector<std::string> names);
+  const HookPoints& hook_points() const { return hook_points_; }
 
  private:
   void collect_modules(const std::string& prefix, bool remove_duplicate,
                        std::vector<std::pair<std::string, const Module*>>& out) const;
   bool contains(const Module* module) const;  // module is this one or a descendant
   void print(std::string& out, const std::string& name, int indent) const;
+  // The descendant (or this) and its point that a dotted hook-point name refers to; throws
+  // listing every name when there is none.
+  std::pair<Module*, std::size_t> find_hook_point(std::string_view op, const std::string& dotted_name);
 
   std::string type_name_;
   NamedTensors params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  HookPoints hook_points_;
 };
 
 }  // namespace nn

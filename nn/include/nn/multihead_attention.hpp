@@ -18,7 +18,17 @@
 // two attention cores, dropout and the study are described there. The module adds:
 //   - dropout acts in training mode only, drawing from dropout_generator() (seeded from the
 //     initialisation generator; reseed it with dropout_generator().manual_seed(s));
-//   - study mode (set_study(true)): every forward keeps its intermediates, read with study().
+//   - study mode (set_study(true)): every forward keeps its intermediates, read with study();
+//   - hook points (nn/hooks.hpp), batched as the study (B = 1 for an unbatched input):
+//       q, k, v       (B, H, T|S', d_k)  per-head projections
+//       raw_scores    (B, H, T, S')      q · kᵀ
+//       scores        (B, H, T, S')      raw_scores / √d_k + masks: the softmax's input
+//       pattern       (B, H, T, S')      the softmax weights, before dropout
+//       z             (B, H, T, d_k)     per-head context: (dropped) pattern · v
+//       concat        (B, T, E)          the heads side by side: W_O's input
+//       out           (B, T, E)          the output after W_O
+//     A hook (or a cache) on q .. concat runs the layer on the Composed core; one on out alone
+//     keeps the core. With no hook, forward is the hook-free path (fused core, packed projection).
 #include <cstdint>
 #include <string>
 
@@ -70,7 +80,10 @@ class MultiHeadAttention : public Module {
   AttentionCore core() const { return options_.core; }
   void set_study(bool on);
   bool study_enabled() const { return options_.study; }
-  // The intermediates of the last forward in study mode; throws when there are none.
+  // The intermediates of the last forward in study mode: live tensors of that forward's graph,
+  // replaced by the next forward (one under NoGradGuard too: then has_graph is false and
+  // study().grad(...) throws saying so). Throws when there are none. For values that later
+  // forwards leave alone, take owned snapshots with nn::run_with_cache.
   const AttentionStudy& study() const;
 
   ag::Generator& dropout_generator() { return dropout_gen_; }

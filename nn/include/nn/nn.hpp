@@ -4,6 +4,7 @@
 
 #include "nn/checkpoint.hpp"
 #include "nn/functional.hpp"
+#include "nn/hooks.hpp"
 #include "nn/init.hpp"
 #include "nn/layers.hpp"
 #include "nn/linear.hpp"

@@ -139,14 +139,19 @@ class SGD : public Optimizer {
 // g = grad (+ weight_decay·p for Adam: L2 penalty);  AdamW instead decays p = p·(1 − lr·weight_decay)
 // m = β1·m + (1 − β1)·g;  v = β2·v + (1 − β2)·g²     (amsgrad: v̂max = max(v̂max, v), used in place of v)
 // p = p − lr/(1 − β1ᵗ) · m / (√v / √(1 − β2ᵗ) + eps)
-struct AdamOptions {
+// Adam's and AdamW's options have the same fields; only the default weight decay differs, PyTorch's
+// for each (0 for Adam, 0.01 for AdamW's decoupled decay).
+template <bool Decoupled>
+struct AdamFamilyOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;
+  double weight_decay = Decoupled ? 1e-2 : 0.0;
   bool amsgrad = false;
 };
+using AdamOptions = AdamFamilyOptions<false>;
+using AdamWOptions = AdamFamilyOptions<true>;
 
 class Adam : public Optimizer {
  public:
@@ -166,15 +171,6 @@ class Adam : public Optimizer {
 };
 
 // AdamW (Loshchilov & Hutter): Adam with decoupled weight decay; PyTorch's default decay 0.01.
-struct AdamWOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-  bool amsgrad = false;
-};
-
 class AdamW : public Adam {
  public:
   AdamW(OptimizerParams params, const AdamWOptions& options = {});
