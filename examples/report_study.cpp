@@ -40,17 +40,17 @@ Snapshot take_snapshot(HeadsModel& model, const Batch& test, std::int64_t step) 
 
 std::vector<double> attention_gradient(HeadsModel& model, const Batch& test) {
   EvalMode eval(model);
-  nn::MultiHeadAttention& attn = model.attention();
-  attn.set_study(true);
-  const auto out = model.forward(test.token_tensor, false);
-  ag::Tensor loss = nn::cross_entropy(out.logits, test.targets, kLoss);
-  loss.backward();
+  const std::string pattern = model.attention_point("pattern");
+  nn::CacheOptions options;
+  options.names = {pattern};
+  options.backward = true;
+  const nn::ActivationCache cache = nn::run_with_cache(
+      model, [&] { return nn::cross_entropy(model.forward(test.token_tensor, false).logits, test.targets, kLoss); },
+      options);
+  model.zero_grad(true);  // the parameters' gradients from that backward are not wanted
   // The loss is the mean over the B sequences' own losses, so the sum over the batch of its
   // gradient is the mean over sequences of the gradient of each sequence's own loss.
-  std::vector<double> grad = ag::sum(attn.study().weights.grad(), {0}).to_vector();
-  attn.set_study(false);
-  model.zero_grad(true);
-  return grad;
+  return ag::sum(cache.grad(pattern), {0}).to_vector();
 }
 
 }  // namespace heads
