@@ -12,3 +12,4 @@
 #include "nn/module.hpp"
 #include "nn/multihead_attention.hpp"
 #include "nn/optim.hpp"
+#include "nn/study.hpp"
