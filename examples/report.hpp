@@ -46,8 +46,9 @@ struct Snapshot {
 struct PatchingRecord {
   std::string corruption;
   double clean_metric = 0, corrupted_metric = 0;
-  std::vector<double> per_head, estimate_per_head;                      // metric after patching (patched - corrupted)
-  std::vector<std::vector<double>> per_head_position, estimate_per_head_position;  // heads x T
+  // The change of the metric (patched - corrupted) per head, and per head and position (heads x T).
+  std::vector<double> per_head, estimate_per_head;
+  std::vector<std::vector<double>> per_head_position, estimate_per_head_position;
   double max_abs_error = 0;  // of the estimate against the real change
 };
 

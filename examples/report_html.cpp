@@ -199,7 +199,9 @@ void patching(html::Page& page, const std::vector<RunRecord>& runs) {
       "Clean: the test sequences. Corrupted: the same sequences with {}. Metric: the mean log-probability of the "
       "clean targets. Patching copies one head's context z from the clean run into the corrupted run (all positions, "
       "or one position) and measures how much of the metric comes back. Attribution patching estimates the same "
-      "change to first order, (z_clean - z_corrupted) · d metric/dz, from one backward at the corrupted run.",
+      "change to first order, (z_clean - z_corrupted) · d metric/dz, from one backward at the corrupted run; where "
+      "patching moves the metric a long way (tens of nats here) a first-order estimate can be far off, even of the "
+      "wrong sign, and the error column says by how much.",
       runs.front().study.patching.corruption));
   for (const auto& r : runs)
     if (has(r)) patching_run(page, r);

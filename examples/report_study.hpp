@@ -19,4 +19,13 @@ Snapshot take_snapshot(HeadsModel& model, const Batch& test, std::int64_t step);
 // averaged over the test sequences.
 std::vector<double> attention_gradient(HeadsModel& model, const Batch& test);
 
+// Test accuracy with each head's z set to 0 (zero ablation) and to its mean over `test` (mean
+// ablation), through hooks on the attention layer's z point.
+std::vector<HeadAblation> ablate_heads(HeadsModel& model, const Batch& test);
+
+// Activation patching per head and per head and position from the first `sequences` test
+// sequences (clean) into the same with x_0 replaced (corrupted), with attribution patching's
+// estimate; the metric is the mean log-probability of the clean targets.
+PatchingRecord patch_heads(HeadsModel& model, const Task& task, const Batch& test, std::int64_t sequences);
+
 }  // namespace heads

@@ -184,16 +184,18 @@ void snapshot(HeadsModel& model, const Config& c, const Batch& test, std::int64_
   r.study.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The report's measurements on the trained model: dL/dA per head and patching.
+// The report's measurements on the trained model: dL/dA per head, and patching from 256 test
+// sequences into the same with x_0 replaced.
 void study(HeadsModel& model, const Config& c, const Batch& test, RunRecord& r) {
   if (c.report.empty()) return;
   const auto start = std::chrono::steady_clock::now();
   r.study.attention_grad = attention_gradient(model, test);
+  r.study.patching = patch_heads(model, c.task, test, 256);
   r.study.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Accuracy, loss and each head's focus on the held-out sequences, never trained on, and the
-// attention weights of the first of them.
+// Accuracy, loss and each head's focus on the held-out sequences, never trained on, the accuracy
+// with each head ablated, and the attention weights of the first of them.
 void evaluate(HeadsModel& model, const Config& c, const Batch& test, RunRecord& r) {
   ag::NoGradGuard no_grad;
   model.eval();
@@ -201,6 +203,7 @@ void evaluate(HeadsModel& model, const Config& c, const Batch& test, RunRecord& 
   r.accuracy = batch_accuracy(out.logits, test.targets);
   r.test_loss = nn::cross_entropy(out.logits, test.targets, {.ignore_index = kIgnore}).item();
   r.focus = measure_focus(out.weights);
+  r.ablation = ablate_heads(model, test);
   const std::int64_t T = c.task.seq_len;
   r.sample = {.heads = r.heads, .length = T,
               .weights = ag::narrow(out.weights, 0, 0, 1).detach().to_vector(),
