@@ -46,6 +46,12 @@ HeadsModel::Output HeadsModel::forward(const ag::Tensor& tokens, bool need_weigh
   return {readout->forward(ln_f->forward(r)), weights};  // (B, T, classes)
 }
 
+nn::MultiHeadAttention& HeadsModel::attention() const { return block ? block->attn() : *attn; }
+
+std::string HeadsModel::attention_point(const std::string& point) const {
+  return (block ? "block.attn." : "attn.") + point;
+}
+
 std::vector<HeadFocus> measure_focus(const ag::Tensor& weights) {
   const std::int64_t B = weights.size(0), H = weights.size(1), T = weights.size(2), S = weights.size(3);
   const auto w = weights.to_vector();

@@ -5,6 +5,7 @@
 // else. The head count only splits the projections, so the parameter count does not depend on it.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <nn/nn.hpp>
@@ -40,6 +41,11 @@ struct HeadsModel : nn::Module {
   };
   // tokens: (B, T) token indices as values.
   Output forward(const ag::Tensor& tokens, bool need_weights) const;
+
+  // The attention layer (the block's, or the attention-only model's own), and the dotted name of
+  // one of its hook points, e.g. attention_point("z") is "block.attn.z" (or "attn.z").
+  nn::MultiHeadAttention& attention() const;
+  std::string attention_point(const std::string& point) const;
 };
 
 // Mean attention weight of each head on the previous, the first and the current position, over

@@ -1,11 +1,11 @@
 #pragma once
-// What train_heads measured, as plain data that every report reads (terminal, SVG, JSON): one
-// record per trained model, and the settings the models share. Nothing here trains anything.
+// What train_heads measured, as plain data that every report reads (terminal, SVG, JSON, HTML):
+// one record per trained model, and the settings the models share. Nothing here trains anything.
 #include <cstdint>
-#include <fstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "html_page.hpp"
 
 namespace heads {
 
@@ -26,6 +26,40 @@ struct AttentionSample {
   }
 };
 
+// What removing one head does: test accuracy with its context z set to 0, and set to its mean
+// over the test sequences.
+struct HeadAblation {
+  double zero = 0, mean = 0;
+};
+
+// The held-out figures and each head's mean attention pattern over the test sequences at one
+// step of training.
+struct Snapshot {
+  std::int64_t step = 0;
+  double accuracy = 0, loss = 0;
+  std::vector<double> mean_weights;  // (heads, T, T) row-major
+};
+
+// Activation patching from clean test sequences into corrupted ones (x_0 replaced), per head and
+// per head and position, with the attribution-patching estimate of the same changes. The metric
+// is the mean log-probability of the clean targets.
+struct PatchingRecord {
+  std::string corruption;
+  double clean_metric = 0, corrupted_metric = 0;
+  // The change of the metric (patched - corrupted) per head, and per head and position (heads x T).
+  std::vector<double> per_head, estimate_per_head;
+  std::vector<std::vector<double>> per_head_position, estimate_per_head_position;
+  double max_abs_error = 0;  // of the estimate against the real change
+};
+
+// The report's extras, measured only when a report is asked for.
+struct StudyRecord {
+  std::vector<Snapshot> snapshots;      // along training, the last at the final step
+  std::vector<double> attention_grad;   // (heads, T, T): d(test loss)/d(pattern), mean over test sequences
+  PatchingRecord patching;
+  double seconds = 0;                   // time the extras took
+};
+
 // One trained model.
 struct RunRecord {
   std::int64_t heads = 0;
@@ -36,7 +70,9 @@ struct RunRecord {
   double seconds = 0;     // training time
   std::vector<double> losses;  // training loss per step
   std::vector<HeadFocus> focus;
+  std::vector<HeadAblation> ablation;  // per head
   AttentionSample sample;
+  StudyRecord study;  // empty without a report
 };
 
 // The settings all runs share.
@@ -48,13 +84,8 @@ struct JobInfo {
   int threads = 1;
 };
 
-// Writes `text` to `path`, replacing the file; throws std::runtime_error naming the path when it
-// cannot be written completely.
-inline void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (out) out << text;
-  if (out) out.close();
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
+// Writes `text` to `path` through a temporary file renamed over it; throws std::runtime_error
+// naming the path when it cannot be written completely.
+inline void write_text_file(const std::string& path, const std::string& text) { html::write_file(path, text); }
 
 }  // namespace heads

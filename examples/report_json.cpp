@@ -29,6 +29,10 @@ nlohmann::ordered_json run_json(const RunRecord& r, const JobInfo& job) {
                      {"weight_on_previous", rounded(f.previous, 4)},
                      {"weight_on_first", rounded(f.first, 4)},
                      {"weight_on_current", rounded(f.current, 4)}});
+    if (h < r.ablation.size()) {
+      heads.back()["ablated_accuracy"] = rounded(r.ablation[h].zero, 4);
+      heads.back()["mean_ablated_accuracy"] = rounded(r.ablation[h].mean, 4);
+    }
   }
   nlohmann::ordered_json j;
   j["num_heads"] = r.heads;

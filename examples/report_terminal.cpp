@@ -95,6 +95,9 @@ void print_run(const RunRecord& r, const JobInfo& job) {
     const auto& f = r.focus[h];
     fmt::print("  head {}: {:<15} mean weight {:.2f}   (previous {:.2f}, first {:.2f}, current {:.2f})\n", h + 1,
                f.label, f.mean_weight, f.previous, f.first, f.current);
+    if (h < r.ablation.size())
+      fmt::print("          ablated: test accuracy {:.1f}% with its z set to 0, {:.1f}% with z set to its mean\n",
+                 100 * r.ablation[h].zero, 100 * r.ablation[h].mean);
   }
   print_attention_map(r);
   fmt::print("\n");

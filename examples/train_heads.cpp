@@ -38,7 +38,9 @@
 #include "heads_model.hpp"
 #include "heads_task.hpp"
 #include "report.hpp"
+#include "report_html.hpp"
 #include "report_json.hpp"
+#include "report_study.hpp"
 #include "report_svg.hpp"
 #include "report_terminal.hpp"
 
@@ -62,6 +64,8 @@ struct Config {
   std::int64_t test_sequences = 1024;
   int threads = 1;
   std::string summary;
+  std::string report;            // --report FILE.html
+  std::int64_t snapshots = 16;   // held-out snapshots along training for the report
   std::string out_dir = "train_heads_out";
   bool write_files = true;  // pictures and trained models in out_dir
   bool quiet = false;
@@ -112,6 +116,12 @@ void add_options(CLI::App& app, Config& c) {
       ->type_name("N")->transform(integer_at_least(1));
   app.add_option("--seed", c.seed, "seed for weights and data (default 1)")->type_name("S")->transform(integer_at_least(0));
   app.add_option("--summary", c.summary, "write a JSON summary")->type_name("FILE");
+  app.add_option("--report", c.report,
+                 "write a page to open in a browser: curves, attention maps along training, dL/dA,\n"
+                 "ablation and patching (measured on held-out sequences)")
+      ->type_name("FILE.html");
+  app.add_option("--snapshots", c.snapshots, "held-out snapshots along training in the report (default 16)")
+      ->type_name("N")->transform(integer_at_least(1));
   app.add_option("--out", c.out_dir, "directory for the pictures and trained models (default train_heads_out)")
       ->type_name("DIR");
   app.add_flag_callback("--no-files", [&c] { c.write_files = false; }, "write no pictures or models");
@@ -136,8 +146,22 @@ void add_options(CLI::App& app, Config& c) {
   app.add_flag("--quiet", c.quiet, "no progress line");
 }
 
+// An output file's directory exists and the path is not a directory: checked before training,
+// so that a typo does not cost the run.
+void check_output_path(const std::string& option, const std::string& path) {
+  if (path.empty()) return;
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  if (std::filesystem::is_directory(p))
+    throw std::invalid_argument(fmt::format("{} {}: is a directory, wanted a file name", option, path));
+  if (!std::filesystem::is_directory(dir))
+    throw std::invalid_argument(fmt::format("{} {}: directory {} does not exist", option, path, dir.string()));
+}
+
 // The checks that involve more than one option, and the derived settings.
 void finish_config(Config& c) {
+  check_output_path("--summary", c.summary);
+  check_output_path("--report", c.report);
   for (auto h : c.heads)
     if (c.d_model % h != 0)
       throw std::invalid_argument(fmt::format("--d-model {} is not divisible by {} heads", c.d_model, h));
@@ -150,16 +174,36 @@ JobInfo job_info(const Config& c) {
           .threads = ag::get_num_threads()};
 }
 
-// Accuracy, loss and each head's focus on held-out sequences, never trained on, and the attention
-// weights of the first of them.
-void evaluate(HeadsModel& model, const Config& c, ag::Generator& test_gen, RunRecord& r) {
+// For the report: held-out accuracy, loss and mean attention at step 0, every steps/snapshots
+// steps and at the last step. Their time is the report's, not training's.
+void snapshot(HeadsModel& model, const Config& c, const Batch& test, std::int64_t step, RunRecord& r) {
+  const std::int64_t every = std::max<std::int64_t>(1, c.steps / c.snapshots);
+  if (c.report.empty() || (step % every != 0 && step != c.steps)) return;
+  const auto start = std::chrono::steady_clock::now();
+  r.study.snapshots.push_back(take_snapshot(model, test, step));
+  r.study.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The report's measurements on the trained model: dL/dA per head, and patching from 256 test
+// sequences into the same with x_0 replaced.
+void study(HeadsModel& model, const Config& c, const Batch& test, RunRecord& r) {
+  if (c.report.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
+  r.study.attention_grad = attention_gradient(model, test);
+  r.study.patching = patch_heads(model, c.task, test, 256);
+  r.study.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Accuracy, loss and each head's focus on the held-out sequences, never trained on, the accuracy
+// with each head ablated, and the attention weights of the first of them.
+void evaluate(HeadsModel& model, const Config& c, const Batch& test, RunRecord& r) {
   ag::NoGradGuard no_grad;
   model.eval();
-  const Batch test = make_batch(test_gen, c.task, c.test_sequences);
   const auto out = model.forward(test.token_tensor, true);
   r.accuracy = batch_accuracy(out.logits, test.targets);
   r.test_loss = nn::cross_entropy(out.logits, test.targets, {.ignore_index = kIgnore}).item();
   r.focus = measure_focus(out.weights);
+  r.ablation = ablate_heads(model, test);
   const std::int64_t T = c.task.seq_len;
   r.sample = {.heads = r.heads, .length = T,
               .weights = ag::narrow(out.weights, 0, 0, 1).detach().to_vector(),
@@ -179,6 +223,7 @@ RunRecord train(const Config& c, std::int64_t heads) {
   ag::Generator init_gen(c.seed);
   ag::Generator data_gen(c.seed * 0x9E3779B97F4A7C15ull + 1);
   ag::Generator test_gen(c.seed * 0x9E3779B97F4A7C15ull + 2);
+  const Batch test = make_batch(test_gen, c.task, c.test_sequences);  // held out: never trained on
   HeadsModel model({.vocab = c.task.vocab, .seq_len = c.task.seq_len, .d_model = c.d_model, .d_ff = c.d_ff,
                     .heads = heads, .classes = c.task.classes(), .mlp = c.mlp},
                    init_gen);
@@ -192,6 +237,7 @@ RunRecord train(const Config& c, std::int64_t heads) {
   Progress progress(!c.quiet, c.steps, fmt::format("{} head{}", heads, heads == 1 ? "" : "s"));
   const auto start = std::chrono::steady_clock::now();
   double batch_acc = 0.0;  // shown in the progress line, refreshed every 10 steps
+  snapshot(model, c, test, 0, r);
   for (std::int64_t step = 1; step <= c.steps; ++step) {
     const Batch b = make_batch(data_gen, c.task, c.batch);
     const auto out = model.forward(b.token_tensor, false);
@@ -202,16 +248,18 @@ RunRecord train(const Config& c, std::int64_t heads) {
     opt.step();
     sched.step();
     r.losses.push_back(loss.item());
+    snapshot(model, c, test, step, r);
     if (c.quiet) continue;
     const bool last = step == c.steps;
     if (step % 10 == 1 || last) batch_acc = batch_accuracy(out.logits, b.targets);
     progress.update(step, r.losses.back(), batch_acc, last);
   }
   progress.finish();
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - r.study.seconds;
   const std::size_t tail = std::min<std::size_t>(50, r.losses.size());
   for (std::size_t i = r.losses.size() - tail; i < r.losses.size(); ++i) r.final_loss += r.losses[i] / static_cast<double>(tail);
-  evaluate(model, c, test_gen, r);
+  evaluate(model, c, test, r);
+  study(model, c, test, r);
   if (c.write_files) save_model(model, c, r);
   return r;
 }
@@ -252,6 +300,12 @@ int main(int argc, char** argv) {
     }
     print_comparison(runs);
     if (c.write_files) write_pictures(runs, c);
+    if (!c.report.empty()) {
+      write_report(c.report, runs, job);
+      double seconds = 0;
+      for (const auto& r : runs) seconds += r.study.seconds;
+      fmt::print("report: {} (its measurements took {:.1f} s)\n", c.report, seconds);
+    }
     if (!c.summary.empty()) {
       write_text_file(c.summary, summary_json(runs, job).dump(2) + "\n");
       fmt::print("summary: {}\n", c.summary);

@@ -7,36 +7,29 @@
 // split, raw scores, scaled scores, weights, per-head outputs, concat, W_O — from the layer itself,
 // then runs backward on a simple loss and prints the gradients, and gradchecks every parameter.
 //
+// With --report FILE.html it also writes the walk-through as a page to open in a browser
+// (worked_example_page.hpp), with the same numbers.
+//
 //   build:  cmake --build build --target worked_example && ./build/examples/worked_example
+//           ./build/examples/worked_example --report worked_example.html
 #include <cmath>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nn/nn.hpp>
 
+#include "html_page.hpp"
+#include "worked_example_page.hpp"
+
 namespace ag = autograd;
 
 namespace {
 
-// "[1.340, 0.660]" — the seed prints three decimals, and whole numbers as they are ("[1, 0]").
-std::string num(double x) {
-  if (std::abs(x) < 5e-4) x = 0.0;  // no "-0.000"
-  return x == std::round(x) ? fmt::format("{}", static_cast<long long>(x)) : fmt::format("{:.3f}", x);
-}
-
-std::string vec(const std::vector<double>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(v[i]);
-  return s + "]";
-}
-
-// Row r of a 2-D tensor.
-std::vector<double> row(const ag::Tensor& m, std::int64_t r) {
-  const auto all = m.to_vector();
-  const auto cols = m.size(1);
-  return {all.begin() + r * cols, all.begin() + (r + 1) * cols};
-}
+using worked::num;
+using worked::row;
+using worked::vec;
 
 void print_matrix(const std::string& indent, const ag::Tensor& m) {
   for (std::int64_t r = 0; r < m.size(0); ++r) fmt::print("{}{}\n", indent, vec(row(m, r)));
@@ -112,7 +105,8 @@ void print_concat_and_output(const S& st, const nn::MultiHeadAttention& mha, con
 }
 
 // Backward of L = out(t1)[0], the first number of t1's output: dL/dW_O and dL/d(scores).
-void print_backward(const S& st, const nn::MultiHeadAttention& mha, const ag::Tensor& out) {
+double print_backward(const S& st, const nn::MultiHeadAttention& mha, ag::Tensor out) {
+  out.retain_grad();  // dL/dout, for the page
   ag::Tensor loss = ag::sum(ag::narrow(ag::narrow(out, 0, 0, 1), 1, 0, 1));
   loss.backward();
   fmt::print("\nBackward of L = out(t1)[0] = {}\n", num(loss.item()));
@@ -126,6 +120,7 @@ void print_backward(const S& st, const nn::MultiHeadAttention& mha, const ag::Te
              "   keys changes nothing; in head 1, raising t1's score for K-t1 raises L)\n");
   fmt::print("dL/d(raw scores) = dL/d(scaled scores) / {:.3f}; head 1: {}\n", std::sqrt(static_cast<double>(d_k)),
              vec(row(S::head(st.raw_scores.grad(), 0), 0)));
+  return loss.item();
 }
 
 // Every parameter against central differences, float64, on both attention cores.
@@ -145,16 +140,37 @@ bool gradcheck_parameters(nn::MultiHeadAttention& mha, const ag::Tensor& Q, cons
   return all_ok;
 }
 
+// The page argument: none, or --report FILE.html. Anything else is refused with the usage.
+bool parse_args(int argc, char** argv, std::string& report) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--report" && i + 1 < argc) {
+      report = argv[++i];
+    } else if (arg == "--report") {
+      fmt::print(stderr, "worked_example: --report wants a file name\nusage: worked_example [--report FILE.html]\n");
+      return false;
+    } else {
+      fmt::print(stderr, "worked_example: unexpected argument '{}'\nusage: worked_example [--report FILE.html]\n", arg);
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  std::string report;
+  if (!parse_args(argc, argv, report)) return 2;
   const ag::Dtype f64 = ag::Dtype::Float64;
   nn::MultiHeadAttention mha = seed_layer();
   // The projected rows. Head 1 (columns 1-2) is the seed's: Q-t1 [1,0], K-t1 [1,0], K-t2 [0,1],
-  // V-t1 [2,0], V-t2 [0,2]. Head 2's values are [1,1] for both tokens, as in the seed.
-  const ag::Tensor Q = ag::tensor({1, 0, 1, 0, 0, 1, 0, 1}, {2, 4}, f64);
-  const ag::Tensor K = ag::tensor({1, 0, 0, 1, 0, 1, 1, 0}, {2, 4}, f64);
-  const ag::Tensor V = ag::tensor({2, 0, 1, 1, 0, 2, 1, 1}, {2, 4}, f64);
+  // V-t1 [2,0], V-t2 [0,2]. Head 2's values are [1,1] for both tokens, as in the seed. They are
+  // leaves with gradients, for the page's dL/dQ, dL/dK, dL/dV.
+  ag::Tensor Q = ag::tensor({1, 0, 1, 0, 0, 1, 0, 1}, {2, 4}, f64);
+  ag::Tensor K = ag::tensor({1, 0, 0, 1, 0, 1, 1, 0}, {2, 4}, f64);
+  ag::Tensor V = ag::tensor({2, 0, 1, 1, 0, 2, 1, 1}, {2, 4}, f64);
+  for (ag::Tensor* t : {&Q, &K, &V}) t->requires_grad_();
 
   fmt::print("Multi-head attention with the seed's numbers: d_model = {}, {} heads, d_k = {}\n\n", d_model,
              num_heads, d_k);
@@ -166,6 +182,16 @@ int main() {
   auto [out, weights] = mha(Q, K, V);
   print_split_and_attend(mha.study());
   print_concat_and_output(mha.study(), mha, out);
-  print_backward(mha.study(), mha, out);
-  return gradcheck_parameters(mha, Q, K, V) ? 0 : 1;
+  const double loss = print_backward(mha.study(), mha, out);
+  if (!report.empty()) {
+    try {  // before the gradcheck, which runs the layer again
+      html::write_file(report, worked::walkthrough_html({mha.study(), mha, Q, K, V, out, loss, {"t1", "t2"}}));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "worked_example: {}\n", e.what());
+      return 1;
+    }
+  }
+  const bool ok = gradcheck_parameters(mha, Q, K, V);
+  if (!report.empty()) fmt::print("\nreport: {}\n", report);
+  return ok ? 0 : 1;
 }
