@@ -7,15 +7,7 @@
 
 namespace nn {
 
-std::string quote_name(std::string_view name) {
-  std::string out = "'";
-  for (const char c : ag::printable(name)) {  // control bytes as \xNN, backslashes doubled
-    if (c == '\'') out += '\\';
-    out += c;
-  }
-  out += '\'';
-  return out;
-}
+std::string quote_name(std::string_view name) { return ag::quoted(name); }
 
 namespace {
 
