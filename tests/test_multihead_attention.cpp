@@ -395,9 +395,8 @@ BOOST_AUTO_TEST_CASE(causal_blocks_future_keys_and_equals_an_explicit_minus_inf_
     c.T = c.S = 4;
     Setup s = make_setup(c);
     s.mha->set_core(core);
-    nn::AttentionOptions causal;
-    causal.is_causal = true;
-    causal.average_attn_weights = false;
+    // Designated initialisers name only what they set (compiles clean under -Wextra -Werror).
+    const nn::AttentionOptions causal{.average_attn_weights = false, .is_causal = true};
     auto a = s.mha->forward(s.query, s.key, s.value, causal);
     std::vector<double> m(16, 0.0);
     for (int i = 0; i < 4; ++i)

@@ -45,7 +45,7 @@ BOOST_AUTO_TEST_CASE(list_hook_points) {
   auto& model = p.model;
   // snippet: list
   for (const std::string& name : model.hook_point_names()) fmt::print("{}\n", name);
-  // block.resid_pre, block.attn.q, ..., block.attn.pattern, block.attn.z, block.attn.out, block.resid_mid, ...
+  // block.resid_pre, block.resid_mid, block.mlp_hidden, block.resid_post, block.attn.q, ..., block.attn.out
   // snippet end
   BOOST_TEST(model.hook_point_names().size() == 13u);
 }

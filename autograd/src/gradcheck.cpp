@@ -70,7 +70,9 @@ struct Tally {
     ++r.elements_checked;
     const double err = std::abs(analytic - numeric);
     const double scale = std::max(std::abs(analytic), std::abs(numeric));
-    const double rel = scale > 0 ? err / scale : 0.0;
+    // Relative error only where the derivative is larger than atol: at a derivative that is zero,
+    // a 1e-17 rounding residue would be "100 % off" and say nothing.
+    const double rel = scale > opt.atol ? err / scale : 0.0;
     const double allowed = opt.atol + opt.rtol * std::abs(numeric);
     const double ratio = std::isfinite(err) ? err / allowed : std::numeric_limits<double>::infinity();
     r.max_abs_error = std::max(r.max_abs_error, std::isnan(err) ? std::numeric_limits<double>::infinity() : err);

@@ -32,7 +32,7 @@ struct GradcheckResult {
   bool ok = true;
   bool projected = false;        // random projections were used instead of the full Jacobian
   double max_abs_error = 0.0;
-  double max_rel_error = 0.0;    // |a - n| / max(|n|, tiny)
+  double max_rel_error = 0.0;    // |a - n| / max(|a|, |n|), over elements where that max exceeds atol
   std::int64_t elements_checked = 0;
   // The worst element (largest violation of the tolerance), or the worst projection.
   std::int64_t worst_input = -1;

@@ -70,9 +70,9 @@ namespace ag = autograd;
 enum class AttentionCore { Fused, Composed };
 
 struct AttentionOptions {
-  ag::Tensor key_padding_mask;  // (B, S), or (S) unbatched; nonzero entry = that key is padding
+  ag::Tensor key_padding_mask = {};  // (B, S), or (S) unbatched; nonzero entry = that key is padding
   bool need_weights = true;
-  ag::Tensor attn_mask;  // (T, S) or (B * num_heads, T, S) float, added to the scaled scores
+  ag::Tensor attn_mask = {};  // (T, S) or (B * num_heads, T, S) float, added to the scaled scores
   bool average_attn_weights = true;
   bool is_causal = false;  // query i attends to keys 0..i only
 };
