@@ -32,6 +32,17 @@ ag::Tensor selection(const ag::Tensor& z, std::int64_t head, std::int64_t positi
   return ag::tensor(m, {1, H, T, 1}, z.dtype());
 }
 
+// A tensor given to an ablation or patch is defined and finite (a NaN in it would spread silently).
+ag::Tensor checked_constant(std::string_view op, std::string_view what, const ag::Tensor& t) {
+  if (!t.defined()) ag::fail(op, "{} is undefined", what);
+  const ag::Tensor c = t.detach();
+  const auto v = c.to_vector();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      ag::fail(op, "{} (shape {}) is not finite: element {} is {}", what, ag::shape_str(c.shape()), i, v[i]);
+  return c;
+}
+
 }  // namespace
 
 ForwardHook zero_ablate_head(std::int64_t head) {
@@ -42,8 +53,7 @@ ForwardHook zero_ablate_head(std::int64_t head) {
 }
 
 ForwardHook mean_ablate_head(std::int64_t head, const ag::Tensor& mean_z) {
-  if (!mean_z.defined()) ag::fail("mean_ablate_head", "mean_z is undefined");
-  const ag::Tensor mean = mean_z.detach();
+  const ag::Tensor mean = checked_constant("mean_ablate_head", "mean_z", mean_z);
   return [head, mean](const ag::Tensor& z, const std::string& name) {
     check_z("mean_ablate_head", name, z, head, -1);
     const ag::Shape want{z.size(1), z.size(2), z.size(3)};
@@ -63,8 +73,7 @@ ag::Tensor batch_mean(const ag::Tensor& z) {
 }
 
 ForwardHook patch_head(std::int64_t head, const ag::Tensor& source_z, std::int64_t position) {
-  if (!source_z.defined()) ag::fail("patch_head", "source_z is undefined");
-  const ag::Tensor source = source_z.detach();
+  const ag::Tensor source = checked_constant("patch_head", "source_z", source_z);
   return [head, source, position](const ag::Tensor& z, const std::string& name) {
     check_z("patch_head", name, z, head, position);
     if (source.shape() != z.shape())
@@ -76,6 +85,10 @@ ForwardHook patch_head(std::int64_t head, const ag::Tensor& source_z, std::int64
 }
 
 AttentionGradient attention_times_gradient(const ActivationCache& cache, const std::string& pattern_point) {
+  const std::size_t dot = pattern_point.rfind('.');
+  if (pattern_point.compare(dot == std::string::npos ? 0 : dot + 1, std::string::npos, "pattern") != 0)
+    ag::fail("attention_times_gradient", "{} is not a pattern point: the attention weights are at an attention "
+             "layer's \"pattern\" point, e.g. \"block.attn.pattern\"", quote_name(pattern_point));
   const ag::Tensor& A = cache[pattern_point];
   const ag::Tensor& dA = cache.grad(pattern_point);
   if (A.dim() != 4)
