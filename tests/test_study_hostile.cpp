@@ -479,3 +479,150 @@ BOOST_AUTO_TEST_CASE(head_results_and_dla_refuse_wrong_shapes) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(layer_variants)
+
+namespace {
+
+struct Variant {
+  std::string label;
+  bool bias_kv = false, zero_attn = false, masks = false, unbatched = false;
+  std::int64_t kdim = 0;
+  double dropout = 0;
+  nn::AttentionCore core = nn::AttentionCore::Fused;
+  bool study = false;
+};
+
+// Every point's gradient from run_with_cache equals the gradient with respect to a copy of the
+// value fed back in through a replacing hook (a second route to dL/d value).
+void check_variant(const Variant& c) {
+  ag::Generator gen(11);
+  nn::MultiHeadAttentionOptions o;
+  o.embed_dim = 4;
+  o.num_heads = 2;
+  o.dtype = F64;
+  o.add_bias_kv = c.bias_kv;
+  o.add_zero_attn = c.zero_attn;
+  o.kdim = c.kdim;
+  o.vdim = c.kdim;
+  o.dropout = c.dropout;
+  o.core = c.core;
+  o.study = c.study;
+  nn::MultiHeadAttention attn(o, gen);
+  if (c.dropout > 0) attn.train(); else attn.eval();
+  const std::int64_t kd = c.kdim == 0 ? 4 : c.kdim;
+  ag::Tensor q = c.unbatched ? ag::randn({3, 4}, F64, gen) : ag::randn({2, 3, 4}, F64, gen);
+  ag::Tensor kv = c.unbatched ? ag::randn({5, kd}, F64, gen) : ag::randn({2, 5, kd}, F64, gen);
+  nn::AttentionOptions ao;
+  if (c.masks) {
+    ao.key_padding_mask = c.unbatched ? ag::tensor({0, 0, 0, 0, 1}, {5}, F64)
+                                      : ag::tensor({0, 0, 0, 0, 1, 0, 1, 0, 0, 0}, {2, 5}, F64);
+    ao.attn_mask = ag::zeros({3, 5}, F64);
+  }
+  const ag::Tensor w = ag::randn(c.unbatched ? ag::Shape{3, 4} : ag::Shape{2, 3, 4}, F64, gen);
+  auto loss = [&] { return ag::sum(attn.forward(q, kv, kv, ao).output * w); };
+  const auto cache = nn::run_with_cache(attn, loss, {.backward = true});
+  for (const std::string& name : attn.hook_point_names()) {
+    BOOST_TEST_CONTEXT(c.label << " at " << name) {
+      BOOST_REQUIRE(cache.contains(name));
+      BOOST_REQUIRE(cache.has_grad(name));
+      if (c.dropout > 0) continue;  // a second forward draws another mask
+      // Second route: the value as a leaf, put in place by a hook; its .grad is dL/d value.
+      ag::Tensor leaf = cache[name].clone().requires_grad_(true);
+      auto h = attn.add_hook(name, [&](const ag::Tensor&, const std::string&) { return leaf; });
+      loss().backward();
+      h.remove();
+      BOOST_TEST(max_abs_diff(leaf.grad(), cache.grad(name)) <= 1e-12);
+      const bool before_pattern = name == "q" || name == "k" || name == "v" || name == "raw_scores" ||
+                                  name == "scores" || name == "pattern";
+      if (c.study && before_pattern) BOOST_CHECK_NO_THROW(attn.study().grad("pattern"));
+    }
+  }
+  BOOST_TEST(attn.hook_count() == 0u);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(cache_gradients_match_a_second_route_on_every_layer_variant) {
+  const std::vector<Variant> variants = {
+      {.label = "plain"},
+      {.label = "bias_kv", .bias_kv = true},
+      {.label = "zero_attn", .zero_attn = true},
+      {.label = "masks", .masks = true},
+      {.label = "unbatched", .unbatched = true},
+      {.label = "unbatched masks", .masks = true, .unbatched = true},
+      {.label = "kdim 3", .kdim = 3},
+      {.label = "all", .bias_kv = true, .zero_attn = true, .masks = true, .kdim = 3},
+      {.label = "composed", .core = nn::AttentionCore::Composed},
+      {.label = "study", .study = true},
+      {.label = "dropout", .dropout = 0.5},
+  };
+  for (const auto& v : variants) check_variant(v);
+}
+
+BOOST_AUTO_TEST_CASE(study_mode_reads_the_hooked_values) {
+  ag::Generator gen(2);
+  nn::MultiHeadAttentionOptions o;
+  o.embed_dim = 4;
+  o.num_heads = 2;
+  o.dtype = F64;
+  o.study = true;
+  nn::MultiHeadAttention attn(o, gen);
+  const ag::Tensor x = ag::randn({2, 3, 4}, F64, gen);
+  auto h = attn.add_hook("z", nn::study::zero_ablate_head(0));
+  ag::sum(attn.forward(x, x, x).output).backward();
+  const auto z0 = nn::AttentionStudy::head(attn.study().value("z"), 0, 1).to_vector();
+  for (double e : z0) BOOST_TEST(e == 0.0);
+  BOOST_CHECK_NO_THROW(attn.study().grad("pattern"));
+  h.remove();
+  // A hook that replaces concat with a constant: no gradient reaches the points before it.
+  auto c = attn.add_hook("concat", [](const ag::Tensor& v, const std::string&) { return ag::zeros_like(v.detach()); });
+  const ag::Tensor y = attn.forward(x, x, x).output;
+  if (y.requires_grad()) ag::sum(y).backward();
+  check_throws([&] { (void)attn.study().grad("pattern"); }, {"AttentionStudy::grad", "pattern"});
+  c.remove();
+  check_throws([&] { (void)nn::AttentionStudy::head(attn.study().value("z"), 2, 0); }, {"AttentionStudy::head", "head 2"});
+  check_throws([&] { (void)nn::AttentionStudy::head(attn.study().value("z"), 0, -1); }, {"AttentionStudy::head"});
+  check_throws([&] { (void)attn.study().value("zz"); }, {"AttentionStudy", "zz"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(messages)
+
+BOOST_AUTO_TEST_CASE(undefined_tensors_say_which_and_why) {
+  ag::Tensor t;
+  check_throws([&] { (void)t.to_vector(); }, {"undefined"});
+  ag::Tensor x = ag::ones({2}, F64).requires_grad_(true);
+  x.set_name("x");
+  check_throws([&] { (void)x.grad().to_vector(); }, {"undefined"});
+  check_throws([&] { (void)t.grad(); }, {"undefined"});
+}
+
+BOOST_AUTO_TEST_CASE(to_dot_with_awkward_marks_does_not_throw_or_leak_control_bytes) {
+  ag::Tensor a = ag::ones({2}, F64).requires_grad_(true);
+  a.set_name(std::string("a\n\"}\x01", 5));
+  const ag::Tensor y = ag::sum(a * 2.0);
+  const ag::Tensor outside = ag::ones({3}, F64);
+  ag::DotOptions opt;
+  opt.marked = {{std::string("m\n\x02\"<>", 6), a}, {"undef", ag::Tensor()}, {"outside", outside}, {"y", y}};
+  std::string dot;
+  BOOST_CHECK_NO_THROW(dot = ag::to_dot(y, opt));
+  for (char ch : dot) BOOST_TEST((static_cast<unsigned char>(ch) >= 0x20 || ch == '\n' || ch == '\t'));
+  BOOST_TEST(dot.find("outside") != std::string::npos);
+  BOOST_TEST(dot.find("undef") != std::string::npos);
+  check_throws([&] { ag::to_dot(ag::Tensor(), opt); }, {"to_dot", "undefined"});
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_names_a_named_input_with_a_wrong_gradient) {
+  TinyModel m;
+  auto h = m.add_hook("block.attn.z", [](const ag::Tensor& v, const std::string&) {
+    return v.detach() + (v - v.detach()) * 2.0;  // value unchanged, gradient doubled
+  });
+  const auto r = ag::gradcheck([&](const std::vector<ag::Tensor>&) { return loss_of(m, kClean); }, {m.block->attn().W_V()});
+  BOOST_TEST(!r.ok);
+  BOOST_TEST(r.message.find("block.attn.W_V") != std::string::npos, r.message);
+  h.remove();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
