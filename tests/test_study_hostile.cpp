@@ -34,6 +34,7 @@ void check_throws(F&& f, const std::vector<std::string>& parts) {
     f();
   } catch (const std::exception& e) {
     thrown = true;
+    BOOST_TEST_MESSAGE("thrown: " << e.what());
     BOOST_TEST(message_has(e, parts), "message: " << e.what());
   }
   BOOST_TEST(thrown, "no exception; expected one mentioning " << parts.front());
@@ -308,8 +309,10 @@ BOOST_AUTO_TEST_CASE(mean_and_source_of_the_wrong_shape_or_undefined_throw) {
   check_throws([&] { nn::study::mean_ablate_head(0, ag::Tensor()); }, {"mean_ablate_head", "undefined"});
   check_throws([&] { nn::study::patch_head(0, ag::Tensor()); }, {"patch_head", "undefined"});
   check_throws([&] { nn::study::batch_mean(ag::zeros({2, 2}, F64)); }, {"batch_mean", "[2, 2]"});
-  auto h = m.add_hook("block.attn.z", nn::study::mean_ablate_head(0, z));  // (B, H, T, d_k), not (H, T, d_k)
-  check_throws([&] { m.forward(kClean); }, {"mean_ablate_head", "[2, 2, 4, 2]"});
+  // (B, H, T, d_k), not (H, T, d_k): refused when the hook is made, pointing to batch_mean.
+  check_throws([&] { nn::study::mean_ablate_head(0, z); }, {"mean_ablate_head", "[2, 2, 4, 2]", "batch_mean"});
+  auto h = m.add_hook("block.attn.z", nn::study::mean_ablate_head(0, ag::zeros({2, 3, 2}, F64)));  // T = 3, not 4
+  check_throws([&] { m.forward(kClean); }, {"mean_ablate_head", "[2, 3, 2]", "[2, 4, 2]"});
   h.remove();
   h = m.add_hook("block.attn.z", nn::study::patch_head(0, ag::narrow(z, 0, 0, 1)));
   check_throws([&] { m.forward(kClean); }, {"patch_head", "[1, 2, 4, 2]"});
@@ -465,7 +468,7 @@ BOOST_AUTO_TEST_CASE(head_results_and_dla_refuse_wrong_shapes) {
   check_throws([&] { nn::study::head_results(attn, ag::zeros({2, 3, 4, 2}, F64)); }, {"head_results", "[2, 3, 4, 2]"});
   check_throws([&] { nn::study::head_results(attn, ag::zeros({2, 2, 4, 3}, F64)); }, {"head_results", "[2, 2, 4, 3]"});
   check_throws([&] { nn::study::head_results(attn, ag::zeros({2, 4, 2}, F64)); }, {"head_results", "[2, 4, 2]"});
-  check_throws([&] { nn::study::head_results(attn, ag::Tensor()); }, {"head_results", "undefined"});
+  check_throws([&] { nn::study::head_results(attn, ag::Tensor()); }, {"head_results", "z is undefined"});
   check_throws([&] { nn::study::head_results(attn, ag::zeros({2, 2, 4, 2}, ag::Dtype::Float32)); },
                {"head_results", "Float32"});
   const ag::Tensor r = nn::study::head_results(attn, ag::zeros({2, 2, 4, 2}, F64));
@@ -473,7 +476,7 @@ BOOST_AUTO_TEST_CASE(head_results_and_dla_refuse_wrong_shapes) {
                {"direct_logit_attribution", "[5]", "[4]"});
   check_throws([&] { nn::study::direct_logit_attribution(r, ag::zeros({1, 4, 4}, F64)); },
                {"direct_logit_attribution", "[1, 4, 4]"});
-  check_throws([&] { nn::study::direct_logit_attribution(r, ag::Tensor()); }, {"direct_logit_attribution", "undefined"});
+  check_throws([&] { nn::study::direct_logit_attribution(r, ag::Tensor()); }, {"direct_logit_attribution", "direction is undefined"});
   check_throws([&] { nn::study::direct_logit_attribution(ag::zeros({2, 2}, F64), ag::zeros({2}, F64)); },
                {"direct_logit_attribution", "[2, 2]"});
 }

@@ -54,6 +54,9 @@ ForwardHook zero_ablate_head(std::int64_t head) {
 
 ForwardHook mean_ablate_head(std::int64_t head, const ag::Tensor& mean_z) {
   const ag::Tensor mean = checked_constant("mean_ablate_head", "mean_z", mean_z);
+  if (mean.dim() != 3)
+    ag::fail("mean_ablate_head", "mean_z of shape {} is not (H, T, d_k): pass batch_mean(z) of a (B, H, T, d_k) z",
+             ag::shape_str(mean.shape()));
   return [head, mean](const ag::Tensor& z, const std::string& name) {
     check_z("mean_ablate_head", name, z, head, -1);
     const ag::Shape want{z.size(1), z.size(2), z.size(3)};
@@ -109,9 +112,10 @@ AttentionGradient attention_times_gradient(const ActivationCache& cache, const s
 
 ag::Tensor head_results(const MultiHeadAttention& attn, const ag::Tensor& z) {
   const std::int64_t H = attn.num_heads(), d_k = attn.head_dim(), E = attn.embed_dim();
-  if (!z.defined() || z.dim() != 4 || z.size(1) != H || z.size(3) != d_k)
+  if (!z.defined()) ag::fail("head_results", "z is undefined: a (B, H, T, d_k) z with H = {}, d_k = {} is needed", H, d_k);
+  if (z.dim() != 4 || z.size(1) != H || z.size(3) != d_k)
     ag::fail("head_results", "z of shape {} does not fit the layer: (B, H, T, d_k) with H = {}, d_k = {} is needed",
-             z.defined() ? ag::shape_str(z.shape()) : "undefined", H, d_k);
+             ag::shape_str(z.shape()), H, d_k);
   if (z.dtype() != attn.W_O().dtype())
     ag::fail("head_results", "z dtype {} differs from W_O's {}", ag::dtype_name(z.dtype()),
              ag::dtype_name(attn.W_O().dtype()));
@@ -122,13 +126,14 @@ ag::Tensor head_results(const MultiHeadAttention& attn, const ag::Tensor& z) {
 
 ag::Tensor direct_logit_attribution(const ag::Tensor& head_results, const ag::Tensor& direction) {
   const ag::Tensor& r = head_results;
+  if (!direction.defined()) ag::fail("direct_logit_attribution", "direction is undefined");
   if (!r.defined() || r.dim() != 4)
     ag::fail("direct_logit_attribution", "head_results must be (B, H, T, E), got {}",
              r.defined() ? ag::shape_str(r.shape()) : "undefined");
   const std::int64_t B = r.size(0), T = r.size(2), E = r.size(3);
   if (!direction.defined() || (direction.shape() != ag::Shape{E} && direction.shape() != ag::Shape{B, T, E}))
     ag::fail("direct_logit_attribution", "direction of shape {} fits neither (E) = {} nor (B, T, E) = {}",
-             direction.defined() ? ag::shape_str(direction.shape()) : "undefined", ag::shape_str({E}),
+             ag::shape_str(direction.shape()), ag::shape_str({E}),
              ag::shape_str({B, T, E}));
   const ag::Tensor d = direction.dim() == 1 ? ag::reshape(direction, {1, 1, 1, E}) : ag::reshape(direction, {B, 1, T, E});
   return ag::sum(r * d.to(r.dtype()), -1);  // (B, H, T)
