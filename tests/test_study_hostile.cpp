@@ -629,3 +629,44 @@ BOOST_AUTO_TEST_CASE(gradcheck_names_a_named_input_with_a_wrong_gradient) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(odd_replacements)
+
+BOOST_AUTO_TEST_CASE(a_non_contiguous_replacement_gives_the_contiguous_ones_result_and_gradient) {
+  TinyModel m;
+  auto run = [&](bool contiguous) {
+    auto h = m.add_hook("block.attn.pattern", [contiguous](const ag::Tensor& v, const std::string&) {
+      const ag::Tensor t = ag::transpose(v, -2, -1);  // (B, H, T, T): same shape, strided
+      return contiguous ? t.clone() : t;
+    });
+    for (auto& p : m.parameters()) p.set_grad(ag::Tensor());
+    const ag::Tensor loss = loss_of(m, kClean);
+    loss.backward();
+    h.remove();
+    return std::make_pair(loss.item(), m.attention().W_Q().grad().to_vector());
+  };
+  const auto [l1, g1] = run(false);
+  const auto [l2, g2] = run(true);
+  BOOST_TEST(l1 == l2);
+  BOOST_TEST(g1 == g2);
+}
+
+BOOST_AUTO_TEST_CASE(a_hook_that_changes_a_saved_value_in_place_is_caught_at_backward) {
+  TinyModel m;
+  auto h = m.add_hook("block.attn.pattern", [](const ag::Tensor& v, const std::string&) {
+    ag::Tensor t = v;
+    t.copy_(ag::zeros_like(v.detach()));
+    return ag::Tensor();
+  });
+  bool threw = false;
+  try {
+    loss_of(m, kClean).backward();
+  } catch (const std::exception& e) {
+    threw = true;
+    BOOST_TEST_MESSAGE("thrown: " << e.what());
+  }
+  BOOST_TEST(threw, "an in-place change to a value saved for backward went unnoticed");
+  h.remove();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
