@@ -670,3 +670,53 @@ BOOST_AUTO_TEST_CASE(a_hook_that_changes_a_saved_value_in_place_is_caught_at_bac
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(backward_hooks)
+
+BOOST_AUTO_TEST_CASE(a_throwing_backward_hook_propagates_and_the_next_pass_works) {
+  TinyModel m;
+  auto h = m.add_backward_hook("block.attn.z", [](const ag::Tensor&, const std::string&) {
+    throw std::runtime_error("backward hook failed");
+  });
+  check_throws([&] { loss_of(m, kClean).backward(); }, {"backward hook failed"});
+  h.remove();
+  for (auto& p : m.parameters()) p.set_grad(ag::Tensor());
+  BOOST_CHECK_NO_THROW(loss_of(m, kClean).backward());
+  const auto cache = nn::run_with_cache(m, [&] { return loss_of(m, kClean); }, {.names = {"block.attn.z"}, .backward = true});
+  BOOST_TEST(cache.has_grad("block.attn.z"));
+}
+
+BOOST_AUTO_TEST_CASE(backward_hooks_that_remove_themselves_or_are_added_late) {
+  TinyModel m;
+  int fired = 0, late = 0;
+  nn::HookHandle self;
+  self = m.add_backward_hook("block.attn.z", [&](const ag::Tensor&, const std::string&) {
+    ++fired;
+    self.remove();
+  });
+  const ag::Tensor loss = loss_of(m, kClean);
+  m.add_backward_hook("block.attn.z", [&](const ag::Tensor&, const std::string&) { ++late; });
+  loss.backward();
+  BOOST_TEST(fired == 1);
+  BOOST_TEST(late == 0);  // added after the forward that made the graph
+  BOOST_TEST(m.hook_count() == 1u);
+  m.remove_hooks();
+}
+
+BOOST_AUTO_TEST_CASE(run_with_cache_inside_a_hook_of_another_cache_refuses_the_second_visit) {
+  TinyModel m;
+  bool inner = false;
+  auto h = m.add_hook("block.resid_post", [&](const ag::Tensor&, const std::string&) {
+    if (!inner) {
+      inner = true;
+      nn::run_with_cache(m, [&] { return m.forward(kCorrupted); }, {.names = {"block.attn.q"}});
+    }
+    return ag::Tensor();
+  });
+  check_throws([&] { nn::run_with_cache(m, [&] { return m.forward(kClean); }, {.names = {"block.attn.q"}}); },
+               {"run_with_cache", "block.attn.q", "twice"});
+  h.remove();
+  BOOST_TEST(m.hook_count() == 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
