@@ -720,3 +720,25 @@ BOOST_AUTO_TEST_CASE(run_with_cache_inside_a_hook_of_another_cache_refuses_the_s
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(nondeterminism)
+
+BOOST_AUTO_TEST_CASE(patching_a_model_with_dropout_in_training_mode_throws_saying_so) {
+  ag::Generator gen(4);
+  nn::TransformerBlockOptions o{.d_model = 4, .num_heads = 2, .d_ff = 8, .dtype = F64};
+  o.dropout = 0.5;
+  nn::TransformerBlock block(o, gen);
+  const ag::Tensor clean = ag::randn({2, 3, 4}, F64, gen), corrupted = ag::randn({2, 3, 4}, F64, gen);
+  auto run = [&](const ag::Tensor& x) { return ag::mean(block.forward(x)); };
+  block.train();
+  check_throws([&] { nn::study::activation_patching(block, "attn.z", run, clean, corrupted); },
+               {"activation_patching", "not deterministic", "eval()"});
+  check_throws([&] { nn::study::attribution_patching(block, "attn.z", run, clean, corrupted); },
+               {"activation_patching", "not deterministic"});
+  BOOST_TEST(block.hook_count() == 0u);
+  block.eval();
+  const auto r = nn::study::activation_patching(block, "attn.z", run, clean, corrupted);
+  BOOST_TEST(std::isfinite(r.corrupted_metric));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -90,6 +90,11 @@ PatchingResult activation_patching(Module& model, const std::string& z_point, co
   };
   r.corrupted_metric = patched_metric(model, z_point, note, run, corrupted_input, "the corrupted run");
   check_same_shape("activation_patching", z_point, z, corrupted_z);
+  // The same run again must give the same metric, or the differences below would be noise.
+  const double again = patched_metric(model, z_point, note, run, corrupted_input, "the corrupted run");
+  if (again != r.corrupted_metric)
+    ag::fail("activation_patching", "two runs of the corrupted input gave different metrics ({} and {}): run is not "
+             "deterministic (dropout in training mode? call model.eval() first)", r.corrupted_metric, again);
   const std::int64_t H = z.size(1), T = z.size(2);
   r.per_head_position.assign(static_cast<std::size_t>(H), std::vector<double>(static_cast<std::size_t>(T)));
   for (std::int64_t h = 0; h < H; ++h) {
