@@ -742,3 +742,33 @@ BOOST_AUTO_TEST_CASE(patching_a_model_with_dropout_in_training_mode_throws_sayin
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(float32_and_blocked_rows)
+
+BOOST_AUTO_TEST_CASE(float32_cache_with_backward_and_all_blocked_scores_stay_finite) {
+  ag::Generator gen(8);
+  nn::MultiHeadAttentionOptions o;
+  o.embed_dim = 4;
+  o.num_heads = 2;
+  o.dtype = ag::Dtype::Float32;
+  nn::MultiHeadAttention attn(o, gen);
+  const ag::Tensor x = ag::randn({2, 3, 4}, ag::Dtype::Float32, gen);
+  // Every key blocked through the scores point: zero weights and zero gradients, not NaN.
+  auto h = attn.add_hook("scores", [](const ag::Tensor& v, const std::string&) {
+    return ag::full(v.shape(), -std::numeric_limits<double>::infinity(), v.dtype());
+  });
+  const auto cache = nn::run_with_cache(attn, [&] { return ag::sum(attn.forward(x, x, x).output); }, {.backward = true});
+  h.remove();
+  for (const auto& n : cache.names()) {
+    BOOST_TEST((cache[n].dtype() == ag::Dtype::Float32), n);
+    if (n == "scores" || n == "raw_scores") continue;  // -inf by the hook
+    for (double e : cache[n].to_vector()) BOOST_TEST(std::isfinite(e), n);
+    if (cache.has_grad(n))
+      for (double e : cache.grad(n).to_vector()) BOOST_TEST(std::isfinite(e), n << " grad");
+  }
+  for (double e : cache["pattern"].to_vector()) BOOST_TEST(e == 0.0);
+  BOOST_TEST(!attn.W_Q().grad().defined());  // the scores are a constant from the hook
+  for (double e : attn.W_V().grad().to_vector()) BOOST_TEST(e == 0.0);  // zero weights on every v
+}
+
+BOOST_AUTO_TEST_SUITE_END()
