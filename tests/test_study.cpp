@@ -108,12 +108,18 @@ BOOST_AUTO_TEST_CASE(ablation_hooks_name_the_head_and_H_when_out_of_range) {
     BOOST_TEST(message_has(e, {"zero_ablate_head", "head 2", "H = 2", "'block.attn.z'"}));
   }
   m.remove_hooks();
-  m.add_hook("block.attn.z", nn::study::mean_ablate_head(0, ag::zeros({2, 4}, F64)));
-  try {
+  try {  // not (H, T, d_k): refused when the hook is made
+    m.add_hook("block.attn.z", nn::study::mean_ablate_head(0, ag::zeros({2, 4}, F64)));
+    BOOST_FAIL("no throw");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(message_has(e, {"mean_z of shape [2, 4]", "(H, T, d_k)"}));
+  }
+  m.add_hook("block.attn.z", nn::study::mean_ablate_head(0, ag::zeros({2, 3, 2}, F64)));
+  try {  // (H, T, d_k) of another layer or length: refused at forward, naming both shapes
     m.forward(kClean);
     BOOST_FAIL("no throw");
   } catch (const std::invalid_argument& e) {
-    BOOST_TEST(message_has(e, {"mean_z of shape [2, 4]", "[2, 4, 2]"}));
+    BOOST_TEST(message_has(e, {"mean_z of shape [2, 3, 2]", "[2, 4, 2]"}));
   }
   m.remove_hooks();
   m.add_hook("block.attn.z", nn::study::patch_head(0, ag::zeros({2, 2, 4, 2}, F64), 4));

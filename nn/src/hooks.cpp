@@ -66,8 +66,18 @@ ag::Tensor HookPoints::run(std::size_t point, const ag::Tensor& value) const {
   if (!hooked(point)) return value;
   ag::Tensor result = value;
   if (!state_->forward[point].empty()) {
+    // Counts this module's nested hook runs, so a hook that calls forward without end throws.
+    struct Depth {
+      detail::HookState& s;
+      explicit Depth(detail::HookState& state) : s(state) { ++s.depth; }
+      ~Depth() { --s.depth; }
+    } depth(*state_);
+    if (state_->depth > kMaxHookDepth)
+      ag::fail("forward hook", "hook point {}: forward hooks nested {} deep (a hook that calls forward of its own "
+               "model, without end?)", quote_name(state_->forward[point].front().name), kMaxHookDepth);
     const auto hooks = state_->forward[point];  // a copy: a hook may add or remove hooks
     for (const auto& h : hooks) {
+      if (!has_id(state_->forward[point], h.id)) continue;  // removed by an earlier hook
       ag::Tensor replacement = h.fn(result, h.name);
       if (!replacement.defined()) continue;
       check_replacement("forward hook", h.name, result, replacement);

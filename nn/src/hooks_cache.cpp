@@ -1,4 +1,6 @@
 // run_with_cache and ActivationCache: owned snapshots of hook-point values and gradients.
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -30,6 +32,10 @@ struct RemoveOnExit {
 const ActivationCache::Entry& ActivationCache::entry(std::string_view what, const std::string& name) const {
   for (const auto& e : entries_)
     if (e.name == name) return e;
+  if (std::find(asked_.begin(), asked_.end(), name) != asked_.end())
+    ag::fail(what, "hook point {} was asked for but the forward never reached it (nothing it ran passes through "
+             "that point); the cache holds: {}", quote_name(name),
+             entries_.empty() ? std::string("(nothing)") : fmt::format("{}", fmt::join(names(), ", ")));
   ag::fail(what, "no cached hook point {}; the cache holds: {}", quote_name(name),
            entries_.empty() ? std::string("(nothing)") : fmt::format("{}", fmt::join(names(), ", ")));
 }
@@ -79,10 +85,14 @@ ActivationCache run_with_cache(Module& model, const std::function<ag::Tensor()>&
                                const CacheOptions& options) {
   if (!forward) ag::fail(kOp, "forward is empty");
   const std::vector<std::string> names = options.names.empty() ? model.hook_point_names() : options.names;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (std::find(names.begin() + static_cast<std::ptrdiff_t>(i) + 1, names.end(), names[i]) != names.end())
+      ag::fail(kOp, "hook point {} is named more than once in CacheOptions::names", quote_name(names[i]));
   // The hooks fill this while forward and backward run; shared so a hook never outlives it.
   auto cache = std::make_shared<ActivationCache>();
   cache->backward_ = options.backward;
   cache->keep_graph_ = options.keep_graph;
+  cache->asked_ = names;
   auto find = [cache](const std::string& name) -> ActivationCache::Entry* {
     for (auto& e : cache->entries_)
       if (e.name == name) return &e;

@@ -32,6 +32,17 @@ ag::Tensor selection(const ag::Tensor& z, std::int64_t head, std::int64_t positi
   return ag::tensor(m, {1, H, T, 1}, z.dtype());
 }
 
+// A tensor given to an ablation or patch is defined and finite (a NaN in it would spread silently).
+ag::Tensor checked_constant(std::string_view op, std::string_view what, const ag::Tensor& t) {
+  if (!t.defined()) ag::fail(op, "{} is undefined", what);
+  const ag::Tensor c = t.detach();
+  const auto v = c.to_vector();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      ag::fail(op, "{} (shape {}) is not finite: element {} is {}", what, ag::shape_str(c.shape()), i, v[i]);
+  return c;
+}
+
 }  // namespace
 
 ForwardHook zero_ablate_head(std::int64_t head) {
@@ -42,8 +53,10 @@ ForwardHook zero_ablate_head(std::int64_t head) {
 }
 
 ForwardHook mean_ablate_head(std::int64_t head, const ag::Tensor& mean_z) {
-  if (!mean_z.defined()) ag::fail("mean_ablate_head", "mean_z is undefined");
-  const ag::Tensor mean = mean_z.detach();
+  const ag::Tensor mean = checked_constant("mean_ablate_head", "mean_z", mean_z);
+  if (mean.dim() != 3)
+    ag::fail("mean_ablate_head", "mean_z of shape {} is not (H, T, d_k): pass batch_mean(z) of a (B, H, T, d_k) z",
+             ag::shape_str(mean.shape()));
   return [head, mean](const ag::Tensor& z, const std::string& name) {
     check_z("mean_ablate_head", name, z, head, -1);
     const ag::Shape want{z.size(1), z.size(2), z.size(3)};
@@ -63,8 +76,7 @@ ag::Tensor batch_mean(const ag::Tensor& z) {
 }
 
 ForwardHook patch_head(std::int64_t head, const ag::Tensor& source_z, std::int64_t position) {
-  if (!source_z.defined()) ag::fail("patch_head", "source_z is undefined");
-  const ag::Tensor source = source_z.detach();
+  const ag::Tensor source = checked_constant("patch_head", "source_z", source_z);
   return [head, source, position](const ag::Tensor& z, const std::string& name) {
     check_z("patch_head", name, z, head, position);
     if (source.shape() != z.shape())
@@ -76,6 +88,10 @@ ForwardHook patch_head(std::int64_t head, const ag::Tensor& source_z, std::int64
 }
 
 AttentionGradient attention_times_gradient(const ActivationCache& cache, const std::string& pattern_point) {
+  const std::size_t dot = pattern_point.rfind('.');
+  if (pattern_point.compare(dot == std::string::npos ? 0 : dot + 1, std::string::npos, "pattern") != 0)
+    ag::fail("attention_times_gradient", "{} is not a pattern point: the attention weights are at an attention "
+             "layer's \"pattern\" point, e.g. \"block.attn.pattern\"", quote_name(pattern_point));
   const ag::Tensor& A = cache[pattern_point];
   const ag::Tensor& dA = cache.grad(pattern_point);
   if (A.dim() != 4)
@@ -96,9 +112,10 @@ AttentionGradient attention_times_gradient(const ActivationCache& cache, const s
 
 ag::Tensor head_results(const MultiHeadAttention& attn, const ag::Tensor& z) {
   const std::int64_t H = attn.num_heads(), d_k = attn.head_dim(), E = attn.embed_dim();
-  if (!z.defined() || z.dim() != 4 || z.size(1) != H || z.size(3) != d_k)
+  if (!z.defined()) ag::fail("head_results", "z is undefined: a (B, H, T, d_k) z with H = {}, d_k = {} is needed", H, d_k);
+  if (z.dim() != 4 || z.size(1) != H || z.size(3) != d_k)
     ag::fail("head_results", "z of shape {} does not fit the layer: (B, H, T, d_k) with H = {}, d_k = {} is needed",
-             z.defined() ? ag::shape_str(z.shape()) : "undefined", H, d_k);
+             ag::shape_str(z.shape()), H, d_k);
   if (z.dtype() != attn.W_O().dtype())
     ag::fail("head_results", "z dtype {} differs from W_O's {}", ag::dtype_name(z.dtype()),
              ag::dtype_name(attn.W_O().dtype()));
@@ -109,13 +126,14 @@ ag::Tensor head_results(const MultiHeadAttention& attn, const ag::Tensor& z) {
 
 ag::Tensor direct_logit_attribution(const ag::Tensor& head_results, const ag::Tensor& direction) {
   const ag::Tensor& r = head_results;
+  if (!direction.defined()) ag::fail("direct_logit_attribution", "direction is undefined");
   if (!r.defined() || r.dim() != 4)
     ag::fail("direct_logit_attribution", "head_results must be (B, H, T, E), got {}",
              r.defined() ? ag::shape_str(r.shape()) : "undefined");
   const std::int64_t B = r.size(0), T = r.size(2), E = r.size(3);
   if (!direction.defined() || (direction.shape() != ag::Shape{E} && direction.shape() != ag::Shape{B, T, E}))
     ag::fail("direct_logit_attribution", "direction of shape {} fits neither (E) = {} nor (B, T, E) = {}",
-             direction.defined() ? ag::shape_str(direction.shape()) : "undefined", ag::shape_str({E}),
+             ag::shape_str(direction.shape()), ag::shape_str({E}),
              ag::shape_str({B, T, E}));
   const ag::Tensor d = direction.dim() == 1 ? ag::reshape(direction, {1, 1, 1, E}) : ag::reshape(direction, {B, 1, T, E});
   return ag::sum(r * d.to(r.dtype()), -1);  // (B, H, T)

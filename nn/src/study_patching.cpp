@@ -1,6 +1,8 @@
 // nn::study's activation patching and attribution patching between a clean and a corrupted input.
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "nn/module.hpp"
 #include "nn/study.hpp"
 
@@ -10,29 +12,46 @@ namespace {
 
 using RunFn = std::function<ag::Tensor(const ag::Tensor&)>;
 
-double metric_value(std::string_view op, const ag::Tensor& m) {
+// The one finite number run returned; `what` names the run (e.g. "the clean run").
+double metric_value(std::string_view op, const std::string& what, const ag::Tensor& m) {
   if (!m.defined() || m.numel() != 1)
-    ag::fail(op, "run must return a one-element metric, got {}",
-             m.defined() ? ag::shape_str(m.shape()) : std::string("an undefined tensor"));
-  return m.item();
+    ag::fail(op, "run must return a one-element metric, got {} from {}",
+             m.defined() ? ag::shape_str(m.shape()) : std::string("an undefined tensor"), what);
+  const double v = m.item();
+  if (!std::isfinite(v)) ag::fail(op, "the metric of {} is not finite: {}", what, v);
+  return v;
 }
 
 // The metric of run(input) with `hook` at z_point; the hook is removed afterwards, also on a throw.
 double patched_metric(Module& model, const std::string& z_point, ForwardHook hook, const RunFn& run,
-                      const ag::Tensor& input) {
+                      const ag::Tensor& input, const std::string& what) {
   struct Remove {
     HookHandle h;
     ~Remove() { h.remove(); }
   } handle{model.add_hook(z_point, std::move(hook))};
-  return metric_value("activation_patching", run(input));
+  return metric_value("activation_patching", what, run(input));
 }
 
 // The z point's value on the clean input, and the clean metric.
-ActivationCache clean_run(Module& model, const std::string& z_point, const RunFn& run, const ag::Tensor& input) {
+ActivationCache clean_run(std::string_view op, Module& model, const std::string& z_point, const RunFn& run,
+                          const ag::Tensor& input) {
   ag::NoGradGuard no_grad;
   ActivationCache cache = run_with_cache(model, [&] { return run(input); }, {.names = {z_point}});
-  metric_value("activation_patching", cache.output);
+  metric_value(op, "the clean run", cache.output);
+  if (!cache.contains(z_point))
+    ag::fail(op, "the clean run never reached {}: run does not pass through it", quote_name(z_point));
   return cache;
+}
+
+// The corrupted run's z has the clean run's shape (a patch copies one into the other).
+void check_same_shape(std::string_view op, const std::string& z_point, const ag::Tensor& clean,
+                      const ag::Tensor& corrupted) {
+  if (!corrupted.defined())
+    ag::fail(op, "the corrupted run never reached {}: run does not pass through it", quote_name(z_point));
+  if (clean.shape() != corrupted.shape())
+    ag::fail(op, "{} holds shape {} on the clean input and {} on the corrupted one; equal (B, H, T, d_k) shapes are "
+             "needed (clean and corrupted inputs of the same shape)", quote_name(z_point),
+             ag::shape_str(clean.shape()), ag::shape_str(corrupted.shape()));
 }
 
 // Sets the parameters' gradients aside and puts them back when it ends.
@@ -55,7 +74,7 @@ PatchingResult activation_patching(Module& model, const std::string& z_point, co
                                    const ag::Tensor& clean_input, const ag::Tensor& corrupted_input) {
   if (!run) ag::fail("activation_patching", "run is empty");
   ag::NoGradGuard no_grad;
-  const ActivationCache clean = clean_run(model, z_point, run, clean_input);
+  const ActivationCache clean = clean_run("activation_patching", model, z_point, run, clean_input);
   const ag::Tensor& z = clean[z_point];
   if (z.dim() != 4)
     ag::fail("activation_patching", "{} holds shape {}; a z point (B, H, T, d_k) is needed", quote_name(z_point),
@@ -64,15 +83,27 @@ PatchingResult activation_patching(Module& model, const std::string& z_point, co
   r.clean_metric = clean.output.item();
   // Through an identity hook at the point: the same (composed) core as the patched runs, so
   // that a patch that changes nothing gives the corrupted metric exactly.
-  r.corrupted_metric = patched_metric(model, z_point, [](const ag::Tensor&, const std::string&) { return ag::Tensor(); },
-                                      run, corrupted_input);
+  ag::Tensor corrupted_z;  // its shape is checked before any patch
+  const auto note = [&corrupted_z](const ag::Tensor& v, const std::string&) {
+    if (!corrupted_z.defined()) corrupted_z = v.detach();
+    return ag::Tensor();
+  };
+  r.corrupted_metric = patched_metric(model, z_point, note, run, corrupted_input, "the corrupted run");
+  check_same_shape("activation_patching", z_point, z, corrupted_z);
+  // The same run again must give the same metric, or the differences below would be noise.
+  const double again = patched_metric(model, z_point, note, run, corrupted_input, "the corrupted run");
+  if (again != r.corrupted_metric)
+    ag::fail("activation_patching", "two runs of the corrupted input gave different metrics ({} and {}): run is not "
+             "deterministic (dropout in training mode? call model.eval() first)", r.corrupted_metric, again);
   const std::int64_t H = z.size(1), T = z.size(2);
   r.per_head_position.assign(static_cast<std::size_t>(H), std::vector<double>(static_cast<std::size_t>(T)));
   for (std::int64_t h = 0; h < H; ++h) {
-    r.per_head.push_back(patched_metric(model, z_point, patch_head(h, z), run, corrupted_input));
+    r.per_head.push_back(patched_metric(model, z_point, patch_head(h, z), run, corrupted_input,
+                                        fmt::format("the corrupted run with head {} patched", h)));
     for (std::int64_t t = 0; t < T; ++t)
       r.per_head_position[static_cast<std::size_t>(h)][static_cast<std::size_t>(t)] =
-          patched_metric(model, z_point, patch_head(h, z, t), run, corrupted_input);
+          patched_metric(model, z_point, patch_head(h, z, t), run, corrupted_input,
+                         fmt::format("the corrupted run with head {} patched at position {}", h, t));
   }
   return r;
 }
@@ -81,20 +112,23 @@ AttributionPatchingResult attribution_patching(Module& model, const std::string&
                                                const ag::Tensor& clean_input, const ag::Tensor& corrupted_input) {
   if (!run) ag::fail("attribution_patching", "run is empty");
   const KeepGrads keep(model);
-  const ActivationCache clean = clean_run(model, z_point, run, clean_input);
+  const ActivationCache clean = clean_run("attribution_patching", model, z_point, run, clean_input);
   ActivationCache corrupted;
   {
     ag::EnableGradGuard grad_on;
     corrupted = run_with_cache(model, [&] { return run(corrupted_input); }, {.names = {z_point}, .backward = true});
   }
   const ag::Tensor& zc = clean[z_point];
+  check_same_shape("attribution_patching", z_point, zc, corrupted.contains(z_point) ? corrupted[z_point] : ag::Tensor());
   const ag::Tensor& zx = corrupted[z_point];
-  if (zc.shape() != zx.shape() || zc.dim() != 4)
-    ag::fail("attribution_patching", "{} holds shape {} on the clean input and {} on the corrupted one; equal "
-             "(B, H, T, d_k) shapes are needed", quote_name(z_point), ag::shape_str(zc.shape()),
-             ag::shape_str(zx.shape()));
+  if (zc.dim() != 4)
+    ag::fail("attribution_patching", "{} holds shape {}; a z point (B, H, T, d_k) is needed", quote_name(z_point),
+             ag::shape_str(zc.shape()));
+  metric_value("attribution_patching", "the corrupted run", corrupted.output);
   const auto diff = (zc - zx).to_vector();
-  const auto grad = corrupted.grad(z_point).to_vector();
+  // No gradient reached z: the metric does not depend on it, so its derivative there is 0.
+  const auto grad = corrupted.has_grad(z_point) ? corrupted.grad(z_point).to_vector()
+                                                : std::vector<double>(diff.size(), 0.0);
   const std::int64_t B = zc.size(0), H = zc.size(1), T = zc.size(2), D = zc.size(3);
   AttributionPatchingResult r;
   r.estimate_per_head.assign(static_cast<std::size_t>(H), 0.0);

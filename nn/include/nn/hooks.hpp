@@ -16,6 +16,9 @@
 //     else throws, naming the point and both shapes). The replacement flows on through the rest of
 //     the forward and its graph: a replacement that requires grad passes gradients back.
 //   - Several hooks on one point run in the order they were added, each on the previous one's result.
+//     A hook removed while the point's hooks run (by an earlier hook) does not run; one added then
+//     runs from the next time the point is reached. A hook may call forward of its own model, but
+//     nesting deeper than kMaxHookDepth throws (a hook that calls forward without end).
 //   - A backward hook sees dL/d(value) for the value after every forward hook, in the same
 //     backward pass (a tensor hook on that value). It fires only if the hook is still added when
 //     backward reaches the point, and only for forwards that recorded a graph.
@@ -63,9 +66,14 @@ struct HookState {
   std::vector<std::vector<HookEntry<BackwardHook>>> backward;  // per point
   std::uint64_t next_id = 1;
   std::size_t count = 0;  // hooks over all points
+  int depth = 0;          // forward hooks of this module running now, nested (a hook may call forward)
 };
 
 }  // namespace detail
+
+// How deep forward hooks of one module may nest (a hook calling its own model's forward) before
+// run throws instead of overflowing the stack.
+inline constexpr int kMaxHookDepth = 32;
 
 // Removes one hook. Not RAII: dropping the handle keeps the hook.
 class HookHandle {
@@ -146,6 +154,7 @@ class ActivationCache {
   friend ActivationCache run_with_cache(Module&, const std::function<ag::Tensor()>&, const CacheOptions&);
   const Entry& entry(std::string_view what, const std::string& name) const;
   std::vector<Entry> entries_;
+  std::vector<std::string> asked_;  // the names run_with_cache hooked
   bool backward_ = false;
   bool keep_graph_ = false;
 };
@@ -154,7 +163,8 @@ class ActivationCache {
 // parameters' .grad as any backward does), with the model's hooks as they are plus caching hooks
 // that see each value after those hooks' replacements. The caching hooks are removed afterwards,
 // also when forward throws. A point reached twice in one forward (a module called twice) throws.
-// Unknown names throw listing the model's hook points.
+// Unknown names throw listing the model's hook points, a name given twice throws (before forward
+// runs). A name forward never reached has no entry; asking for it says so.
 ActivationCache run_with_cache(Module& model, const std::function<ag::Tensor()>& forward,
                                const CacheOptions& options = {});
 

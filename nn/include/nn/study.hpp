@@ -41,9 +41,12 @@ struct PatchingResult {
 };
 // run(input) runs the model and returns a one-element metric (e.g. the mean log-prob of the right
 // answers). Runs without a graph (NoGradGuard); the model's other hooks stay as they are; the
-// patching hooks are removed afterwards, also when run throws. H·(T + 1) + 2 forwards, each with a
+// patching hooks are removed afterwards, also when run throws. H·(T + 1) + 3 forwards, each with a
 // hook at z_point (the corrupted run with one that keeps the value), so every metric comes from the
-// same core: a patch that changes nothing gives corrupted_metric exactly.
+// same core: a patch that changes nothing gives corrupted_metric exactly. The corrupted run is made
+// twice and must give the same metric both times (else it throws: e.g. dropout in training mode).
+// Throws naming the run when a metric is not one finite element, and naming both shapes when the
+// clean and corrupted z differ in shape.
 PatchingResult activation_patching(Module& model, const std::string& z_point,
                                    const std::function<ag::Tensor(const ag::Tensor& input)>& run,
                                    const ag::Tensor& clean_input, const ag::Tensor& corrupted_input);
