@@ -13,6 +13,8 @@
 
 #include <nn/nn.hpp>
 
+#include "test_support.hpp"
+
 namespace study_support {
 
 namespace ag = autograd;
@@ -110,14 +112,6 @@ inline void check_values_near(const ag::Tensor& t, const std::vector<double>& wa
     BOOST_TEST(std::abs(got[i] - want[i]) <= tol, "element " << i << ": " << got[i] << " vs " << want[i]);
 }
 
-inline bool message_has(const std::exception& e, const std::vector<std::string>& parts) {
-  const std::string m = e.what();
-  for (const auto& p : parts)
-    if (m.find(p) == std::string::npos) {
-      BOOST_TEST_MESSAGE("message \"" << m << "\" lacks \"" << p << "\"");
-      return false;
-    }
-  return true;
-}
+using test_support::message_has;
 
 }  // namespace study_support

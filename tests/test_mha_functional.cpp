@@ -14,6 +14,8 @@
 
 #include <nn/nn.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 namespace F = nn::functional;
 using nn::AttentionCore;
@@ -23,15 +25,7 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr ag::Dtype F64 = ag::Dtype::Float64;
 
-bool message_has(const std::invalid_argument& e, std::initializer_list<std::string> parts) {
-  const std::string m = e.what();
-  for (const auto& p : parts)
-    if (m.find(p) == std::string::npos) {
-      BOOST_TEST_MESSAGE("message \"" << m << "\" lacks \"" << p << "\"");
-      return false;
-    }
-  return true;
-}
+using test_support::message_has;
 
 bool all_finite(const ag::Tensor& t) {
   for (double v : t.to_vector())

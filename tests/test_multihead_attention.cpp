@@ -13,6 +13,8 @@
 #include <Eigen/Dense>
 #include <nn/nn.hpp>
 
+#include "test_support.hpp"
+
 namespace ag = autograd;
 using nn::AttentionCore;
 
@@ -45,15 +47,7 @@ bool all_finite(const ag::Tensor& t) {
   return true;
 }
 
-bool message_has(const std::invalid_argument& e, std::initializer_list<std::string> parts) {
-  const std::string m = e.what();
-  for (const auto& p : parts)
-    if (m.find(p) == std::string::npos) {
-      BOOST_TEST_MESSAGE("message '" << m << "' lacks '" << p << "'");
-      return false;
-    }
-  return true;
-}
+using test_support::message_has;
 
 Eigen::MatrixXd to_eigen(const ag::Tensor& t2d) {
   const auto v = t2d.to_vector();

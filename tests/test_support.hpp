@@ -132,6 +132,17 @@ void check_throws(F&& f, const std::vector<std::string>& parts) {
   BOOST_ERROR("did not throw");
 }
 
+// e's message holds every one of `parts`; the first missing one is logged.
+inline bool message_has(const std::exception& e, const std::vector<std::string>& parts) {
+  const std::string m = e.what();
+  for (const auto& p : parts)
+    if (m.find(p) == std::string::npos) {
+      BOOST_TEST_MESSAGE("message \"" << m << "\" lacks \"" << p << "\"");
+      return false;
+    }
+  return true;
+}
+
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // f throws a std::invalid_argument whose message contains `fragment`.
