@@ -87,6 +87,11 @@ inline ag::Tensor tokens(const std::vector<std::vector<double>>& rows) {
   return ag::tensor(flat, {static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(rows[0].size())}, F64);
 }
 
+// The clean and corrupted token batches (2 x 4) and the targets the study tests share.
+inline const ag::Tensor kClean = tokens({{1, 2, 3, 0}, {4, 1, 1, 2}});
+inline const ag::Tensor kCorrupted = tokens({{3, 2, 0, 0}, {4, 4, 1, 3}});
+inline const std::vector<std::int64_t> kTargets{0, 1, 2, 3, 4, 0, 1, 2};
+
 // Mean log-probability of `targets` (B, T) under logits (B, T, C): a one-element metric.
 inline ag::Tensor mean_log_prob(const ag::Tensor& logits, const std::vector<std::int64_t>& targets) {
   const std::int64_t C = logits.size(-1);

@@ -17,10 +17,6 @@ using namespace study_support;
 
 namespace {
 
-const ag::Tensor kClean = tokens({{1, 2, 3, 0}, {4, 1, 1, 2}});
-const ag::Tensor kCorrupted = tokens({{3, 2, 0, 0}, {4, 4, 1, 3}});
-const std::vector<std::int64_t> kTargets{0, 1, 2, 3, 4, 0, 1, 2};
-
 auto metric_of(TinyModel& m) {
   return [&m](const ag::Tensor& x) { return mean_log_prob(m.forward(x), kTargets); };
 }
