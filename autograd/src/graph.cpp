@@ -10,6 +10,7 @@
 #include "autograd/anomaly.hpp"
 #include "autograd/grad_mode.hpp"
 #include "autograd/ops.hpp"
+#include "walk_state.hpp"
 
 namespace autograd {
 
@@ -102,7 +103,9 @@ void AccumulateGrad::apply(const TensorList& grad_outputs, TensorList&) {
   }
   // (The hooks ran unlocked: one may run a nested backward that reaches this leaf again.)
   std::lock_guard<std::mutex> lock(leaf_lock(leaf_.get()));
-  if (leaf_->grad) {
+  if (is_grad_enabled()) {  // create_graph: .grad is part of the graph, added out of place
+    leaf_->grad = leaf_->grad ? add(Tensor(leaf_->grad), g).impl() : g.clone().impl();
+  } else if (leaf_->grad) {
     Tensor(leaf_->grad).add_(g);  // in place: no allocation once .grad exists
   } else {
     leaf_->grad = g.detach().clone().impl();  // own copy: g may be shared with other edges
@@ -123,9 +126,15 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
 // ---- SavedTensor ----
 
 SavedTensor::SavedTensor(const Tensor& t) {
-  if (t.defined()) {
-    data_ = t.detach();
-    version_ = t.version();
+  if (!t.defined()) return;
+  data_ = t.detach();
+  version_ = t.version();
+  const auto& impl = t.impl();
+  if (impl->grad_fn) {
+    grad_fn_ = impl->grad_fn;
+    output_nr_ = impl->output_nr;
+  } else if (impl->requires_grad) {
+    leaf_ = impl;
   }
 }
 
@@ -135,7 +144,40 @@ Tensor SavedTensor::get(std::string_view op) const {
         "{}: a tensor of shape {} saved for backward was changed in place after it was saved "
         "(version {} when saved, {} now), so its backward would use the wrong values",
         op, shape_str(data_.shape()), version_, data_.version()));
-  return data_;
+  if (!data_.defined() || !is_grad_enabled()) return data_;
+  return connected();
+}
+
+// The saved tensor as part of the graph (grad mode is on: a backward rule builds a graph).
+Tensor SavedTensor::connected() const {
+  if (leaf_) {
+    if (leaf_->storage != data_.impl()->storage)
+      fail("backward", "a leaf {} saved for backward was given new data with set_data() since; the graph of "
+           "its backward cannot be built", shape_str(leaf_->shape));
+    return Tensor(leaf_);
+  }
+  std::shared_ptr<Node> node = grad_fn_;
+  std::uint32_t nr = output_nr_;
+  if (!node) {  // perhaps the output of the node being run, saved before the node was made
+    Node* running = detail::walk_state().running;
+    if (running == nullptr) return data_;
+    const Storage* storage = data_.impl()->storage.get();
+    const auto& outputs = running->output_meta;
+    std::size_t i = 0;
+    while (i < outputs.size() && !(outputs[i].storage == storage && outputs[i].shape == data_.shape() &&
+                                   outputs[i].dtype == data_.dtype()))
+      ++i;
+    if (i == outputs.size()) return data_;  // a constant: no graph behind it
+    node = running->shared_from_this();
+    nr = static_cast<std::uint32_t>(i);
+  }
+  auto impl = std::allocate_shared<TensorImpl>(detail::PoolAllocator<TensorImpl>{});
+  impl->shape = data_.shape();
+  impl->dtype = data_.dtype();
+  impl->storage = data_.impl()->storage;
+  impl->grad_fn = std::move(node);
+  impl->output_nr = nr;
+  return Tensor(std::move(impl));
 }
 
 // ---- recording ----
@@ -176,7 +218,7 @@ void connect(const std::shared_ptr<Node>& node, std::span<const Tensor> inputs, 
   node->output_meta.reserve(outputs.size());
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const auto& impl = outputs[i].impl();
-    node->output_meta.push_back({impl->shape, impl->dtype});
+    node->output_meta.push_back({impl->shape, impl->dtype, impl->storage.get()});
     impl->grad_fn = node;
     impl->output_nr = static_cast<std::uint32_t>(i);
     impl->requires_grad = false;

@@ -8,6 +8,7 @@
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
 #include "autograd/detail/small_pool.hpp"
 #include "buffer_pool.hpp"
 
@@ -147,26 +148,26 @@ std::uint32_t Tensor::output_nr() const {
   return impl_->output_nr;
 }
 
-void Tensor::backward(bool retain_graph) const {
+void Tensor::backward(bool retain_graph, bool create_graph) const {
   check_defined("backward");
   if (numel() != 1)
     throw std::runtime_error(fmt::format(
         "backward: a gradient can be created implicitly only for a one-element tensor, got shape {}; "
         "pass a gradient: t.backward(grad)", shape_str(shape())));
   const Tensor seed = ones(shape(), dtype());
-  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&seed, 1), retain_graph);
+  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&seed, 1), retain_graph, create_graph);
 }
 
-void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+void Tensor::backward(const Tensor& grad, bool retain_graph, bool create_graph) const {
   check_defined("backward");
   if (!grad.defined()) {
-    backward(retain_graph);
+    backward(retain_graph, create_graph);
     return;
   }
   if (grad.shape() != shape() || grad.dtype() != dtype())
     fail("backward", "gradient {} {} does not match tensor {} {}", shape_str(grad.shape()),
          dtype_name(grad.dtype()), shape_str(shape()), dtype_name(dtype()));
-  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&grad, 1), retain_graph);
+  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&grad, 1), retain_graph, create_graph);
 }
 
 Tensor& Tensor::retain_grad() {
@@ -176,8 +177,11 @@ Tensor& Tensor::retain_grad() {
   impl_->retains_grad = true;
   std::weak_ptr<TensorImpl> weak = impl_;
   register_hook([weak](const Tensor& g) {
+    if (!backward_accumulates_grad()) return Tensor();  // grad() writes no .grad
     if (auto impl = weak.lock()) {
-      if (impl->grad) {
+      if (is_grad_enabled()) {  // create_graph: .grad is part of the graph, added out of place
+        impl->grad = impl->grad ? add(Tensor(impl->grad), g).impl() : g.clone().impl();
+      } else if (impl->grad) {
         Tensor(impl->grad).add_(g);
       } else {
         impl->grad = g.detach().clone().impl();

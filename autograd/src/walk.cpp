@@ -23,6 +23,7 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "walk_state.hpp"
 
 namespace autograd {
 
@@ -100,6 +101,15 @@ class SlotMap {
         return {fresh, true};
       }
       if (e.node == node) return {e.slot, false};
+    }
+  }
+  // The slot of `node`, or kNoSlot when this walk has not reached it.
+  std::size_t find(const Node* node) const {
+    if (entries_.empty()) return static_cast<std::size_t>(-1);
+    for (std::size_t i = home(node);; i = (i + 1) & (entries_.size() - 1)) {
+      const Entry& e = entries_[i];
+      if (e.generation != generation_) return static_cast<std::size_t>(-1);
+      if (e.node == node) return e.slot;
     }
   }
   void release_memory() { std::vector<Entry>().swap(entries_); }
@@ -198,9 +208,17 @@ struct LaterFirst {
   bool operator()(std::size_t a, std::size_t b) const { return nodes[a]->sequence_nr < nodes[b]->sequence_nr; }
 };
 
+// grad(): where the gradient of each input arrives (the slot of its node and which output),
+// what arrived there, and which nodes lead to some input (only those run).
+struct Capture {
+  std::vector<std::pair<std::size_t, std::uint32_t>> at;  // per input; kNoSlot: not reached
+  TensorList grads;                                        // per input; undefined: none arrived
+  std::vector<char> needed;                                // per slot
+};
+
 class Walk {
  public:
-  explicit Walk(WalkTables& t) : t_(t) { t_.slots.begin_walk(); }
+  explicit Walk(WalkTables& t, Capture* capture = nullptr) : t_(t), capture_(capture) { t_.slots.begin_walk(); }
 
   // Gives each node reachable from the roots a slot, and counts the consumers of each.
   void discover(std::span<const Tensor> roots) {
@@ -236,6 +254,37 @@ class Walk {
       accumulate(t_.grads_in[t_.first_grad[t_.roots[r].first] + t_.roots[r].second], grads[r]);
   }
 
+  // grad(): finds where each input's gradient arrives and marks the nodes that lead there.
+  void locate(std::span<const Tensor> inputs) {
+    for (const auto& in : inputs) {
+      std::shared_ptr<Node> node = in.grad_fn() ? in.grad_fn() : in.impl()->grad_accumulator.lock();
+      const std::size_t slot = node ? t_.slots.find(node.get()) : kNoSlot;
+      capture_->at.emplace_back(slot, in.grad_fn() ? in.output_nr() : 0);
+    }
+    capture_->grads.resize(inputs.size());
+    // Consumers before producers (Kahn's order), then backwards: a node is needed when an edge
+    // leads to an input's node or to a needed node.
+    std::vector<char> target(t_.nodes.size(), 0);
+    for (const auto& [slot, nr] : capture_->at)
+      if (slot != kNoSlot) target[slot] = 1;
+    std::vector<int> pending = t_.pending;
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < pending.size(); ++i)
+      if (pending[i] == 0) order.push_back(i);
+    for (std::size_t k = 0; k < order.size(); ++k)
+      for (std::size_t e = t_.first_edge[order[k]]; e < t_.first_edge[order[k] + 1]; ++e)
+        if (t_.edge_slots[e] != kNoSlot && --pending[t_.edge_slots[e]] == 0) order.push_back(t_.edge_slots[e]);
+    auto& needed = capture_->needed;
+    needed.assign(t_.nodes.size(), 0);
+    for (std::size_t k = order.size(); k-- > 0;) {
+      const std::size_t slot = order[k];
+      for (std::size_t e = t_.first_edge[slot]; e < t_.first_edge[slot + 1]; ++e) {
+        const std::size_t next = t_.edge_slots[e];
+        if (next != kNoSlot && (target[next] || needed[next])) needed[slot] = 1;
+      }
+    }
+  }
+
   // Runs every node once all its consumers have run, latest-created first among the ready.
   void run(bool retain_graph) {
     for (std::size_t i = 0; i < t_.nodes.size(); ++i)
@@ -248,14 +297,19 @@ class Walk {
       Node& node = *t_.nodes[slot];
       if (node.released()) freed_graph_error(node);  // by a walk started from a hook
       take_gradients(slot);
-      if (any_defined(t_.grad_outputs)) {
+      const bool runs = capture_ == nullptr || capture_->needed[slot];
+      if (capture_ != nullptr) take_captured(slot);
+      if (runs && any_defined(t_.grad_outputs)) {
         run_hooks(node);
-        node.apply(t_.grad_outputs, t_.grad_inputs);
+        {
+          detail::RunningNode running(node);
+          node.apply(t_.grad_outputs, t_.grad_inputs);
+        }
         check_returned(node);
       }
       t_.grad_outputs.clear();  // drop this node's incoming gradients now
       pass_on(slot, node);
-      if (!retain_graph && !node.accumulates_into_leaf()) node.mark_released();
+      if (runs && !retain_graph && !node.accumulates_into_leaf()) node.mark_released();
     }
   }
 
@@ -280,6 +334,12 @@ class Walk {
 
   static bool any_defined(const TensorList& grads) {
     return std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); });
+  }
+
+  // grad(): keeps what arrived at the outputs of this node that are inputs of grad().
+  void take_captured(std::size_t slot) {
+    for (std::size_t i = 0; i < capture_->at.size(); ++i)
+      if (capture_->at[i].first == slot) capture_->grads[i] = t_.grad_outputs[capture_->at[i].second];
   }
 
   // Moves the gradients that arrived at the node's outputs into grad_outputs.
@@ -314,6 +374,9 @@ class Walk {
   }
 
   // A rule returns one gradient per input, each undefined or of that input's shape and dtype.
+  // While a graph of the backward is built, a gradient that arrived as part of that graph must
+  // leave as part of it: a rule that computed with raw kernels would cut the graph, and the
+  // derivatives through it would silently be zero.
   void check_returned(const Node& node) const {
     if (is_anomaly_enabled()) detail::anomaly_check_backward(node, t_.grad_inputs);
     const auto& grads = t_.grad_inputs;
@@ -329,6 +392,16 @@ class Walk {
                                              printable(node.name()), shape_str(grads[j].shape()), dtype_name(grads[j].dtype()),
                                              j, shape_str(meta.shape), dtype_name(meta.dtype)));
     }
+    if (!is_grad_enabled() || node.accumulates_into_leaf()) return;
+    const bool graph_in = std::any_of(t_.grad_outputs.begin(), t_.grad_outputs.end(),
+                                      [](const Tensor& g) { return g.defined() && g.requires_grad(); });
+    for (std::size_t j = 0; graph_in && j < grads.size(); ++j)
+      if (grads[j].defined() && !grads[j].requires_grad())
+        throw std::runtime_error(fmt::format(
+            "backward of '{}' cannot be differentiated again (create_graph): its gradient for input {} was "
+            "computed outside the graph; use first-order backward through it, or write its backward with "
+            "differentiable ops",
+            printable(node.name()), j));
   }
 
   // Adds each input's gradient to the output it came from, and readies the nodes whose last
@@ -348,6 +421,7 @@ class Walk {
   }
 
   WalkTables& t_;
+  Capture* capture_;  // grad(): what to hand back (null for backward())
 };
 
 }  // namespace
@@ -375,19 +449,73 @@ struct NestingDepth {
 
 }  // namespace
 
-void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
-  run_backward(std::span<const Tensor>(roots), std::span<const Tensor>(grads), retain_graph);
+namespace detail {
+WalkState& walk_state() {
+  thread_local WalkState state;
+  return state;
+}
+}  // namespace detail
+
+namespace {
+
+// Grad mode for the backward rules (on only when they build a graph), and whether the walk
+// adds into .grad, both restored when the walk ends.
+class WalkModes {
+ public:
+  WalkModes(bool create_graph, bool accumulates)
+      : grad_(is_grad_enabled()), accumulates_(detail::walk_state().accumulates_grad) {
+    set_grad_enabled(create_graph);
+    detail::walk_state().accumulates_grad = accumulates;
+  }
+  ~WalkModes() {
+    set_grad_enabled(grad_);
+    detail::walk_state().accumulates_grad = accumulates_;
+  }
+  WalkModes(const WalkModes&) = delete;
+  WalkModes& operator=(const WalkModes&) = delete;
+
+ private:
+  bool grad_, accumulates_;
+};
+
+}  // namespace
+
+bool backward_accumulates_grad() { return detail::walk_state().accumulates_grad; }
+
+void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph, bool create_graph) {
+  run_backward(std::span<const Tensor>(roots), std::span<const Tensor>(grads), retain_graph, create_graph);
 }
 
-void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph) {
+void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph,
+                  bool create_graph) {
   if (roots.size() != grads.size()) fail("backward", "{} roots but {} gradients", roots.size(), grads.size());
   NestingDepth depth;  // a hook may run a backward, but not without end
-  NoGradGuard no_grad;  // backward rules compute with plain ops: no graph of the graph
+  WalkModes modes(create_graph, true);  // without create_graph, rules compute with no graph of the graph
   WalkTablesLease tables;  // the release: its end lets go of every node the walk held
   Walk walk(*tables);
   walk.discover(roots);
   walk.seed(grads);
-  walk.run(retain_graph);
+  walk.run(retain_graph || create_graph);
 }
+
+namespace detail {
+
+// grad()'s walk: the outputs' gradients seeded, the inputs' gradients captured where they
+// arrive, only the nodes in between run.
+TensorList capture_gradients(std::span<const Tensor> outputs, std::span<const Tensor> seeds,
+                             std::span<const Tensor> inputs, bool retain_graph, bool create_graph) {
+  NestingDepth depth;
+  WalkModes modes(create_graph, false);
+  WalkTablesLease tables;
+  Capture capture;
+  Walk walk(*tables, &capture);
+  walk.discover(outputs);
+  walk.seed(seeds);
+  walk.locate(inputs);
+  walk.run(retain_graph || create_graph);
+  return std::move(capture.grads);
+}
+
+}  // namespace detail
 
 }  // namespace autograd

@@ -19,6 +19,15 @@
 // needed), as in PyTorch; a list of another length, an empty one included, makes backward()
 // throw, naming the function.
 // Check it with gradcheck.
+//
+// Second order: backward runs with grad mode on when a graph of the backward is being built
+// (grad() or backward() with create_graph), and ctx.saved_tensors() then returns tensors that
+// are part of the graph. A backward written with ag ops is therefore differentiable again, to
+// any order (check it with gradgradcheck). A backward that computes with raw values (to_vector,
+// data<T>(), Eigen) cuts the graph: declare it with
+//   static constexpr bool once_differentiable = true;
+// and create_graph through it throws an error naming the function instead of giving second
+// derivatives that are silently wrong.
 #include <map>
 #include <memory>
 #include <string>
@@ -44,6 +53,9 @@ class FunctionCtx {
  private:
   std::vector<SavedTensor> saved_;
 };
+
+// Thrown when create_graph reaches a Function declared once_differentiable.
+[[noreturn]] void once_differentiable_error(const std::string& name);
 
 template <class Derived>
 struct Function {
@@ -74,8 +86,12 @@ struct Function {
       } else {
         outputs = result;
       }
-      record(ctx->op_name, inputs, outputs,
-             [ctx](const TensorList& grad_outputs, const Node&) { return Derived::backward(*ctx, grad_outputs); });
+      record(ctx->op_name, inputs, outputs, [ctx](const TensorList& grad_outputs, const Node&) {
+        if constexpr (requires { Derived::once_differentiable; }) {
+          if (Derived::once_differentiable && is_grad_enabled()) once_differentiable_error(ctx->op_name);
+        }
+        return Derived::backward(*ctx, grad_outputs);
+      });
     }
     return result;
   }

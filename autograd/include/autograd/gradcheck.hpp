@@ -50,6 +50,21 @@ using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
                           const GradcheckOptions& options = {});
 
+// Second derivatives (PyTorch's gradgradcheck): the gradient of fn at random grad_outputs u,
+// g(x) = d(u·fn(x))/dx (computed with create_graph), is itself checked with gradcheck: its
+// Jacobian from a second backward against central differences of first-order gradients. The
+// result names the worst element as gradcheck's does; its output element counts through the
+// checked inputs' gradients laid end to end (gradient_element_text says which input's it is).
+// u comes from options.seed. Inputs must be float64 leaves, as for gradcheck.
+GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
+                              const GradcheckOptions& options = {});
+
+// The Hessian-vector product of a scalar function: H·v, where H is the matrix of second
+// derivatives of fn with respect to the inputs that require grad, and v holds one tensor per
+// such input (in their order, of their shapes). One entry per input (undefined for inputs that
+// do not require grad). Leaves no .grad.
+std::vector<Tensor> hvp(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v);
+
 // Where the worst element of a full-Jacobian check is, as the messages say it:
 // "input 3 'attn.W_O' element 5 [1, 2] (output element 0)" (the name only when the input has one).
 std::string worst_element_text(const GradcheckResult& r);

@@ -75,6 +75,9 @@ struct Edge {
 struct TensorMeta {
   Shape shape;
   Dtype dtype = Dtype::Float32;
+  // Outputs only: the storage the output was made with, by which a saved tensor recognises the
+  // node's own output when a graph of the backward is built (identity only, never read).
+  const Storage* storage = nullptr;
 };
 
 namespace detail {
@@ -166,17 +169,29 @@ class AccumulateGrad : public Node {
 
 // A tensor kept for backward. It holds the data outside the graph (no cycles) and the
 // version it had; get() throws if the data was changed in place in between.
+//
+// It also remembers where the tensor came from in the graph, for backward rules that build a
+// graph of their own (create_graph): a tensor made by an earlier op keeps that op's node, a leaf
+// that requires grad is kept itself, and a tensor that had no graph yet when it was saved may be
+// the op's own output (saved before the node existed): get() then finds it among the outputs of
+// the node being run. Holding the node of an output would be a cycle; holding the earlier ops'
+// nodes is not (the node holds them through its edges anyway).
 class SavedTensor {
  public:
   SavedTensor() = default;
   explicit SavedTensor(const Tensor& t);
-  // `op` names the backward that needs it, for the error message.
+  // `op` names the backward that needs it, for the error message. While grad mode is on (a
+  // backward with create_graph) the tensor returned is part of the graph, as the original was.
   Tensor get(std::string_view op) const;
   bool defined() const { return data_.defined(); }
 
  private:
+  Tensor connected() const;
   Tensor data_;
   std::uint64_t version_ = 0;
+  std::shared_ptr<Node> grad_fn_;      // the op that made it, if any
+  std::shared_ptr<TensorImpl> leaf_;   // the tensor itself, when it is a leaf that requires grad
+  std::uint32_t output_nr_ = 0;
 };
 
 // True when grad mode is on and some input requires grad: the op must record a node.
@@ -229,8 +244,35 @@ Tensor record(std::string_view name, std::initializer_list<Tensor> inputs, Tenso
 // Runs backward from `roots` seeded with `grads` (same shapes). Used by Tensor::backward.
 // A hook may call backward() again (a nested walk, with its own bookkeeping). Walks on several
 // threads may share leaves; one that reaches a node another thread's walk holds throws.
-void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph);
-void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph);
+// create_graph: the backward rules run with grad mode on, so the gradients they compute (and
+// the .grad they leave) are part of a graph that can be differentiated again; the graph walked
+// is kept, whatever retain_graph says.
+void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph, bool create_graph = false);
+void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph,
+                  bool create_graph = false);
+
+// ---- the functional gradient (torch.autograd.grad) ----
+struct GradOptions {
+  // One per output (each of its output's shape and dtype); empty, or an undefined entry, means
+  // ones for a one-element output.
+  TensorList grad_outputs = {};
+  bool retain_graph = false;
+  // The returned gradients are part of a graph (differentiable again, to any order); implies
+  // retain_graph.
+  bool create_graph = false;
+  // An input the outputs do not depend on gets an undefined tensor instead of an error.
+  bool allow_unused = false;
+};
+
+// d(outputs)/d(inputs), summed over the outputs and weighted by grad_outputs: one gradient per
+// input, of its shape. Writes no .grad (neither the inputs' nor any other tensor's) and runs
+// only the part of the graph between the outputs and the inputs. Inputs may be leaves or
+// tensors made by ops; each must require grad.
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const GradOptions& options = {});
+
+// True while the backward walk on this thread adds into .grad (backward()); false while it only
+// hands gradients back (grad()). Hooks that store gradients, as retain_grad's does, ask it.
+bool backward_accumulates_grad();
 
 // Sums a broadcast gradient back to `shape` (NumPy broadcasting rules in reverse).
 Tensor sum_to(const Tensor& grad, const Shape& shape);

@@ -134,8 +134,10 @@ class Tensor {
   }
   std::uint32_t output_nr() const;
 
-  void backward(bool retain_graph = false) const;  // one-element tensors
-  void backward(const Tensor& grad, bool retain_graph = false) const;
+  // create_graph: the gradients (and the .grad they leave) are part of a graph, so they can be
+  // differentiated again; the graph walked is kept (retain_graph is implied).
+  void backward(bool retain_graph = false, bool create_graph = false) const;  // one-element tensors
+  void backward(const Tensor& grad, bool retain_graph = false, bool create_graph = false) const;
   Tensor& retain_grad();  // keep .grad on a non-leaf
   // The hook sees the gradient arriving at this tensor; returning a defined tensor replaces it.
   void register_hook(TensorHook hook);

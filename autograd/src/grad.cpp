@@ -1,0 +1,76 @@
+// grad(): the functional gradient, as torch.autograd.grad. The walk is backward()'s (walk.cpp),
+// told to hand back what arrives at the inputs instead of adding into .grad.
+#include <string>
+
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+#include "walk_state.hpp"
+
+namespace autograd {
+
+namespace {
+
+std::string tensor_label(const char* what, std::size_t i, const Tensor& t) {
+  if (t.defined() && !t.name().empty()) return fmt::format("{} {} {}", what, i, quoted(t.name()));
+  return fmt::format("{} {}", what, i);
+}
+
+void check_inputs(const TensorList& inputs) {
+  if (inputs.empty()) fail("grad", "no inputs given: nothing to differentiate with respect to");
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) fail("grad", "{} is {}", tensor_label("input", i, t), undefined_description(t));
+    if (!t.requires_grad())
+      fail("grad", "{} {} does not require grad, so it has no gradient (call requires_grad_() on it before "
+           "computing the outputs)", tensor_label("input", i, t), shape_str(t.shape()));
+  }
+}
+
+// The seed of each output: the given gradient (checked), or ones for a one-element output.
+TensorList seeds_for(const TensorList& outputs, const TensorList& given) {
+  if (!given.empty() && given.size() != outputs.size())
+    fail("grad", "{} outputs but {} grad_outputs (give one per output, or none)", outputs.size(), given.size());
+  TensorList seeds;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& y = outputs[i];
+    if (!y.defined()) fail("grad", "{} is {}", tensor_label("output", i, y), undefined_description(y));
+    if (!y.requires_grad())
+      fail("grad", "{} {} does not require grad and has no grad_fn: it does not depend on any tensor that "
+           "requires grad", tensor_label("output", i, y), shape_str(y.shape()));
+    const Tensor g = given.empty() ? Tensor() : given[i];
+    if (!g.defined()) {
+      if (y.numel() != 1)
+        fail("grad", "{} has shape {}: a gradient can be created implicitly only for a one-element output; pass "
+             "grad_outputs", tensor_label("output", i, y), shape_str(y.shape()));
+      seeds.push_back(ones(y.shape(), y.dtype()));
+    } else {
+      if (g.shape() != y.shape() || g.dtype() != y.dtype())
+        fail("grad", "grad_outputs[{}] is {} {} but output {} is {} {}", i, shape_str(g.shape()),
+             dtype_name(g.dtype()), i, shape_str(y.shape()), dtype_name(y.dtype()));
+      seeds.push_back(g);
+    }
+  }
+  return seeds;
+}
+
+}  // namespace
+
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const GradOptions& options) {
+  if (outputs.empty()) fail("grad", "no outputs given: nothing to differentiate");
+  check_inputs(inputs);
+  const TensorList seeds = seeds_for(outputs, options.grad_outputs);
+  TensorList grads = detail::capture_gradients(outputs, seeds, inputs, options.retain_graph, options.create_graph);
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined()) {
+      if (!options.create_graph) grads[i] = grads[i].detach();
+      continue;
+    }
+    if (!options.allow_unused)
+      fail("grad", "{} {} is not used by the outputs: no gradient reaches it (set allow_unused to get an undefined "
+           "tensor for it instead)", tensor_label("input", i, inputs[i]), shape_str(inputs[i].shape()));
+    grads[i] = Tensor::undefined("grad(): the outputs do not depend on this input (allow_unused)");
+  }
+  return grads;
+}
+
+}  // namespace autograd

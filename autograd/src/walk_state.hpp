@@ -1,0 +1,36 @@
+#pragma once
+// What the backward walk on this thread is doing right now, for the pieces of the graph that
+// need to know: the node whose backward rule runs (a saved tensor looks for its own output
+// there when a graph of the backward is built), and whether gradients go into .grad.
+#include <span>
+
+#include "autograd/graph.hpp"
+
+namespace autograd {
+namespace detail {
+
+struct WalkState {
+  Node* running = nullptr;      // the node whose apply() runs now (null outside)
+  bool accumulates_grad = true;  // false inside grad(): nothing is written into .grad
+};
+WalkState& walk_state();
+
+// Sets the running node for its lifetime and restores the one before (walks nest).
+class RunningNode {
+ public:
+  explicit RunningNode(Node& node) : prev_(walk_state().running) { walk_state().running = &node; }
+  ~RunningNode() { walk_state().running = prev_; }
+  RunningNode(const RunningNode&) = delete;
+  RunningNode& operator=(const RunningNode&) = delete;
+
+ private:
+  Node* prev_;
+};
+
+// grad()'s walk (walk.cpp): from `outputs` seeded with `seeds` (checked already), the gradients
+// that arrive at `inputs` (undefined where none does); writes no .grad.
+TensorList capture_gradients(std::span<const Tensor> outputs, std::span<const Tensor> seeds,
+                             std::span<const Tensor> inputs, bool retain_graph, bool create_graph);
+
+}  // namespace detail
+}  // namespace autograd
