@@ -33,7 +33,7 @@ int main() {
   fmt::print("per-head weights {}; sequence 1, head 0:\n{}\n\n", ag::shape_str(p.weights.shape()),
              nn::AttentionStudy::head(p.weights, /*h=*/0, /*b=*/1));
 
-  // need_weights = false skips the weights (and is the fast path): weights is undefined.
+  // need_weights = false: no weights are averaged or returned (weights is undefined).
   fmt::print("need_weights = false: weights defined? {}\n", attn(x, x, x, {.need_weights = false}).weights.defined());
 
   // A query whose keys are all blocked gets zero weights, out = b_O, zero gradients: never NaN.
