@@ -16,6 +16,10 @@
 //   nn::save_checkpoint("run.safetensors", model, optimizer, {{"step", "1000"}});
 //   auto metadata = nn::load_checkpoint("run.safetensors", model, optimizer);
 //
+// These files use headgrad's parameter names; for PyTorch's names and layouts see
+// nn/torch_state_dict.hpp. Every saved file also carries the model's configuration in its
+// metadata ("headgrad.config", see "self-describing files" below).
+//
 // Saving is atomic: the bytes go to a temporary file in the same directory (a short name,
 // ".headgrad-<16 hex digits>.tmp", so any file name the directory allows can be saved), which is
 // flushed to disk (fsync) and then renamed over the target, so a crash mid-save leaves the
