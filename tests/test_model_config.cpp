@@ -13,8 +13,7 @@
 
 #include "checkpoint_support.hpp"
 
-// train_heads' model, compiled into this test (the tests link headgrad::nn only).
-#include "../examples/heads_model.cpp"
+#include "heads_model.hpp"  // train_heads' model (its source is compiled into this test)
 
 namespace ag = autograd;
 using checkpoint_support::same_bits;
