@@ -677,3 +677,75 @@ BOOST_AUTO_TEST_CASE(masked_logits_follow_the_first_order_conventions) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(composed_paths_at_the_edges)
+
+BOOST_AUTO_TEST_CASE(empty_tensors_give_empty_gradients_of_a_graph) {
+  // each op with an empty input, differentiated with create_graph: right shapes, no error
+  auto check = [](const std::string& what, const ag::GradcheckFn& f, const TensorList& inputs) {
+    BOOST_TEST_CONTEXT(what) {
+      const Tensor y = f(inputs);
+      const TensorList g = ag::grad({y}, inputs, {.grad_outputs = {ag::ones(y.shape(), Dtype::Float64)},
+                                                  .create_graph = true, .allow_unused = true});
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (g[i].defined()) BOOST_TEST(ag::shape_str(g[i].shape()) == ag::shape_str(inputs[i].shape()));
+    }
+  };
+  check("matmul", [](const TensorList& in) { return ag::matmul(in[0], in[1]); }, {input({2, 0, 3}, 1), input({3, 4}, 2)});
+  check("matmul, empty inner", [](const TensorList& in) { return ag::matmul(in[0], in[1]); },
+        {input({2, 0}, 1), input({0, 4}, 2)});
+  check("linear", [](const TensorList& in) { return ag::linear(in[0], in[1], in[2]); },
+        {input({0, 3}, 3), input({3, 2}, 4), input({2}, 5)});
+  check("linear_cat", [](const TensorList& in) {
+    const Tensor ws[] = {in[1], in[2]};
+    return ag::linear_cat(in[0], ws);
+  }, {input({0, 3}, 6), input({3, 2}, 7), input({3, 1}, 8)});
+  check("softmax", [](const TensorList& in) { return ag::softmax(in[0], 1); }, {input({0, 3}, 9)});
+  check("log_softmax", [](const TensorList& in) { return ag::log_softmax(in[0], 0); }, {input({0, 3}, 9)});
+  check("layer_norm", [](const TensorList& in) { return ag::layer_norm(in[0], {3}, in[1], in[2]); },
+        {input({0, 3}, 10), input({3}, 11), input({3}, 12)});
+  check("embedding", [](const TensorList& in) { return ag::embedding(in[0], ag::zeros({0}, Dtype::Float64)); },
+        {input({4, 3}, 13)});
+  check("cross_entropy", [](const TensorList& in) {
+    return ag::cross_entropy(in[0], std::vector<std::int64_t>{}, {.reduction = ag::Reduction::Sum});
+  }, {input({0, 3}, 14)});
+}
+
+BOOST_AUTO_TEST_CASE(float32_second_derivatives_match_float64) {
+  // the composed paths run in the input's dtype: float32 hvps agree with float64 ones
+  const Tensor x = input({3, 4}, 401), w = input({4, 5}, 402), g = input({4}, 403);
+  const Tensor t = targets_of({0, 4, 2}, {3});
+  auto f = [&](const TensorList& in) {
+    const Tensor h = ag::layer_norm(in[0], {4}, in[2]);
+    return ag::cross_entropy(ag::log_softmax(ag::linear(h, in[1]), -1), t, {.label_smoothing = 0.1});
+  };
+  const TensorList v = {constant({3, 4}, 404), constant({4, 5}, 405), constant({4}, 406)};
+  const TensorList h64 = ag::hvp(f, {x, w, g}, v);
+  TensorList in32, v32;
+  for (const Tensor& e : {x, w, g}) in32.push_back(e.detach().to(Dtype::Float32).requires_grad_());
+  for (const Tensor& e : v) v32.push_back(e.to(Dtype::Float32));
+  const TensorList h32 = ag::hvp(f, in32, v32);
+  for (std::size_t i = 0; i < 3; ++i) {
+    BOOST_TEST((h32[i].dtype() == Dtype::Float32));
+    BOOST_TEST_CONTEXT("input " << i) check_close(h32[i].to(Dtype::Float64), h64[i], 1e-4);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(linear_cat_weight_changed_in_place_before_create_graph) {
+  // The first-order backward uses the packed copy of the weights; the composed one uses the
+  // weights themselves, so a change in place in between is refused there, naming the op.
+  const Tensor x = input({2, 3}, 411), w1 = input({3, 2}, 412);
+  Tensor w2 = input({3, 1}, 413);
+  const Tensor ws[] = {w1, w2};
+  const Tensor y = ag::linear_cat(x, ws);
+  {
+    const ag::NoGradGuard no_grad;
+    w2.mul_(2.0);
+  }
+  test_support::check_throws<std::runtime_error>(
+      [&] { ag::grad({ag::sum(y * y)}, {x}, {.create_graph = true}); },
+      {"linear_cat: a tensor of shape [3, 1] saved for backward was changed in place"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
