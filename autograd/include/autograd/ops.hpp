@@ -122,7 +122,7 @@ Tensor log_softmax(const Tensor& x, std::int64_t dim);
 // LayerNorm over the last dims (torch.nn.functional.layer_norm): y = (x − mean) / √(var + eps) ·
 // weight + bias, mean and biased variance over the last normalized_shape.size() dims of x, which
 // must equal normalized_shape. weight and bias are shaped normalized_shape, or undefined (none).
-// Differentiable in x, weight and bias (first order).
+// Differentiable in x, weight and bias, to any order (create_graph).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 
@@ -144,7 +144,7 @@ struct CrossEntropyOptions {
 // Mean and every target ignored the result is NaN (0/0), as in PyTorch.
 // Masked (−inf) logits: a −inf class adds nothing (gradient 0 there without smoothing); a −inf
 // target, or smoothing over a row holding a −inf logit, gives +inf, as in PyTorch; a row that is
-// −inf throughout gives +inf with zero gradient (PyTorch: NaN). Differentiable in logits (first order).
+// −inf throughout gives +inf with zero gradient (PyTorch: NaN). Differentiable in logits, to any order (create_graph).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options = {});
 // Same, targets given as row-major indices (logits.numel() / C of them).
 Tensor cross_entropy(const Tensor& logits, const std::vector<std::int64_t>& targets,
