@@ -9,6 +9,7 @@
 // and backward.
 #include <memory>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
@@ -148,6 +149,31 @@ void grad_b(const MatmulPlan& p, const T* dc, const T* a, T* db) {
   }
 }
 
+// The same gradients composed of differentiable ops, for a backward that builds a graph: a 1-D
+// operand is promoted as in the forward (and dC given the size-1 dim it lost), each gradient is
+// one matmul with the other operand transposed, summed back over the batch dims it was
+// broadcast along.
+GradList composed_grads(const Tensor& dc, const SavedTensor& saved_a, const SavedTensor& saved_b,
+                        const Shape& a_shape, const Shape& b_shape, const Node& node) {
+  GradList grads(2);
+  const bool want_a = node.needs_input_grad(0), want_b = node.needs_input_grad(1);
+  const Tensor a = want_b ? saved_a.get("matmul") : Tensor();  // dB needs A, dA needs B
+  const Tensor b = want_a ? saved_b.get("matmul") : Tensor();
+  if (a_shape.size() == 1 && b_shape.size() == 1) {  // dot product: dc is a scalar
+    if (want_a) grads[0] = mul(dc, b);
+    if (want_b) grads[1] = mul(dc, a);
+    return grads;
+  }
+  Tensor dc2 = dc;
+  if (a_shape.size() == 1) dc2 = unsqueeze(dc2, -2);
+  if (b_shape.size() == 1) dc2 = unsqueeze(dc2, -1);
+  const Shape a2_shape = a_shape.size() == 1 ? Shape{1, a_shape[0]} : a_shape;
+  const Shape b2_shape = b_shape.size() == 1 ? Shape{b_shape[0], 1} : b_shape;
+  if (want_a) grads[0] = reshape(sum_to(matmul(dc2, transpose(reshape(b, b2_shape), -1, -2)), a2_shape), a_shape);
+  if (want_b) grads[1] = reshape(sum_to(matmul(transpose(reshape(a, a2_shape), -1, -2), dc2), b2_shape), b_shape);
+  return grads;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -166,6 +192,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     return record("matmul", {a, b}, c,
                   [plan, a_shape = a.shape(), b_shape = b.shape(), saved_a = SavedTensor(a), saved_b = SavedTensor(b)](
                       const TensorList& g, const Node& node) {
+                    if (is_grad_enabled())
+                      return composed_grads(g[0], saved_a, saved_b, a_shape, b_shape, node);
                     GradList grads(2);
                     const Tensor& dc = g[0];
                     dispatch(dc.dtype(), [&](auto zero) {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
@@ -148,6 +149,41 @@ void log_softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
   });
 }
 
+// 1 where the row along the softmax dim holds a finite entry, 0 where it is -inf throughout (a
+// fully masked row of log_softmax), shaped like y with that dim kept as 1; undefined when every
+// row holds one.
+Tensor live_rows(const Layout& l, const Tensor& y, std::int64_t d) {
+  Shape shape = y.shape();
+  if (!shape.empty()) shape[static_cast<std::size_t>(d)] = 1;
+  Tensor keep = Tensor::empty(shape, y.dtype());
+  bool any_masked = false;
+  dispatch(y.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T neg_inf = static_cast<T>(kNegInf);
+    const T* ys = y.data<T>();
+    T* out = keep.data<T>();
+    for (std::int64_t o = 0; o < l.outer; ++o)
+      for (std::int64_t i = 0; i < l.inner; ++i) {
+        bool masked = true;
+        for (std::int64_t k = 0; k < l.n && masked; ++k) masked = ys[(o * l.n + k) * l.inner + i] == neg_inf;
+        out[o * l.inner + i] = masked ? T(0) : T(1);
+        any_masked = any_masked || masked;
+      }
+  });
+  return any_masked ? keep : Tensor();
+}
+
+// The backward composed of differentiable ops, for a backward that builds a graph; y is the
+// connected output. softmax: dx = y ⊙ (g − Σ g ⊙ y); log_softmax: dx = g − exp(y) · Σ g, zero on
+// fully masked rows (as the kernels define it).
+Tensor composed_backward(const Layout& l, const Tensor& y, const Tensor& g, std::int64_t d, bool log) {
+  auto row_sum = [&](const Tensor& t) { return y.dim() == 0 ? t : sum(t, d, /*keepdim=*/true); };
+  if (!log) return mul(y, sub(g, row_sum(mul(g, y))));
+  const Tensor dx = sub(g, mul(exp(y), row_sum(g)));
+  const Tensor keep = y.numel() > 0 ? live_rows(l, y, d) : Tensor();
+  return keep.defined() ? mul(dx, keep) : dx;
+}
+
 Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool log) {
   const Layout l = layout_of(op, x, dim);
   Tensor y = Tensor::empty(x.shape(), x.dtype());
@@ -158,8 +194,10 @@ Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool
     });
   }
   if (!needs_grad(x)) return y;
-  return record(std::string(op), {x}, y, [l, log, saved_y = SavedTensor(y)](const TensorList& g, const Node&) {
+  const std::int64_t d = normalize_dim(op, dim, x.dim());
+  return record(std::string(op), {x}, y, [l, log, d, saved_y = SavedTensor(y)](const TensorList& g, const Node&) {
     const Tensor yv = saved_y.get(log ? "log_softmax" : "softmax");
+    if (is_grad_enabled()) return GradList{composed_backward(l, yv, g[0], d, log)};
     Tensor dx = Tensor::empty(yv.shape(), yv.dtype());
     if (yv.numel() == 0) return GradList{dx};
     dispatch(yv.dtype(), [&](auto zero) {

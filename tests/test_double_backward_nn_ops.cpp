@@ -1,0 +1,265 @@
+// Second derivatives of the nn op family: matmul, linear and linear_cat, index_select and
+// embedding, softmax and log_softmax, layer_norm, cross_entropy. Each is checked with
+// gradgradcheck (float64, default tolerances) as the op nearest the seed and inside a chain,
+// and where a composed equivalent exists, the fused op's second derivatives agree with it.
+// Run with --log_level=message to see the worst errors of each check.
+#define BOOST_TEST_MODULE double_backward_nn_ops
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include <autograd/autograd.hpp>
+
+#include "test_support.hpp"
+
+namespace ag = autograd;
+using ag::Dtype;
+using ag::Tensor;
+using ag::TensorList;
+using test_support::check_values;
+using test_support::input;
+
+namespace {
+
+// gradgradcheck with the default tolerances; the report on failure, the worst errors logged.
+void check_gradgrad(const std::string& what, const ag::GradcheckFn& f, const TensorList& inputs) {
+  const ag::GradcheckResult r = ag::gradgradcheck(f, inputs);
+  BOOST_TEST(r.ok, what << ": " << fmt::format("{}", r));
+  BOOST_TEST(r.elements_checked > 0, what << ": nothing was checked");
+  BOOST_TEST_MESSAGE(fmt::format("gradgradcheck {}: max abs {:.3g}, max rel {:.3g}", what, r.max_abs_error,
+                                 r.max_rel_error));
+}
+
+// a and b hold the same values within tol (absolute, elementwise), and the same shape.
+void check_close(const Tensor& a, const Tensor& b, double tol = 1e-12) {
+  BOOST_REQUIRE(a.defined() && b.defined());
+  BOOST_TEST(ag::shape_str(a.shape()) == ag::shape_str(b.shape()));
+  const auto x = a.to_vector(), y = b.to_vector();
+  BOOST_REQUIRE_EQUAL(x.size(), y.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  BOOST_TEST(worst <= tol, "largest difference " << worst);
+}
+
+// Values drawn from N(0, 1) with a seed, no grad (a constant of a test).
+Tensor constant(const ag::Shape& shape, std::uint64_t seed) { return input(shape, seed).detach(); }
+
+// Every element of the hvp of f at the inputs, one tensor per input.
+TensorList hvp_at(const ag::GradcheckFn& f, const TensorList& inputs, const TensorList& v) {
+  return ag::hvp(f, inputs, v);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(matmul_second_order)
+
+BOOST_AUTO_TEST_CASE(every_rank_combination_at_the_seed) {
+  struct Case {
+    const char* what;
+    ag::Shape a, b;
+  };
+  const Case cases[] = {
+      {"1-D . 1-D", {4}, {4}},
+      {"2-D . 2-D", {3, 4}, {4, 5}},
+      {"1-D . 3-D", {4}, {2, 4, 3}},
+      {"3-D . 1-D", {2, 3, 4}, {4}},
+      {"2-D . 1-D", {3, 4}, {4}},
+      {"1-D . 2-D", {4}, {4, 3}},
+      {"batch folds into rows", {2, 3, 4}, {4, 5}},
+      {"only B batched", {3, 4}, {2, 4, 5}},
+      {"same batch", {2, 3, 4}, {2, 4, 5}},
+      {"broadcast batch dims", {2, 1, 3, 4}, {5, 4, 2}},
+      {"broadcast both ways", {1, 3, 2, 4}, {2, 1, 4, 3}},
+  };
+  std::uint64_t seed = 1;
+  for (const Case& c : cases) {
+    const Tensor a = input(c.a, seed++), b = input(c.b, seed++);
+    check_gradgrad(c.what, [](const TensorList& in) { return ag::matmul(in[0], in[1]); }, {a, b});
+  }
+}
+
+BOOST_AUTO_TEST_CASE(only_one_operand_requires_grad) {
+  const Tensor a = input({2, 3, 4}, 11), w = constant({4, 5}, 12);
+  check_gradgrad("A only", [&](const TensorList& in) { return ag::matmul(in[0], w) * ag::matmul(in[0], w); }, {a});
+  const Tensor x = constant({2, 3, 4}, 13), b = input({2, 4, 5}, 14);
+  check_gradgrad("B only", [&](const TensorList& in) { return ag::matmul(x, in[0]) * ag::matmul(x, in[0]); }, {b});
+}
+
+BOOST_AUTO_TEST_CASE(in_a_chain) {
+  // (A·B)·C multiplied by A·B: every factor appears in second-order cross terms
+  const Tensor a = input({2, 3, 4}, 21), b = input({1, 4, 5}, 22), c = input({5, 2}, 23);
+  check_gradgrad(
+      "chain",
+      [](const TensorList& in) {
+        const Tensor ab = ag::matmul(in[0], in[1]);
+        return ag::matmul(ag::matmul(ab, in[2]), ag::transpose(in[2], 0, 1)) * ab;
+      },
+      {a, b, c});
+  const Tensor u = input({4}, 24), m = input({3, 4, 4}, 25);
+  check_gradgrad(
+      "vector chain",
+      [](const TensorList& in) {
+        const Tensor mu = ag::matmul(in[1], in[0]);  // [3, 4]
+        return ag::matmul(mu, in[0]) * ag::matmul(ag::matmul(in[0], in[1]), in[0]);
+      },
+      {u, m});
+}
+
+BOOST_AUTO_TEST_CASE(hvp_of_a_quadratic_form_is_exact) {
+  // f(x) = ½ xᵀAx through two matmuls: H = ½(A + Aᵀ), so Hv = ½(Av + Aᵀv), computed here from A.
+  const int n = 5;
+  const Tensor A = constant({n, n}, 31);
+  const Tensor x = input({n}, 32), v = constant({n}, 33);
+  auto f = [&](const TensorList& in) { return ag::matmul(in[0], ag::matmul(A, in[0])) * 0.5; };
+  const TensorList hv = hvp_at(f, {x}, {v});
+  const auto a = A.to_vector(), vs = v.to_vector();
+  std::vector<double> expected(n, 0.0);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) expected[i] += 0.5 * (a[i * n + j] + a[j * n + i]) * vs[j];
+  check_values(hv[0], {n}, expected);
+
+  // batched: f(X) = ½ Σ_b x_bᵀ A x_b with X [3, n] as 3 rows: (HV)_b = ½(A + Aᵀ) v_b
+  const Tensor X = input({3, n}, 34), V = constant({3, n}, 35);
+  auto fb = [&](const TensorList& in) {
+    const Tensor ax = ag::matmul(ag::unsqueeze(in[0], 1), ag::unsqueeze(ag::matmul(in[0], ag::transpose(A, 0, 1)), 2));
+    return ag::sum(ax) * 0.5;  // Σ_b x_bᵀ (A x_b)
+  };
+  const TensorList hvb = hvp_at(fb, {X}, {V});
+  const auto vb = V.to_vector();
+  std::vector<double> expected_b(3 * n, 0.0);
+  for (int r = 0; r < 3; ++r)
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) expected_b[r * n + i] += 0.5 * (a[i * n + j] + a[j * n + i]) * vb[r * n + j];
+  check_values(hvb[0], {3, n}, expected_b);
+}
+
+BOOST_AUTO_TEST_CASE(first_order_unchanged_under_create_graph) {
+  // The composed backward gives the kernel's gradients, to rounding.
+  const Tensor a = input({2, 1, 3, 4}, 41), b = input({5, 4, 2}, 42);
+  const Tensor u = constant({2, 5, 3, 2}, 43);
+  const TensorList plain = ag::grad({ag::matmul(a, b)}, {a, b}, {.grad_outputs = {u}});
+  const TensorList graph = ag::grad({ag::matmul(a, b)}, {a, b}, {.grad_outputs = {u}, .create_graph = true});
+  BOOST_TEST(graph[0].requires_grad());
+  check_close(plain[0], graph[0]);
+  check_close(plain[1], graph[1]);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(softmax_second_order)
+
+BOOST_AUTO_TEST_CASE(along_each_dim_at_the_seed) {
+  const Tensor x = input({2, 4, 3}, 51);
+  for (std::int64_t dim : {-1, 1, 0}) {
+    check_gradgrad(fmt::format("softmax dim {}", dim), [dim](const TensorList& in) { return ag::softmax(in[0], dim); },
+                   {x});
+    check_gradgrad(fmt::format("log_softmax dim {}", dim),
+                   [dim](const TensorList& in) { return ag::log_softmax(in[0], dim); }, {x});
+  }
+  const Tensor s = input({}, 52);
+  check_gradgrad("softmax of a 0-d tensor", [](const TensorList& in) { return ag::softmax(in[0], 0); }, {s});
+  check_gradgrad("log_softmax of a 0-d tensor", [](const TensorList& in) { return ag::log_softmax(in[0], 0); }, {s});
+}
+
+BOOST_AUTO_TEST_CASE(in_a_chain) {
+  // attention-like: softmax(Q·Kᵀ)·V, times itself; and log_softmax of a product, squared
+  const Tensor q = input({2, 3, 4}, 61), k = input({2, 5, 4}, 62), v = input({2, 5, 3}, 63);
+  for (std::int64_t dim : {-1, 1}) {
+    check_gradgrad(
+        fmt::format("softmax(Q K^T, dim {}) V", dim),
+        [dim](const TensorList& in) {
+          const Tensor p = ag::softmax(ag::matmul(in[0], ag::transpose(in[1], 1, 2)), dim);
+          const Tensor o = ag::matmul(p, in[2]);
+          return o * o;
+        },
+        {q, k, v});
+    check_gradgrad(
+        fmt::format("log_softmax(Q K^T, dim {}) squared", dim),
+        [dim](const TensorList& in) {
+          const Tensor l = ag::log_softmax(ag::matmul(in[0], ag::transpose(in[1], 1, 2)), dim);
+          return l * l;
+        },
+        {q, k});
+  }
+  const Tensor x = input({3, 4}, 64);
+  check_gradgrad("softmax of softmax", [](const TensorList& in) {
+    const Tensor p = ag::softmax(ag::softmax(in[0], -1) * 3.0, 0);
+    return p * p;
+  }, {x});
+}
+
+BOOST_AUTO_TEST_CASE(masked_entries_and_fully_masked_rows) {
+  // Row 0 has two masked entries, row 1 is masked throughout, row 2 is plain (a -inf added to a
+  // logit masks it); the masked row keeps its zero gradient at second order too.
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor mask = ag::tensor({0, -inf, 0, -inf, -inf, -inf, -inf, -inf, 0, 0, 0, 0}, {3, 4}, Dtype::Float64);
+  const Tensor x = input({3, 4}, 71), w = input({4, 4}, 75);
+  for (std::int64_t dim : {-1, 0}) {
+    check_gradgrad(fmt::format("masked softmax dim {}", dim), [&, dim](const TensorList& in) {
+      const Tensor p = ag::softmax(ag::matmul(in[0], in[1]) + mask, dim);
+      return p * p;
+    }, {x, w});
+    check_gradgrad(fmt::format("masked log_softmax dim {}", dim), [&, dim](const TensorList& in) {
+      return ag::log_softmax(ag::matmul(in[0], in[1]) + mask, dim);
+    }, {x, w});
+  }
+  // the fully masked row's first and second derivatives are exactly zero, not NaN
+  const Tensor z = input({2, 3}, 72);
+  const Tensor row_mask = ag::tensor({0, 0, 0, -inf, -inf, -inf}, {2, 3}, Dtype::Float64);
+  for (bool log : {false, true}) {
+    const Tensor y = log ? ag::log_softmax(z + row_mask, -1) : ag::softmax(z + row_mask, -1);
+    const Tensor u = constant({2, 3}, 73);
+    const Tensor gx = ag::grad({y}, {z}, {.grad_outputs = {u}, .create_graph = true})[0];
+    const Tensor w2 = constant({2, 3}, 74);
+    const Tensor ggx = ag::grad({gx}, {z}, {.grad_outputs = {w2}})[0];
+    const auto g1 = gx.to_vector(), g2 = ggx.to_vector();
+    for (int i = 3; i < 6; ++i) {
+      BOOST_TEST(g1[i] == 0.0);
+      BOOST_TEST(g2[i] == 0.0);
+    }
+    for (double e : g2) BOOST_TEST(std::isfinite(e));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(hvp_agrees_with_the_analytic_hessian) {
+  // f(x) = cᵀ softmax(x) for one row: with s = softmax(x) and Js = diag(s) − s sᵀ,
+  // ∇f = s ⊙ (c − cᵀs) and the Hessian-vector product is
+  //   Hv = (Js v) ⊙ (c − cᵀs) − s · (cᵀ Js v),
+  // computed here in plain doubles.
+  const int n = 6;
+  const Tensor x = input({n}, 81), c = constant({n}, 82), v = constant({n}, 83);
+  const TensorList hv = hvp_at([&](const TensorList& in) { return ag::sum(ag::softmax(in[0], 0) * c); }, {x}, {v});
+  std::vector<double> s(n), cs(n), vs(n);
+  const auto xs = x.to_vector();
+  double mx = xs[0], z = 0;
+  for (double e : xs) mx = std::max(mx, e);
+  for (int i = 0; i < n; ++i) z += s[i] = std::exp(xs[i] - mx);
+  for (int i = 0; i < n; ++i) s[i] /= z;
+  cs = c.to_vector();
+  vs = v.to_vector();
+  double sv = 0, cts = 0;
+  for (int i = 0; i < n; ++i) {
+    sv += s[i] * vs[i];
+    cts += cs[i] * s[i];
+  }
+  std::vector<double> jv(n), expected(n);
+  double cjv = 0;
+  for (int i = 0; i < n; ++i) {
+    jv[i] = s[i] * vs[i] - s[i] * sv;
+    cjv += cs[i] * jv[i];
+  }
+  for (int i = 0; i < n; ++i) expected[i] = jv[i] * (cs[i] - cts) - s[i] * cjv;
+  check_values(hv[0], {n}, expected);
+
+  // log_softmax: f = cᵀ log_softmax(x) = cᵀx − (Σc) logΣexp(x): H = −(Σc)(diag(s) − s sᵀ)
+  const TensorList hl = hvp_at([&](const TensorList& in) { return ag::sum(ag::log_softmax(in[0], 0) * c); }, {x}, {v});
+  double csum = 0;
+  for (double e : cs) csum += e;
+  for (int i = 0; i < n; ++i) expected[i] = -csum * jv[i];
+  check_values(hl[0], {n}, expected);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
