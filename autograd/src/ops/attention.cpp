@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/attention_kernels.hpp"
@@ -95,6 +96,65 @@ Tensor dropout_factors(const sdpa::Dims& d, Dtype dtype, double dropout_p, Gener
   return keep;
 }
 
+// ---- the backward composed of autograd ops (while a graph of the backward is being built) ----
+
+// (B, L, H·d) -> (B, H, L, d): head h is columns h·d .. (h+1)·d - 1. A (B, H, L, d) tensor as it is.
+Tensor to_heads_first(const Tensor& x, std::int64_t H) {
+  if (x.dim() == 4) return x;
+  return transpose(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), 1, 2);
+}
+
+// Back to the layout of `like`: (B, H, L, d) stays, or -> (B, L, H·d).
+Tensor to_layout(const Tensor& x, const Tensor& like) {
+  if (!x.defined() || like.dim() == 4) return x;
+  return reshape(transpose(x, 1, 2), {x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+// What the composed backward reads, every tensor connected to the graph: q, k, v (laid out as the
+// op's inputs; packed: the three column blocks of qkv), the weights P (the node's own output, so
+// that their derivative runs through this node again), the dropout factors Z (constants, or
+// undefined), and the gradients that reached the output and the weights (undefined: zero).
+struct ComposedInputs {
+  Tensor q, k, v, p, z, dout, dweights;
+};
+
+struct ComposedGrads {
+  Tensor dq, dk, dv, dscores;  // in the layouts of q, k, v; dscores (B, H, T, S)
+};
+
+// The gradients of the forward written with differentiable ops on (B, H, L, d) views, so that
+// they can be differentiated again (to any order):
+//   dV = (P ⊙ Z)ᵀ·dO,  dP = (dO·Vᵀ) ⊙ Z + dW,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),
+//   dQ = scale·dS·K,  dK = scale·dSᵀ·Q,  dM = dS.
+// P is 0 on blocked entries and fully blocked rows (causal ones included), so dS is 0 there;
+// no score is recomputed, so no -inf enters.
+ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H, double scale, bool want_dv, bool want_ds) {
+  const Tensor q4 = to_heads_first(in.q, H), k4 = to_heads_first(in.k, H), v4 = to_heads_first(in.v, H);
+  ComposedGrads out;
+  Tensor dp;  // dL/dP
+  if (in.dout.defined()) {
+    const Tensor do4 = to_heads_first(in.dout, H);
+    if (want_dv) {
+      const Tensor pd = in.z.defined() ? mul(in.p, in.z) : in.p;
+      out.dv = to_layout(matmul(transpose(pd, -2, -1), do4), in.v);
+    }
+    if (want_ds) {
+      dp = matmul(do4, transpose(v4, -2, -1));
+      if (in.z.defined()) dp = mul(dp, in.z);
+    }
+  } else if (want_dv) {
+    // Only the weights got a gradient: dV is 0, as the kernel gives it, but part of the graph
+    // (the gradient of the weights may carry one). v is finite wherever the output is.
+    out.dv = mul(in.v, 0.0);
+  }
+  if (want_ds && in.dweights.defined()) dp = dp.defined() ? add(dp, in.dweights) : in.dweights;
+  if (!dp.defined()) return out;
+  out.dscores = mul(in.p, sub(dp, sum(mul(dp, in.p), -1, true)));
+  out.dq = to_layout(mul(matmul(out.dscores, k4), scale), in.q);
+  out.dk = to_layout(mul(matmul(transpose(out.dscores, -2, -1), q4), scale), in.k);
+  return out;
+}
+
 // The backward rule. Saved: q, k, v (packed: the one tensor), the weights P and the dropout
 // factors Z; not the scores.
 struct AttentionBackward {
@@ -108,6 +168,7 @@ struct AttentionBackward {
   bool causal = false;
 
   GradList operator()(const TensorList& g, const Node& node) const {
+    if (is_grad_enabled()) return composed(g, node);
     const Tensor qt = q.get(op), kt = packed ? qt : k.get(op), vt = packed ? qt : v.get(op), pt = weights.get(op);
     const Tensor zt = keep.defined() ? keep.get(op) : Tensor();
     const Dtype dtype = qt.dtype();
@@ -132,6 +193,41 @@ struct AttentionBackward {
     });
     GradList grads = packed ? GradList{dq} : GradList{dq, dk, dv};
     if (has_mask) grads.push_back(dscores.defined() ? sum_to(dscores, mask_shape) : Tensor());
+    return grads;
+  }
+
+  // The same gradients from differentiable ops on the connected saved tensors (create_graph).
+  GradList composed(const TensorList& g, const Node& node) const {
+    const std::size_t mask_input = packed ? 1 : 3;
+    const bool want_mask = has_mask && node.needs_input_grad(mask_input);
+    const Tensor qt = q.get(op);
+    ComposedInputs in{qt, Tensor(), Tensor(), weights.get(op), keep.defined() ? keep.get(op) : Tensor(), g[0], g[1]};
+    bool want_dv = false, want_dqk = false;
+    if (packed) {  // the q, k and v column blocks of qkv
+      const std::int64_t width = d.H * d.d_k;
+      in.k = narrow(qt, 2, width, width);
+      in.v = narrow(qt, 2, 2 * width, width);
+      in.q = narrow(qt, 2, 0, width);
+      want_dv = want_dqk = node.needs_input_grad(0);
+    } else {
+      in.k = k.get(op);
+      in.v = v.get(op);
+      want_dv = node.needs_input_grad(2);
+      want_dqk = node.needs_input_grad(0) || node.needs_input_grad(1);
+    }
+    const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
+    GradList grads;
+    if (packed) {
+      if (c.dq.defined() || c.dv.defined()) {  // one gradient [dq | dk | dv]; an absent part is zero
+        auto part = [&](const Tensor& t, const Tensor& like) { return t.defined() ? t : zeros_like(like); };
+        grads.push_back(cat({part(c.dq, in.q), part(c.dk, in.k), part(c.dv, in.v)}, 2));
+      } else {
+        grads.push_back(Tensor());
+      }
+    } else {
+      grads = {node.needs_input_grad(0) ? c.dq : Tensor(), node.needs_input_grad(1) ? c.dk : Tensor(), c.dv};
+    }
+    if (has_mask) grads.push_back(want_mask && c.dscores.defined() ? sum_to(c.dscores, mask_shape) : Tensor());
     return grads;
   }
 };
