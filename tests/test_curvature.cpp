@@ -227,3 +227,60 @@ BOOST_AUTO_TEST_CASE(gradient_penalty_gradient_matches_central_differences) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(double_backward_doc)
+
+BOOST_AUTO_TEST_CASE(softmax_hessian_per_row_is_diag_a_minus_a_y_minus_y_a) {
+  // f(x) = g·softmax(x) for one row: its Hessian is T(g) = diag(a) − a·yᵀ − y·aᵀ with
+  // y = softmax(x) and a = y ⊙ (g − g·y), the first-order gradient (docs/double_backward.md).
+  const Tensor x = test_support::input({5}, 31);
+  ag::Generator gen(32);
+  const Tensor g = ag::randn({5}, Dtype::Float64, gen);
+  const curvature::Hessian H(ag::sum(g * ag::softmax(x, 0)), {x});
+  const Eigen::MatrixXd M = full_hessian(H);
+  Vector y = x.to_vector(), gv = g.to_vector();
+  double zmax = *std::max_element(y.begin(), y.end()), z = 0;
+  for (auto& e : y) z += (e = std::exp(e - zmax));
+  double gy = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] /= z, gy += gv[i] * y[i];
+  for (std::size_t j = 0; j < 5; ++j)
+    for (std::size_t k = 0; k < 5; ++k) {
+      const double aj = y[j] * (gv[j] - gy), ak = y[k] * (gv[k] - gy);
+      const double expected = (j == k ? aj : 0.0) - aj * y[k] - y[j] * ak;
+      BOOST_TEST(std::abs(M(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(k)) - expected) <= 1e-12,
+                 "T[" << j << "][" << k << "] = " << M(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(k))
+                      << " vs " << expected);
+    }
+  BOOST_TEST(M.rowwise().sum().cwiseAbs().maxCoeff() <= 1e-15);  // adding a constant to x changes nothing
+}
+
+BOOST_AUTO_TEST_CASE(worked_example_through_the_fused_core) {
+  // The doc's example: Q = K = I, V = 2I, scale 1/√2, L = O[t1, 0]. Along the first query row,
+  // L = 2σ(z) with z = scale·(q_a − q_b), so H_q1 = 2σ''(z)·scale²·[1 −1; −1 1], and the HVP with
+  // v = (1, 0) on row t1 is c·(1, −1) with c = 2σ(1−σ)(1−2σ)·scale².
+  const Tensor q = ag::tensor({1, 0, 0, 1}, {1, 1, 2, 2}, Dtype::Float64).requires_grad_();
+  const Tensor k = ag::tensor({1, 0, 0, 1}, {1, 1, 2, 2}, Dtype::Float64);
+  const Tensor v = ag::tensor({2, 0, 0, 2}, {1, 1, 2, 2}, Dtype::Float64);
+  const Tensor pick = ag::tensor({1, 0, 0, 0}, {1, 1, 2, 2}, Dtype::Float64);
+  const double scale = 1 / std::sqrt(2.0), sigma = 1 / (1 + std::exp(-scale));
+  const double c = 2 * sigma * (1 - sigma) * (1 - 2 * sigma) * scale * scale;
+  const Tensor dir = ag::tensor({1, 0, 0, 0}, {1, 1, 2, 2}, Dtype::Float64);
+  auto fused = [&](const TensorList& in) {
+    return ag::sum(ag::scaled_dot_product_attention(in[0], k, v).output * pick);
+  };
+  auto composed = [&](const TensorList& in) {
+    const Tensor p = ag::softmax(ag::matmul(in[0], ag::transpose(k, -2, -1)) * scale, -1);
+    return ag::sum(ag::matmul(p, v) * pick);
+  };
+  const Vector hf = curvature::flatten(ag::hvp(fused, {q}, {dir}));
+  const Vector hc = curvature::flatten(ag::hvp(composed, {q}, {dir}));
+  const Vector expected = {c, -c, 0, 0};
+  for (std::size_t i = 0; i < 4; ++i) {
+    BOOST_TEST(std::abs(hf[i] - expected[i]) <= 1e-14, "fused " << i << ": " << hf[i] << " vs " << expected[i]);
+    BOOST_TEST(std::abs(hf[i] - hc[i]) <= 1e-14, "fused " << hf[i] << " vs composed " << hc[i]);
+  }
+  BOOST_TEST_MESSAGE("c = " << c);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
