@@ -263,3 +263,217 @@ BOOST_AUTO_TEST_CASE(hvp_agrees_with_the_analytic_hessian) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// Class indices as a float64 tensor (targets are not differentiated).
+Tensor targets_of(const std::vector<double>& t, const ag::Shape& shape) { return ag::tensor(t, shape, Dtype::Float64); }
+
+// Rows of a constant matrix m [R, K]: rows [begin, begin + count).
+Tensor rows_of(const Tensor& m, std::int64_t begin, std::int64_t count) {
+  const auto v = m.to_vector();
+  const std::int64_t k = m.size(1);
+  return ag::tensor(std::vector<double>(v.begin() + begin * k, v.begin() + (begin + count) * k), {count, k},
+                    Dtype::Float64);
+}
+
+// The one-hot matrix [index.size(), size]: row k has a 1 at index[k].
+Tensor one_hot(const std::vector<std::int64_t>& index, std::int64_t size) {
+  std::vector<double> v(index.size() * static_cast<std::size_t>(size), 0.0);
+  for (std::size_t k = 0; k < index.size(); ++k) v[k * static_cast<std::size_t>(size) + static_cast<std::size_t>(index[k])] = 1.0;
+  return ag::tensor(v, {static_cast<std::int64_t>(index.size()), size}, Dtype::Float64);
+}
+
+// hvp of f at inputs along v (seeded per input), against hvp of the reference g: equal to 1e-12.
+void check_same_hvp(const ag::GradcheckFn& f, const ag::GradcheckFn& g, const TensorList& inputs, std::uint64_t seed) {
+  TensorList v;
+  for (const Tensor& t : inputs) v.push_back(constant(t.shape(), seed++));
+  const TensorList a = ag::hvp(f, inputs, v), b = ag::hvp(g, inputs, v);
+  BOOST_REQUIRE_EQUAL(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    BOOST_TEST_CONTEXT("input " << i) check_close(a[i], b[i]);
+    // not vacuous: some second-order term reaches every input
+    double norm = 0;
+    for (double e : a[i].to_vector()) norm += e * e;
+    BOOST_TEST(norm > 1e-6, "hvp of input " << i << " is zero");
+  }
+}
+
+// First-order gradients with and without create_graph agree (the composed path is the kernel's math).
+void check_same_first_order(const ag::GradcheckFn& f, const TensorList& inputs, std::uint64_t seed) {
+  const Tensor y = f(inputs);
+  const Tensor u = constant(y.shape(), seed);
+  const TensorList plain = ag::grad({f(inputs)}, inputs, {.grad_outputs = {u}});
+  const TensorList graph = ag::grad({f(inputs)}, inputs, {.grad_outputs = {u}, .create_graph = true});
+  bool any_graph = false;  // (a bias's gradient depends on no input: it has none)
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    any_graph = any_graph || graph[i].requires_grad();
+    BOOST_TEST_CONTEXT("input " << i) check_close(plain[i], graph[i]);
+  }
+  BOOST_TEST(any_graph, "no gradient is part of a graph");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(linear_second_order)
+
+BOOST_AUTO_TEST_CASE(at_the_seed) {
+  const Tensor w = input({4, 3}, 101), b = input({3}, 102);
+  for (const ag::Shape& xs : {ag::Shape{4}, ag::Shape{5, 4}, ag::Shape{2, 3, 4}}) {
+    const Tensor x = input(xs, 103);
+    const std::string s = ag::shape_str(xs);
+    check_gradgrad("linear x " + s, [](const TensorList& in) { return ag::linear(in[0], in[1], in[2]); }, {x, w, b});
+    check_gradgrad("linear without bias x " + s, [](const TensorList& in) { return ag::linear(in[0], in[1]); }, {x, w});
+    check_same_first_order([](const TensorList& in) { return ag::linear(in[0], in[1], in[2]); }, {x, w, b}, 104);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(in_a_chain) {
+  const Tensor x = input({2, 3, 4}, 111), w = input({4, 5}, 112), b = input({5}, 113), w2 = input({5, 2}, 114);
+  check_gradgrad(
+      "linear chain",
+      [](const TensorList& in) {
+        const Tensor h = ag::linear(in[0], in[1], in[2]);
+        return ag::linear(h * h, in[3]);
+      },
+      {x, w, b, w2});
+  // only x requires grad; then only the weight
+  const Tensor wc = w.detach(), xc = x.detach();
+  check_gradgrad("linear chain, x only", [&](const TensorList& in) {
+    const Tensor h = ag::linear(in[0], wc);
+    return h * h;
+  }, {x});
+  check_gradgrad("linear chain, w only", [&](const TensorList& in) {
+    const Tensor h = ag::linear(xc, in[0], b.detach());
+    return ag::softmax(h, -1) * h;
+  }, {w});
+}
+
+BOOST_AUTO_TEST_CASE(hvp_equals_matmul_plus_add) {
+  const Tensor x = input({2, 3, 4}, 121), w = input({4, 5}, 122), b = input({5}, 123);
+  const Tensor t = targets_of({0, 4, 2, 1, 3, 0}, {2, 3});
+  check_same_hvp([&](const TensorList& in) { return ag::cross_entropy(ag::linear(in[0], in[1], in[2]), t); },
+                 [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(in[0], in[1]) + in[2], t); },
+                 {x, w, b}, 124);
+}
+
+BOOST_AUTO_TEST_CASE(linear_cat_at_the_seed_and_in_a_chain) {
+  const Tensor x = input({2, 3, 4}, 131);
+  const Tensor w1 = input({4, 2}, 132), w2 = input({4, 3}, 133), w3 = input({4, 1}, 134);
+  const Tensor b1 = input({2}, 135), b3 = input({1}, 136);
+  check_gradgrad("linear_cat, one weight", [](const TensorList& in) {
+    const Tensor ws[] = {in[1]};
+    return ag::linear_cat(in[0], ws);
+  }, {x, w1});
+  check_gradgrad("linear_cat, three weights, mixed biases", [](const TensorList& in) {
+    const Tensor ws[] = {in[1], in[2], in[3]};
+    const Tensor bs[] = {in[4], Tensor(), in[5]};
+    return ag::linear_cat(in[0], ws, bs);
+  }, {x, w1, w2, w3, b1, b3});
+  check_gradgrad("linear_cat chain", [](const TensorList& in) {
+    const Tensor ws[] = {in[1], in[2]};
+    const Tensor bs[] = {in[3], Tensor()};
+    const Tensor y = ag::linear_cat(in[0], ws, bs);  // [2, 3, 5]
+    return ag::softmax(ag::matmul(y, ag::transpose(y, 1, 2)), -1);
+  }, {x, w1, w2, b1});
+  // a weight that needs no gradient still shapes the second derivatives of x
+  const Tensor w2c = w2.detach();
+  check_gradgrad("linear_cat, one weight constant", [&](const TensorList& in) {
+    const Tensor ws[] = {in[1], w2c};
+    const Tensor y = ag::linear_cat(in[0], ws);
+    return y * y;
+  }, {x, w1});
+  check_same_first_order([](const TensorList& in) {
+    const Tensor ws[] = {in[1], in[2], in[3]};
+    const Tensor bs[] = {in[4], Tensor(), in[5]};
+    return ag::linear_cat(in[0], ws, bs);
+  }, {x, w1, w2, w3, b1, b3}, 137);
+}
+
+BOOST_AUTO_TEST_CASE(linear_cat_hvp_equals_separate_linears) {
+  // loss(y) = cross_entropy(y·M) with y = [y1 | y2] equals cross_entropy(y1·M1 + y2·M2), M1 and
+  // M2 the row blocks of M
+  const Tensor x = input({6, 4}, 141), w1 = input({4, 2}, 142), w2 = input({4, 3}, 143);
+  const Tensor b1 = input({2}, 144), b2 = input({3}, 145);
+  const Tensor m = constant({5, 3}, 146), m1 = rows_of(m, 0, 2), m2 = rows_of(m, 2, 3);
+  const Tensor t = targets_of({0, 2, 1, 1, 0, 2}, {6});
+  check_same_hvp(
+      [&](const TensorList& in) {
+        const Tensor ws[] = {in[1], in[2]};
+        const Tensor bs[] = {in[3], in[4]};
+        return ag::cross_entropy(ag::matmul(ag::linear_cat(in[0], ws, bs), m), t);
+      },
+      [&](const TensorList& in) {
+        return ag::cross_entropy(
+            ag::matmul(ag::linear(in[0], in[1], in[3]), m1) + ag::matmul(ag::linear(in[0], in[2], in[4]), m2), t);
+      },
+      {x, w1, w2, b1, b2}, 147);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(indexing_second_order)
+
+BOOST_AUTO_TEST_CASE(index_select_at_the_seed_and_in_a_chain) {
+  const Tensor x = input({4, 5, 3}, 151);
+  const std::vector<std::int64_t> index = {2, 0, 2, 4};  // a repeat: the scatter adds
+  for (std::int64_t dim : {0, 1, -1}) {
+    const std::int64_t size = x.size(dim);
+    std::vector<std::int64_t> idx;
+    for (std::int64_t i : index) idx.push_back(i % size);
+    check_gradgrad(fmt::format("index_select dim {}", dim),
+                   [=](const TensorList& in) { return ag::index_select(in[0], dim, idx); }, {x});
+    check_gradgrad(fmt::format("index_select dim {} squared", dim), [=](const TensorList& in) {
+      const Tensor y = ag::index_select(in[0], dim, idx);
+      return y * y;
+    }, {x});
+  }
+  const Tensor idx = ag::tensor({1, 1, 3}, {3}, Dtype::Float64);
+  check_gradgrad("index_select by tensor, in a softmax", [&](const TensorList& in) {
+    return ag::softmax(ag::index_select(in[0], 1, idx), 1);
+  }, {x});
+}
+
+BOOST_AUTO_TEST_CASE(embedding_at_the_seed_and_in_a_chain) {
+  const Tensor w = input({5, 3}, 161), v = input({3, 4}, 162);
+  const Tensor ids = ag::tensor({1, 4, 1, 0, 2, 4}, {2, 3}, Dtype::Float64);
+  check_gradgrad("embedding", [&](const TensorList& in) { return ag::embedding(in[0], ids); }, {w});
+  check_gradgrad("embedding chain", [&](const TensorList& in) {
+    const Tensor e = ag::embedding(in[0], ids);  // [2, 3, 3]
+    return ag::log_softmax(ag::matmul(e, in[1]), -1) * ag::matmul(e, in[1]);
+  }, {w, v});
+  check_same_first_order([&](const TensorList& in) { return ag::embedding(in[0], ids) * ag::embedding(in[0], ids); },
+                         {w}, 163);
+}
+
+BOOST_AUTO_TEST_CASE(hvp_equals_one_hot_products) {
+  // embedding(W, ids) = onehot(ids)·W and index_select(x, 1, idx) = x·S with S[j, k] = [idx[k] == j]
+  const std::vector<std::int64_t> ids = {3, 0, 3, 1, 4};
+  const Tensor idt = ag::tensor({3, 0, 3, 1, 4}, {5}, Dtype::Float64);
+  const Tensor w = input({5, 3}, 171), v = input({3, 4}, 172);
+  const Tensor t = targets_of({0, 3, 2, 2, 1}, {5});
+  const Tensor oh = one_hot(ids, 5);
+  check_same_hvp([&](const TensorList& in) { return ag::cross_entropy(ag::matmul(ag::embedding(in[0], idt), in[1]), t); },
+                 [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(ag::matmul(oh, in[0]), in[1]), t); },
+                 {w, v}, 173);
+  const Tensor x = input({2, 5}, 174);
+  const Tensor s = ag::transpose(oh, 0, 1);  // [5, 5]: column k picks ids[k]
+  const Tensor t2 = targets_of({4, 1}, {2});
+  check_same_hvp([&](const TensorList& in) { return ag::cross_entropy(ag::index_select(in[0], 1, ids) * 2.0, t2); },
+                 [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(in[0], s) * 2.0, t2); }, {x}, 175);
+}
+
+BOOST_AUTO_TEST_CASE(third_derivatives_through_the_scatter) {
+  // f(W) = Σ e³ with e = embedding(W, ids): the third derivative goes through the gradient's
+  // scatter-add and its own gradient, the gather
+  const Tensor w = input({4, 2}, 181);
+  const Tensor ids = ag::tensor({1, 3, 1, 1}, {4}, Dtype::Float64);
+  check_gradgrad("gradient of embedding cubed", [&](const TensorList& in) {
+    const Tensor e = ag::embedding(in[0], ids);
+    return ag::grad({ag::sum(e * e * e)}, {in[0]}, {.create_graph = true})[0];
+  }, {w});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
