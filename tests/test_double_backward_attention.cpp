@@ -8,6 +8,7 @@
 #define BOOST_TEST_MODULE double_backward_attention
 #include <boost/test/unit_test.hpp>
 
+#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -360,6 +361,28 @@ BOOST_AUTO_TEST_CASE(create_graph_gradients_equal_the_kernel_gradients) {
         BOOST_TEST(max_abs_diff(fast[i], built[i]) <= 1e-13, describe(c) << ": gradient " << i);
       }
     }
+}
+
+BOOST_AUTO_TEST_CASE(empty_sizes_under_create_graph) {
+  // No queries, no keys, or zero-width heads: the composed backward gives the kernel's gradients
+  // (zeros of the right shapes) and its hvp is finite.
+  for (const auto& [T, S, dk, dv] : std::vector<std::array<std::int64_t, 4>>{
+           {0, 3, 2, 2}, {3, 0, 2, 2}, {3, 4, 0, 2}, {3, 4, 2, 0}}) {
+    const TensorList x = {randn64({1, 2, T, dk}, 1), randn64({1, 2, S, dk}, 2), randn64({1, 2, S, dv}, 3)};
+    auto loss = [](const TensorList& in) {
+      const auto r = ag::scaled_dot_product_attention(in[0], in[1], in[2]);
+      return ag::sum(r.output * r.output) + ag::sum(r.weights * r.weights);
+    };
+    const TensorList fast = ag::grad({loss(x)}, x, {.allow_unused = true});
+    const TensorList built = ag::grad({loss(x)}, x, {.create_graph = true, .allow_unused = true});
+    const TensorList hv = ag::hvp(loss, x, random_like(x, 9));
+    for (std::size_t i = 0; i < 3; ++i) {
+      const std::string what = fmt::format("T {} S {} d_k {} d_v {}: input {}", T, S, dk, dv, i);
+      BOOST_TEST(fast[i].defined() == built[i].defined(), what);
+      if (fast[i].defined() && built[i].defined()) BOOST_TEST(max_abs_diff(fast[i], built[i]) == 0.0, what);
+      BOOST_TEST(all_finite(hv[i]), what);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(fully_blocked_rows_stay_zero_in_second_order) {
