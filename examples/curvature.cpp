@@ -48,7 +48,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--heads", o.heads, "head counts to compare (default 1,2)")->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--seeds", o.seeds, "seeds for weights and data (default 1)")->delimiter(',');
   app.add_option("--steps", o.study.steps, "training steps (default 2000)")->check(CLI::PositiveNumber);
-  app.add_option("--checkpoints", o.study.checkpoints, "steps at which λ_max is measured (default 0,100,250,500,1000,2000)")
+  app.add_option("--checkpoints", o.study.checkpoints, "steps at which λ_max is measured (default 0,100,250,500,750,1000,1500,2000)")
       ->delimiter(',')->check(CLI::NonNegativeNumber);
   app.add_option("--sequences", o.study.hessian_sequences, "held-out sequences of the measured loss (default 256)")
       ->check(CLI::PositiveNumber);
@@ -57,6 +57,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--tolerance", o.study.power.tolerance, "stop at ‖Hv − λv‖ <= tol·|λ| (default 1e-3)")
       ->check(CLI::PositiveNumber);
   app.add_option("--penalty", o.study.penalty, "λ of the gradient-penalty step (default 0.1)")->check(CLI::PositiveNumber);
+  app.add_option("--penalty-lr", o.study.penalty_lr,
+                 "learning rate of the penalty step (default: 1 / (λ_max·(1 + 2λ·λ_max)) from the last measurement)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--attention-only", [&o](std::int64_t) { o.study.mlp = false; }, "no MLP in the block");
   app.add_option("--json", o.json, "write every measurement as JSON")->type_name("FILE");
   app.add_flag("--quick", o.quick, "a small model (V=6, T=6, d_model=8) for 60 steps: seconds, not minutes");
@@ -84,17 +87,18 @@ void print_table(const std::vector<CurvatureRun>& runs) {
              "loss", "acc", "|grad|", "lambda_max", "H·v's", "residual", "H·v ms", "fwd+bwd");
   for (const auto& r : runs)
     for (const auto& p : r.points)
-      fmt::print("{:>4} {:>5} {:>6} {:>8.4f} {:>6.3f} {:>8.4f} {:>10.4f} {:>6} {:>9.1e} {:>8.2f} {:>7.2f}\n", r.seed,
+      fmt::print("{:>4} {:>5} {:>6} {:>8.4f} {:>6.3f} {:>8.4f} {:>10.4f} {:>6} {:>9.1e}{} {:>7.2f} {:>7.2f}\n", r.seed,
                  r.heads, p.step, p.loss, p.accuracy, p.grad_norm, p.top.eigenvalue, p.top.iterations, p.top.residual,
-                 p.hvp_ms, p.step_ms);
+                 p.top.converged ? " " : "*", p.hvp_ms, p.step_ms);
+  fmt::print("(* the power iteration stopped before its residual reached the tolerance)\n");
   fmt::print("\ngradient-penalty step, P = L + λ‖∇_θ L‖², one SGD step on ∇P (by backward through ∇L):\n");
-  fmt::print("{:>4} {:>5} {:>6} {:>8} {:>10} {:>14} {:>14} {:>9} {:>9} {:>8} {:>10}\n", "seed", "heads", "λ", "L",
-             "‖∇L‖²", "∇P·d backward", "∇P·d central", "rel err", "vs 2λH∇L", "L after", "‖∇L‖² after");
+  fmt::print("{:>4} {:>5} {:>6} {:>8} {:>10} {:>14} {:>14} {:>9} {:>9} {:>9} {:>8} {:>10}\n", "seed", "heads", "λ",
+             "L", "‖∇L‖²", "∇P·d backward", "∇P·d central", "rel err", "vs 2λH∇L", "lr", "L after", "‖∇L‖² after");
   for (const auto& r : runs) {
     const auto& q = r.penalty;
-    fmt::print("{:>4} {:>5} {:>6} {:>8.4f} {:>10.3e} {:>14.8e} {:>14.8e} {:>9.1e} {:>9.1e} {:>8.4f} {:>10.3e}\n", r.seed,
-               r.heads, q.lambda, q.loss, q.penalty, q.directional, q.numeric, q.rel_error, q.second_route_error,
-               q.loss_after, q.penalty_after);
+    fmt::print("{:>4} {:>5} {:>6} {:>8.4f} {:>10.3e} {:>14.7e} {:>14.7e} {:>9.1e} {:>9.1e} {:>9.2e} {:>8.4f} {:>10.3e}\n",
+               r.seed, r.heads, q.lambda, q.loss, q.penalty, q.directional, q.numeric, q.rel_error,
+               q.second_route_error, q.lr, q.loss_after, q.penalty_after);
   }
 }
 
@@ -134,7 +138,7 @@ nlohmann::json to_json(const std::vector<CurvatureRun>& runs, const Options& o) 
     run["penalty_step"] = {{"lambda", q.lambda}, {"loss", q.loss}, {"penalty", q.penalty},
                            {"directional_backward", q.directional}, {"directional_central", q.numeric},
                            {"rel_error", q.rel_error}, {"second_route_error", q.second_route_error},
-                           {"loss_after", q.loss_after}, {"penalty_after", q.penalty_after}};
+                           {"lr", q.lr}, {"loss_after", q.loss_after}, {"penalty_after", q.penalty_after}};
     out["runs"].push_back(run);
   }
   return out;

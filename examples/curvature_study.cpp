@@ -96,9 +96,11 @@ double penalised_value(const heads::HeadsModel& model, const std::vector<ag::Ten
 // gradient checked two ways before the step: against central differences of P along random
 // directions, and against ∇L + 2λ·H∇L (the penalty's gradient, 2H∇L, by an HVP).
 PenaltyCheck penalty_step(heads::HeadsModel& model, const std::vector<ag::Tensor>& params,
-                          const heads::Batch& batch, const StudyConfig& c, ag::Generator& gen) {
+                          const heads::Batch& batch, const StudyConfig& c, double lambda_max, ag::Generator& gen) {
   PenaltyCheck r;
   r.lambda = c.penalty;
+  const double curv = std::abs(lambda_max);
+  r.lr = c.penalty_lr > 0 ? c.penalty_lr : curv > 0 ? 1 / (curv * (1 + 2 * c.penalty * curv)) : 0.01;
   const Vector theta = flatten(params);
   const Penalised p = penalised(model, params, batch, true);
   r.loss = p.loss.item();
@@ -132,7 +134,7 @@ PenaltyCheck penalty_step(heads::HeadsModel& model, const std::vector<ag::Tensor
     if (k == 0 || rel > r.rel_error) r.rel_error = rel, r.directional = analytic, r.numeric = numeric;
   }
   set_parameters(params, theta);  // exactly the point the gradient was taken at
-  nn::SGD sgd(params, {.lr = c.penalty_lr});
+  nn::SGD sgd(params, {.lr = r.lr});
   sgd.step();
   const Penalised after = penalised(model, params, batch, false);
   r.loss_after = after.loss.item();
@@ -181,7 +183,8 @@ CurvatureRun run_study(const StudyConfig& c, std::int64_t heads_count, std::uint
     sched.step();
     checkpoint(step);
   }
-  run.penalty = penalty_step(model, params, test, c, probe_gen);
+  run.penalty = penalty_step(model, params, test, c, run.points.empty() ? 0.0 : run.points.back().top.eigenvalue,
+                             probe_gen);
   run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return run;
 }

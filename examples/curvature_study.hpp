@@ -17,11 +17,14 @@ struct StudyConfig {
   bool mlp = true;
   std::int64_t batch = 64, steps = 2000, warmup = 100;
   double lr = 3e-3, weight_decay = 0.01, clip = 1.0;
-  std::vector<std::int64_t> checkpoints = {0, 100, 250, 500, 1000, 2000};  // steps at which H is measured
+  std::vector<std::int64_t> checkpoints = {0, 100, 250, 500, 750, 1000, 1500, 2000};  // steps at which H is measured
   std::int64_t hessian_sequences = 256;  // held-out sequences whose mean loss H is the Hessian of
   PowerOptions power = {.max_iterations = 100, .tolerance = 1e-3};
   double penalty = 0.1;     // λ of loss + λ‖∇_θ loss‖²
-  double penalty_lr = 0.1;  // the plain gradient step taken with the penalised gradient
+  // The plain gradient step taken with the penalised gradient; 0: 1 / (λ_max·(1 + 2λ·λ_max)),
+  // the inverse curvature of P = L + λ‖∇L‖² along H's top eigenvector, third derivatives left out
+  // (λ_max from the last measurement), a step that is stable on both terms.
+  double penalty_lr = 0.0;
 };
 
 struct CurvaturePoint {
@@ -40,7 +43,8 @@ struct PenaltyCheck {
   double directional = 0, numeric = 0;       // ∇P·d by backward, and (P(θ+εd) − P(θ−εd)) / 2ε
   double rel_error = 0;                      // worst of three random unit directions d
   double second_route_error = 0;             // ‖∇P − (∇L + 2λ·H∇L)‖ / ‖∇P‖
-  double loss_after = 0, penalty_after = 0;  // after θ ← θ − lr·∇P
+  double lr = 0;                             // of the step θ ← θ − lr·∇P
+  double loss_after = 0, penalty_after = 0;  // after it
 };
 
 struct CurvatureRun {
