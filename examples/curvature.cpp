@@ -14,6 +14,8 @@
 //   curvature                        # 1 head and 2 heads, seed 1
 //   curvature --seeds 1,2,3 --json curvature.json
 //   curvature --quick --check        # a small model in seconds; exit 1 when a check fails
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -26,6 +28,7 @@
 
 #include "curvature_study.hpp"
 #include "report.hpp"
+#include "svg_charts.hpp"
 
 namespace ag = autograd;
 using namespace curvature;
@@ -37,6 +40,7 @@ struct Options {
   std::vector<std::int64_t> heads = {1, 2};
   std::vector<std::uint64_t> seeds = {1};
   std::string json;
+  std::string svg;      // a chart of log10 λ_max along training
   bool quick = false;   // a small model and few steps
   bool check = false;   // exit 1 when a check fails
   bool quiet = false;
@@ -62,6 +66,7 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--attention-only", [&o](std::int64_t) { o.study.mlp = false; }, "no MLP in the block");
   app.add_option("--json", o.json, "write every measurement as JSON")->type_name("FILE");
+  app.add_option("--svg", o.svg, "write a chart of log10 lambda_max along training")->type_name("FILE.svg");
   app.add_flag("--quick", o.quick, "a small model (V=6, T=6, d_model=8) for 60 steps: seconds, not minutes");
   app.add_flag("--check", o.check,
                "exit 1 unless every power iteration converged, H is symmetric to 1e-9 and the penalty's\n"
@@ -144,6 +149,27 @@ nlohmann::json to_json(const std::vector<CurvatureRun>& runs, const Options& o) 
   return out;
 }
 
+// log10 λ_max against the step, one curve per run: blue shades for 1 head, orange for 2, ...
+std::string chart(const std::vector<CurvatureRun>& runs) {
+  static const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"};
+  svg::LineChart c;
+  c.title = "Top Hessian eigenvalue of the held-out loss along training";
+  c.x_label = "training step";
+  c.y_label = "log10 lambda_max";
+  for (const auto& r : runs) {
+    svg::Series s;
+    s.name = fmt::format("{} head{}, seed {}", r.heads, r.heads == 1 ? "" : "s", r.seed);
+    s.colour = colours[static_cast<std::size_t>(r.heads - 1) % 5];
+    s.markers = true;
+    for (const auto& p : r.points) {
+      s.x.push_back(static_cast<double>(p.step));
+      s.y.push_back(std::log10(std::max(std::abs(p.top.eigenvalue), 1e-12)));
+    }
+    c.series.push_back(std::move(s));
+  }
+  return svg::line_chart_svg(c);
+}
+
 // What --check demands; each failure printed.
 int failed_checks(const std::vector<CurvatureRun>& runs) {
   int failed = 0;
@@ -198,6 +224,10 @@ int main(int argc, char** argv) {
     if (!o.json.empty()) {
       heads::write_text_file(o.json, to_json(runs, o).dump(2) + "\n");
       fmt::print("json: {}\n", o.json);
+    }
+    if (!o.svg.empty()) {
+      heads::write_text_file(o.svg, chart(runs));
+      fmt::print("svg: {}\n", o.svg);
     }
     if (o.check) {
       const int failed = failed_checks(runs);
