@@ -9,6 +9,8 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -249,6 +251,43 @@ BOOST_AUTO_TEST_CASE(second_derivatives_match_the_closed_form) {
       const auto [g, h] = first_and_second(k.f, *k.at);
       check_values(g, {6}, elementwise(*k.at, k.d1));
       check_values(h, {6}, elementwise(*k.at, k.d2));
+    }
+  }
+}
+
+// Ops that have an equivalent composed of other ops: the same Hessian-vector products.
+BOOST_AUTO_TEST_CASE(hessian_vector_products_agree_with_composed_equivalents) {
+  const Tensor x = input({3, 4}, 91), p = uniform_input({3, 4}, 0.3, 2.0, 92), w = input({3, 4}, 93);
+  const Tensor v = input({3, 4}, 94).detach();
+  const double s = std::sqrt(2 / kPi);
+  const std::vector<std::tuple<const char*, Unary, Unary, const Tensor*>> pairs = {
+      {"sigmoid", [](const Tensor& t) { return ag::sigmoid(t); },
+       [](const Tensor& t) { return 1.0 / (ag::exp(-t) + 1.0); }, &x},
+      {"tanh", [](const Tensor& t) { return ag::tanh(t); },
+       [](const Tensor& t) { return 1.0 - 2.0 / (ag::exp(t * 2.0) + 1.0); }, &x},
+      {"gelu (tanh)", [](const Tensor& t) { return ag::gelu(t, true); },
+       [s](const Tensor& t) { return t * 0.5 * (ag::tanh((t + t * t * t * 0.044715) * s) + 1.0); }, &x},
+      {"square", [](const Tensor& t) { return ag::square(t); }, [](const Tensor& t) { return t * t; }, &x},
+      {"pow 3", [](const Tensor& t) { return ag::pow(t, 3.0); }, [](const Tensor& t) { return t * t * t; }, &x},
+      {"relu", [](const Tensor& t) { return ag::relu(t) * t; },
+       [](const Tensor& t) { return ag::maximum(t, ag::zeros_like(t)) * t; }, &x},
+      {"clamp", [](const Tensor& t) { return ag::clamp(t, -0.5, 0.5) * t; },
+       [](const Tensor& t) {
+         return ag::minimum(ag::maximum(t, ag::full(t.shape(), -0.5, Dtype::Float64)), ag::full(t.shape(), 0.5, Dtype::Float64)) * t;
+       }, &x},
+      {"abs", [](const Tensor& t) { return ag::abs(t) * t; },
+       [](const Tensor& t) { return ag::maximum(t, -t) * t; }, &x},
+      {"rsqrt", [](const Tensor& t) { return ag::rsqrt(t); }, [](const Tensor& t) { return 1.0 / ag::sqrt(t); }, &p},
+      {"sqrt", [](const Tensor& t) { return ag::sqrt(t); }, [](const Tensor& t) { return ag::exp(ag::log(t) * 0.5); }, &p},
+      {"rdiv", [](const Tensor& t) { return ag::rdiv(t, 2.0); }, [](const Tensor& t) { return ag::pow(t, -1.0) * 2.0; }, &p},
+  };
+  for (const auto& [name, fused, composed, at] : pairs) {
+    BOOST_TEST_CONTEXT(name) {
+      auto loss = [w](const Unary& f) {
+        return [w, f](const TensorList& in) { return ag::sum(f(in[0]) * w); };
+      };
+      const Tensor a = ag::hvp(loss(fused), {*at}, {v})[0], b = ag::hvp(loss(composed), {*at}, {v})[0];
+      check_values(a, b.shape(), b.to_vector(), 1e-12);
     }
   }
 }
