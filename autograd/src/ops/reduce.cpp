@@ -141,10 +141,10 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, boo
   if (needs_grad(x)) {
     // y = s · Σ_reduced x  =>  dx = s · dy broadcast back over the reduced dims
     return record(op, {x}, y,
-                  [walk, scale, shape = x.shape(), kept = reduced_shape(x.shape(), mask, true)](
-                      const TensorList& g, const Node&) {
+                  [walk, scale, mask](const TensorList& g, const Node& n) {
+                    const Shape& shape = n.input_meta[0].shape;
                     if (is_grad_enabled()) {  // the same broadcast, from differentiable ops
-                      const Tensor dx = expand(reshape(g[0], kept), shape);
+                      const Tensor dx = expand(reshape(g[0], reduced_shape(shape, mask, true)), shape);
                       return GradList{scale == 1.0 ? dx : mul(dx, scale)};
                     }
                     Tensor dx = Tensor::empty(shape, g[0].dtype());
