@@ -294,6 +294,55 @@ BOOST_AUTO_TEST_CASE(hessian_vector_products_agree_with_composed_equivalents) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+BOOST_AUTO_TEST_SUITE(third_order)
+
+// The composed backward rules are differentiable again, to any order: third derivatives against
+// their closed forms, and gradgradcheck of a function that is itself a gradient (create_graph).
+BOOST_AUTO_TEST_CASE(third_derivatives_match_the_closed_form) {
+  const Tensor x = ag::tensor({-1.3, -0.4, 0.2, 0.8, 1.6}, {5}, Dtype::Float64).requires_grad_();
+  const Tensor p = ag::tensor({0.3, 0.7, 1.0, 2.2, 4.0}, {5}, Dtype::Float64).requires_grad_();
+  auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
+  const std::vector<std::tuple<const char*, Unary, const Tensor*, std::function<double(double)>>> cases = {
+      {"exp", [](const Tensor& t) { return ag::exp(t); }, &x, [](double v) { return std::exp(v); }},
+      {"log", [](const Tensor& t) { return ag::log(t); }, &p, [](double v) { return 2 / (v * v * v); }},
+      {"sqrt", [](const Tensor& t) { return ag::sqrt(t); }, &p, [](double v) { return 0.375 * std::pow(v, -2.5); }},
+      {"tanh", [](const Tensor& t) { return ag::tanh(t); }, &x,
+       [](double v) {
+         const double t = std::tanh(v);
+         return -2 * (1 - t * t) * (1 - 3 * t * t);
+       }},
+      {"sigmoid", [](const Tensor& t) { return ag::sigmoid(t); }, &x,
+       [sig](double v) {
+         const double s = sig(v);
+         return s * (1 - s) * (1 - 6 * s + 6 * s * s);
+       }},
+      {"gelu", [](const Tensor& t) { return ag::gelu(t); }, &x,  // (φ(x)(2 - x²))' = φ(x)(x³ - 4x)
+       [](double v) { return normal_pdf(v) * (v * v * v - 4 * v); }},
+      {"pow 3.5", [](const Tensor& t) { return ag::pow(t, 3.5); }, &p,
+       [](double v) { return 3.5 * 2.5 * 1.5 * std::pow(v, 0.5); }},
+  };
+  for (const auto& [name, f, at, d3] : cases) {
+    BOOST_TEST_CONTEXT(name) {
+      const Tensor g = ag::grad({ag::sum(f(*at))}, {*at}, {.create_graph = true})[0];
+      const Tensor h = ag::grad({ag::sum(g)}, {*at}, {.create_graph = true})[0];
+      check_values(ag::grad({ag::sum(h)}, {*at})[0], {5}, elementwise(*at, d3));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gradgradcheck_of_a_gradient) {
+  const Tensor a = input({2, 1, 3}, 95), b = uniform_input({4, 3}, 0.5, 2.0, 96);
+  auto gradient = [](const TensorList& in) {
+    const Tensor y = ag::pow(in[1], in[0]) * ag::sigmoid(in[0]) / in[1] + ag::gelu(in[0] * in[1]) +
+                     ag::maximum(ag::tanh(in[0]), ag::log(in[1]) * 0.3);
+    const TensorList g = ag::grad({ag::sum(y * y)}, in, {.create_graph = true});
+    return ag::cat({ag::reshape(g[0], {-1}), ag::reshape(g[1], {-1})}, 0);
+  };
+  double_backward::second_order_ok("third order", "gradient of a mixed expression", gradient, {a, b});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_AUTO_TEST_SUITE(conventions)
 
 // At the kinks the first derivative is PyTorch's (relu'(0) = 0, sign(0) = 0, clamp passes only

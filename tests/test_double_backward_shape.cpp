@@ -221,6 +221,19 @@ BOOST_AUTO_TEST_CASE(create_graph_gradients_equal_the_first_order_ones) {
   check_values(graph, plain.shape(), plain.to_vector(), 1e-14);
 }
 
+// The composed rules are differentiable again: gradgradcheck of a gradient (third derivatives).
+BOOST_AUTO_TEST_CASE(gradgradcheck_of_a_gradient) {
+  const Tensor x = input({3, 4}, 191);
+  auto gradient = [](const TensorList& in) {
+    const Tensor& t = in[0];
+    const TensorList parts = ag::split(t, std::vector<std::int64_t>{1, 3}, 1);
+    const Tensor y = ag::max(ag::tanh(t), 1) * ag::mean(t * t, 1) + ag::sum(ag::exp(ag::slice(t, 1, 0, 4, 2)), 1) +
+                     ag::sum(ag::square(ag::cat({parts[1], parts[0]}, 1)) * ag::expand(ag::narrow(t, 1, 1, 1), {3, 4}), 1);
+    return ag::grad({ag::sum(y * y)}, {t}, {.create_graph = true})[0];
+  };
+  double_backward::second_order_ok("third order", "gradient through reductions and slices", gradient, {x});
+}
+
 BOOST_AUTO_TEST_CASE(report) { double_backward::print_worst("shape"); }
 
 BOOST_AUTO_TEST_SUITE_END()
