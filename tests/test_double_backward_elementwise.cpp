@@ -199,7 +199,9 @@ BOOST_AUTO_TEST_CASE(every_unary_op) {
   for (const auto& [name, f] : on_positives) check_op("unary", name, unary_fn(f), {p});
   // piecewise-linear ops between smooth ones: second derivatives come from the smooth parts
   check_op("unary", "relu, abs and clamp in products",
-           unary_fn([](const Tensor& t) { return ag::relu(t) * t + ag::abs(t) * ag::exp(t) + ag::clamp(t, -0.5, 0.5) * t; }),
+           unary_fn([](const Tensor& t) {
+             return ag::relu(t) * t + ag::abs(t) * ag::exp(t) + ag::clamp(t, -0.5, 0.5) * t;
+           }),
            {x});
 }
 
@@ -273,7 +275,8 @@ BOOST_AUTO_TEST_CASE(hessian_vector_products_agree_with_composed_equivalents) {
        [](const Tensor& t) { return ag::maximum(t, ag::zeros_like(t)) * t; }, &x},
       {"clamp", [](const Tensor& t) { return ag::clamp(t, -0.5, 0.5) * t; },
        [](const Tensor& t) {
-         return ag::minimum(ag::maximum(t, ag::full(t.shape(), -0.5, Dtype::Float64)), ag::full(t.shape(), 0.5, Dtype::Float64)) * t;
+         const Tensor lo = ag::full(t.shape(), -0.5, Dtype::Float64), hi = ag::full(t.shape(), 0.5, Dtype::Float64);
+         return ag::minimum(ag::maximum(t, lo), hi) * t;
        }, &x},
       {"abs", [](const Tensor& t) { return ag::abs(t) * t; },
        [](const Tensor& t) { return ag::maximum(t, -t) * t; }, &x},

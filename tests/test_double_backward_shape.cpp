@@ -121,12 +121,15 @@ BOOST_AUTO_TEST_CASE(views_and_copies) {
       {"squeeze dim", [](const Tensor& t) { return ag::squeeze(ag::unsqueeze(t, 0), 0); }},
       {"clone", [](const Tensor& t) { return t.clone(); }},
       {"to the same dtype", [](const Tensor& t) { return t.to(Dtype::Float64); }},
-      {"shape ops around a product", [](const Tensor& t) { return ag::transpose(ag::reshape(t * t, {6, 4}), 0, 1) * ag::transpose(ag::flatten(t, 0, 1).clone(), 0, 1); }},
+      {"shape ops around a product",
+       [](const Tensor& t) {
+         return ag::transpose(ag::reshape(t * t, {6, 4}), 0, 1) * ag::transpose(ag::flatten(t, 0, 1).clone(), 0, 1);
+       }},
   };
   for (const auto& [name, f] : ops) check_op("shape", name, unary_fn(f), {x});
   check_op("shape", "expand", unary_fn([](const Tensor& t) { return ag::expand(t, {2, 3, 5}); }), {col});
-  check_op("shape", "expand of a square", unary_fn([](const Tensor& t) { return ag::expand(t * t, {2, 3, 5}) * ag::expand(t, {3, 5}); }),
-           {col});
+  check_op("shape", "expand of a square",
+           unary_fn([](const Tensor& t) { return ag::expand(t * t, {2, 3, 5}) * ag::expand(t, {3, 5}); }), {col});
 }
 
 BOOST_AUTO_TEST_CASE(slices) {
@@ -209,10 +212,12 @@ BOOST_AUTO_TEST_CASE(create_graph_gradients_equal_the_first_order_ones) {
   auto f = [](const Tensor& t) {
     ag::Generator gen(5);
     const TensorList parts = ag::chunk(t, 2, 1);
-    return ag::sum(ag::max(t, 1, true) * ag::mean(t, 2, true)) + ag::max(t) * ag::sum(ag::sum(t, std::vector<std::int64_t>{0, 2})) +
+    return ag::sum(ag::max(t, 1, true) * ag::mean(t, 2, true)) +
+           ag::max(t) * ag::sum(ag::sum(t, std::vector<std::int64_t>{0, 2})) +
            ag::sum(ag::cat({ag::slice(t, 1, 0, 4, 3), ag::reshape(ag::narrow(t, 0, 1, 2), {4, 2, 2})}, 0)) +
            ag::sum(ag::stack(parts, 0) * ag::dropout(ag::stack(parts, 0), 0.5, true, gen)) +
-           ag::sum(ag::expand(ag::permute(t, {2, 0, 1}), {2, 2, 3, 4}) * ag::unsqueeze(ag::transpose(ag::transpose(t, 0, 2), 1, 2), 0));
+           ag::sum(ag::expand(ag::permute(t, {2, 0, 1}), {2, 2, 3, 4}) *
+                   ag::unsqueeze(ag::transpose(ag::transpose(t, 0, 2), 1, 2), 0));
   };
   const Tensor y = f(x) * f(x);
   const Tensor plain = ag::grad({y}, {x}, {.retain_graph = true})[0];

@@ -225,7 +225,8 @@ Tensor dim_max_composed(const Tensor& dy, const std::vector<std::int64_t>& index
     using T = decltype(zero);
     T* d = one_hot.data<T>();
     for (std::int64_t o = 0; o < outer; ++o)
-      for (std::int64_t i = 0; i < inner; ++i) d[(o * n + index[static_cast<std::size_t>(o * inner + i)]) * inner + i] = T(1);
+      for (std::int64_t i = 0; i < inner; ++i)
+        d[(o * n + index[static_cast<std::size_t>(o * inner + i)]) * inner + i] = T(1);
   });
   return reshape(mul(one_hot, reshape(dy, {outer, 1, inner})), shape);
 }
