@@ -9,6 +9,8 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -197,7 +199,9 @@ BOOST_AUTO_TEST_CASE(every_unary_op) {
   for (const auto& [name, f] : on_positives) check_op("unary", name, unary_fn(f), {p});
   // piecewise-linear ops between smooth ones: second derivatives come from the smooth parts
   check_op("unary", "relu, abs and clamp in products",
-           unary_fn([](const Tensor& t) { return ag::relu(t) * t + ag::abs(t) * ag::exp(t) + ag::clamp(t, -0.5, 0.5) * t; }),
+           unary_fn([](const Tensor& t) {
+             return ag::relu(t) * t + ag::abs(t) * ag::exp(t) + ag::clamp(t, -0.5, 0.5) * t;
+           }),
            {x});
 }
 
@@ -251,6 +255,93 @@ BOOST_AUTO_TEST_CASE(second_derivatives_match_the_closed_form) {
       check_values(h, {6}, elementwise(*k.at, k.d2));
     }
   }
+}
+
+// Ops that have an equivalent composed of other ops: the same Hessian-vector products.
+BOOST_AUTO_TEST_CASE(hessian_vector_products_agree_with_composed_equivalents) {
+  const Tensor x = input({3, 4}, 91), p = uniform_input({3, 4}, 0.3, 2.0, 92), w = input({3, 4}, 93);
+  const Tensor v = input({3, 4}, 94).detach();
+  const double s = std::sqrt(2 / kPi);
+  const std::vector<std::tuple<const char*, Unary, Unary, const Tensor*>> pairs = {
+      {"sigmoid", [](const Tensor& t) { return ag::sigmoid(t); },
+       [](const Tensor& t) { return 1.0 / (ag::exp(-t) + 1.0); }, &x},
+      {"tanh", [](const Tensor& t) { return ag::tanh(t); },
+       [](const Tensor& t) { return 1.0 - 2.0 / (ag::exp(t * 2.0) + 1.0); }, &x},
+      {"gelu (tanh)", [](const Tensor& t) { return ag::gelu(t, true); },
+       [s](const Tensor& t) { return t * 0.5 * (ag::tanh((t + t * t * t * 0.044715) * s) + 1.0); }, &x},
+      {"square", [](const Tensor& t) { return ag::square(t); }, [](const Tensor& t) { return t * t; }, &x},
+      {"pow 3", [](const Tensor& t) { return ag::pow(t, 3.0); }, [](const Tensor& t) { return t * t * t; }, &x},
+      {"relu", [](const Tensor& t) { return ag::relu(t) * t; },
+       [](const Tensor& t) { return ag::maximum(t, ag::zeros_like(t)) * t; }, &x},
+      {"clamp", [](const Tensor& t) { return ag::clamp(t, -0.5, 0.5) * t; },
+       [](const Tensor& t) {
+         const Tensor lo = ag::full(t.shape(), -0.5, Dtype::Float64), hi = ag::full(t.shape(), 0.5, Dtype::Float64);
+         return ag::minimum(ag::maximum(t, lo), hi) * t;
+       }, &x},
+      {"abs", [](const Tensor& t) { return ag::abs(t) * t; },
+       [](const Tensor& t) { return ag::maximum(t, -t) * t; }, &x},
+      {"rsqrt", [](const Tensor& t) { return ag::rsqrt(t); }, [](const Tensor& t) { return 1.0 / ag::sqrt(t); }, &p},
+      {"sqrt", [](const Tensor& t) { return ag::sqrt(t); }, [](const Tensor& t) { return ag::exp(ag::log(t) * 0.5); }, &p},
+      {"rdiv", [](const Tensor& t) { return ag::rdiv(t, 2.0); }, [](const Tensor& t) { return ag::pow(t, -1.0) * 2.0; }, &p},
+  };
+  for (const auto& [name, fused, composed, at] : pairs) {
+    BOOST_TEST_CONTEXT(name) {
+      auto loss = [w](const Unary& f) {
+        return [w, f](const TensorList& in) { return ag::sum(f(in[0]) * w); };
+      };
+      const Tensor a = ag::hvp(loss(fused), {*at}, {v})[0], b = ag::hvp(loss(composed), {*at}, {v})[0];
+      check_values(a, b.shape(), b.to_vector(), 1e-12);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(third_order)
+
+// The composed backward rules are differentiable again, to any order: third derivatives against
+// their closed forms, and gradgradcheck of a function that is itself a gradient (create_graph).
+BOOST_AUTO_TEST_CASE(third_derivatives_match_the_closed_form) {
+  const Tensor x = ag::tensor({-1.3, -0.4, 0.2, 0.8, 1.6}, {5}, Dtype::Float64).requires_grad_();
+  const Tensor p = ag::tensor({0.3, 0.7, 1.0, 2.2, 4.0}, {5}, Dtype::Float64).requires_grad_();
+  auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
+  const std::vector<std::tuple<const char*, Unary, const Tensor*, std::function<double(double)>>> cases = {
+      {"exp", [](const Tensor& t) { return ag::exp(t); }, &x, [](double v) { return std::exp(v); }},
+      {"log", [](const Tensor& t) { return ag::log(t); }, &p, [](double v) { return 2 / (v * v * v); }},
+      {"sqrt", [](const Tensor& t) { return ag::sqrt(t); }, &p, [](double v) { return 0.375 * std::pow(v, -2.5); }},
+      {"tanh", [](const Tensor& t) { return ag::tanh(t); }, &x,
+       [](double v) {
+         const double t = std::tanh(v);
+         return -2 * (1 - t * t) * (1 - 3 * t * t);
+       }},
+      {"sigmoid", [](const Tensor& t) { return ag::sigmoid(t); }, &x,
+       [sig](double v) {
+         const double s = sig(v);
+         return s * (1 - s) * (1 - 6 * s + 6 * s * s);
+       }},
+      {"gelu", [](const Tensor& t) { return ag::gelu(t); }, &x,  // (φ(x)(2 - x²))' = φ(x)(x³ - 4x)
+       [](double v) { return normal_pdf(v) * (v * v * v - 4 * v); }},
+      {"pow 3.5", [](const Tensor& t) { return ag::pow(t, 3.5); }, &p,
+       [](double v) { return 3.5 * 2.5 * 1.5 * std::pow(v, 0.5); }},
+  };
+  for (const auto& [name, f, at, d3] : cases) {
+    BOOST_TEST_CONTEXT(name) {
+      const Tensor g = ag::grad({ag::sum(f(*at))}, {*at}, {.create_graph = true})[0];
+      const Tensor h = ag::grad({ag::sum(g)}, {*at}, {.create_graph = true})[0];
+      check_values(ag::grad({ag::sum(h)}, {*at})[0], {5}, elementwise(*at, d3));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gradgradcheck_of_a_gradient) {
+  const Tensor a = input({2, 1, 3}, 95), b = uniform_input({4, 3}, 0.5, 2.0, 96);
+  auto gradient = [](const TensorList& in) {
+    const Tensor y = ag::pow(in[1], in[0]) * ag::sigmoid(in[0]) / in[1] + ag::gelu(in[0] * in[1]) +
+                     ag::maximum(ag::tanh(in[0]), ag::log(in[1]) * 0.3);
+    const TensorList g = ag::grad({ag::sum(y * y)}, in, {.create_graph = true});
+    return ag::cat({ag::reshape(g[0], {-1}), ag::reshape(g[1], {-1})}, 0);
+  };
+  double_backward::second_order_ok("third order", "gradient of a mixed expression", gradient, {a, b});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -111,7 +111,8 @@ namespace {
 GradList pow_composed(const Tensor& dy, const Tensor& a, const Tensor& b, const SavedTensor& saved_y, const Node& n) {
   return GradList{
       grad_if(n, 0, [&] {
-        const Tensor b_zero = mask_of(b.shape(), b, b, [](const auto& z, const auto&) { return z == scalar_t<decltype(z)>(0); });
+        const Tensor b_zero =
+            mask_of(b.shape(), b, b, [](const auto& z, const auto&) { return z == scalar_t<decltype(z)>(0); });
         return sum_to(masked_fill(mul(mul(dy, b), pow(a, sub(b, 1.0))), b_zero, 0.0), n.input_meta[0].shape);
       }),
       grad_if(n, 1, [&] {

@@ -141,10 +141,10 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, boo
   if (needs_grad(x)) {
     // y = s · Σ_reduced x  =>  dx = s · dy broadcast back over the reduced dims
     return record(op, {x}, y,
-                  [walk, scale, shape = x.shape(), kept = reduced_shape(x.shape(), mask, true)](
-                      const TensorList& g, const Node&) {
+                  [walk, scale, mask](const TensorList& g, const Node& n) {
+                    const Shape& shape = n.input_meta[0].shape;
                     if (is_grad_enabled()) {  // the same broadcast, from differentiable ops
-                      const Tensor dx = expand(reshape(g[0], kept), shape);
+                      const Tensor dx = expand(reshape(g[0], reduced_shape(shape, mask, true)), shape);
                       return GradList{scale == 1.0 ? dx : mul(dx, scale)};
                     }
                     Tensor dx = Tensor::empty(shape, g[0].dtype());
@@ -225,7 +225,8 @@ Tensor dim_max_composed(const Tensor& dy, const std::vector<std::int64_t>& index
     using T = decltype(zero);
     T* d = one_hot.data<T>();
     for (std::int64_t o = 0; o < outer; ++o)
-      for (std::int64_t i = 0; i < inner; ++i) d[(o * n + index[static_cast<std::size_t>(o * inner + i)]) * inner + i] = T(1);
+      for (std::int64_t i = 0; i < inner; ++i)
+        d[(o * n + index[static_cast<std::size_t>(o * inner + i)]) * inner + i] = T(1);
   });
   return reshape(mul(one_hot, reshape(dy, {outer, 1, inner})), shape);
 }
