@@ -470,10 +470,282 @@ BOOST_AUTO_TEST_CASE(third_derivatives_through_the_scatter) {
   // scatter-add and its own gradient, the gather
   const Tensor w = input({4, 2}, 181);
   const Tensor ids = ag::tensor({1, 3, 1, 1}, {4}, Dtype::Float64);
-  check_gradgrad("gradient of embedding cubed", [&](const TensorList& in) {
+  auto gradient = [&](const TensorList& in) {
+    const ag::EnableGradGuard grad_on;  // (gradcheck evaluates without grad mode)
     const Tensor e = ag::embedding(in[0], ids);
     return ag::grad({ag::sum(e * e * e)}, {in[0]}, {.create_graph = true})[0];
-  }, {w});
+  };
+  // the gradient's own derivatives (second order of f) against central differences of it ...
+  test_support::check_gradients("gradient of embedding cubed", gradient, {w});
+  // ... and their derivatives (third order of f)
+  check_gradgrad("gradient of embedding cubed", gradient, {w});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// 1/√x whose backward is written with ag ops (itself included): differentiable to any order, for
+// references built only of ops whose second derivatives are known.
+struct Rsqrt : ag::Function<Rsqrt> {
+  static constexpr const char* name = "test_rsqrt";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return ag::rsqrt(x);
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    const Tensor r = Rsqrt::apply(ctx.saved_tensors()[0]);
+    return {g[0] * r * r * r * -0.5};  // d(x^-½) = -½ x^-3/2
+  }
+};
+
+// layer_norm by its formula on rows of d elements: means as products with a column of 1/d.
+Tensor layer_norm_formula(const Tensor& x, std::int64_t d, const Tensor& w, const Tensor& b, double eps) {
+  const Tensor rows = ag::reshape(x, {-1, d});
+  const Tensor avg = ag::full({d, 1}, 1.0 / static_cast<double>(d), Dtype::Float64);
+  const Tensor centred = rows - ag::matmul(rows, avg);
+  const Tensor xhat = centred * Rsqrt::apply(ag::matmul(centred * centred, avg) + eps);
+  Tensor y = xhat;
+  if (w.defined()) y = y * ag::reshape(w, {1, d});
+  if (b.defined()) y = y + ag::reshape(b, {1, d});
+  return ag::reshape(y, x.shape());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(layer_norm_second_order)
+
+BOOST_AUTO_TEST_CASE(with_and_without_weight_and_bias_at_the_seed) {
+  const Tensor x = input({3, 5}, 201), w = input({5}, 202), b = input({5}, 203);
+  check_gradgrad("layer_norm", [](const TensorList& in) { return ag::layer_norm(in[0], {5}, in[1], in[2]); },
+                 {x, w, b});
+  check_gradgrad("layer_norm, weight only", [](const TensorList& in) { return ag::layer_norm(in[0], {5}, in[1]); },
+                 {x, w});
+  check_gradgrad("layer_norm, bias only",
+                 [](const TensorList& in) { return ag::layer_norm(in[0], {5}, Tensor(), in[1]); }, {x, b});
+  check_gradgrad("layer_norm, neither", [](const TensorList& in) { return ag::layer_norm(in[0], {5}); }, {x});
+  const Tensor x3 = input({2, 2, 3}, 204), w2 = input({2, 3}, 205), b2 = input({2, 3}, 206);
+  check_gradgrad("layer_norm over two dims, eps 0.1",
+                 [](const TensorList& in) { return ag::layer_norm(in[0], {2, 3}, in[1], in[2], 0.1); }, {x3, w2, b2});
+  const Tensor xc = x.detach();
+  check_gradgrad("layer_norm, only the weight varies",
+                 [&](const TensorList& in) { return ag::layer_norm(xc, {5}, in[0], in[1]); }, {w, b});
+  check_same_first_order([](const TensorList& in) { return ag::layer_norm(in[0], {5}, in[1], in[2]); }, {x, w, b},
+                         207);
+}
+
+BOOST_AUTO_TEST_CASE(in_a_chain) {
+  const Tensor x = input({2, 3, 4}, 211), w = input({4}, 212), b = input({4}, 213), lw = input({4, 4}, 214);
+  check_gradgrad("layer_norm chain", [](const TensorList& in) {
+    const Tensor h = ag::layer_norm(ag::linear(in[0], in[3]), {4}, in[1], in[2]);
+    return ag::layer_norm(h * h, {4});
+  }, {x, w, b, lw});
+}
+
+BOOST_AUTO_TEST_CASE(hvp_equals_the_formula_in_ag_ops) {
+  const Tensor x = input({2, 3, 4}, 221), w = input({4}, 222), b = input({4}, 223), v = input({4, 3}, 224);
+  const Tensor t = targets_of({0, 2, 1, 1, 0, 2}, {2, 3});
+  for (double eps : {1e-5, 0.5}) {
+    check_same_hvp(
+        [&](const TensorList& in) {
+          return ag::cross_entropy(ag::matmul(ag::layer_norm(in[0], {4}, in[1], in[2], eps), in[3]), t);
+        },
+        [&](const TensorList& in) {
+          return ag::cross_entropy(ag::matmul(layer_norm_formula(in[0], 4, in[1], in[2], eps), in[3]), t);
+        },
+        {x, w, b, v}, 225);
+  }
+  check_same_hvp(
+      [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(ag::layer_norm(in[0], {3, 4}), in[1]), t.detach()); },
+      [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(layer_norm_formula(in[0], 12, {}, {}, 1e-5), in[1]), t); },
+      {x, v}, 226);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// cross_entropy by its definition: −Σ_c q_c · log_softmax(x)_c per row, q = (1−ε)·onehot + ε/C
+// for rows not ignored (zero for ignored ones), reduced; row sums as products with ones.
+Tensor cross_entropy_formula(const Tensor& logits, const std::vector<std::int64_t>& targets,
+                             const ag::CrossEntropyOptions& o) {
+  const std::int64_t c = logits.size(-1);
+  const auto n = static_cast<std::int64_t>(targets.size());
+  std::vector<double> q(static_cast<std::size_t>(n * c), 0.0);
+  double counted = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = targets[static_cast<std::size_t>(i)];
+    if (t == o.ignore_index) continue;
+    ++counted;
+    for (std::int64_t k = 0; k < c; ++k)
+      q[static_cast<std::size_t>(i * c + k)] = o.label_smoothing / static_cast<double>(c) + (k == t ? 1.0 - o.label_smoothing : 0.0);
+  }
+  const Tensor qs = ag::tensor(q, {n, c}, Dtype::Float64);
+  const Tensor per_row = -ag::matmul(ag::log_softmax(ag::reshape(logits, {n, c}), -1) * qs,
+                                     ag::ones({c}, Dtype::Float64));  // [n]
+  if (o.reduction == ag::Reduction::None)
+    return ag::reshape(per_row, ag::Shape(logits.shape().begin(), logits.shape().end() - 1));
+  const Tensor total = ag::matmul(per_row, ag::ones({n}, Dtype::Float64));
+  return o.reduction == ag::Reduction::Sum ? total : total / counted;
+}
+
+std::string options_text(const ag::CrossEntropyOptions& o) {
+  const char* r = o.reduction == ag::Reduction::None ? "none" : o.reduction == ag::Reduction::Sum ? "sum" : "mean";
+  return fmt::format("reduction {}, smoothing {}, ignore_index {}", r, o.label_smoothing, o.ignore_index);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(cross_entropy_second_order)
+
+BOOST_AUTO_TEST_CASE(every_reduction_and_smoothing_at_the_seed) {
+  const Tensor x = input({5, 4}, 301), x3 = input({2, 3, 4}, 302);
+  const std::vector<std::int64_t> t = {1, -100, 3, 0, 3};
+  const std::vector<std::int64_t> t3 = {0, 2, 2, 3, 2, 1};  // with ignore_index 2 below
+  for (auto reduction : {ag::Reduction::Mean, ag::Reduction::Sum, ag::Reduction::None})
+    for (double eps : {0.0, 0.2, 1.0}) {
+      const ag::CrossEntropyOptions o{.reduction = reduction, .label_smoothing = eps};
+      check_gradgrad(options_text(o), [&](const TensorList& in) { return ag::cross_entropy(in[0], t, o); }, {x});
+      const ag::CrossEntropyOptions o3{.ignore_index = 2, .reduction = reduction, .label_smoothing = eps};
+      check_gradgrad("3-D logits, " + options_text(o3), [&](const TensorList& in) {
+        return ag::cross_entropy(in[0], targets_of({0, 2, 2, 3, 2, 1}, {2, 3}), o3);
+      }, {x3});
+      check_same_first_order([&](const TensorList& in) { return ag::cross_entropy(in[0], t3, o3) * 1.0; }, {x3}, 303);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(in_a_chain) {
+  const Tensor x = input({2, 3, 4}, 311), w = input({4, 5}, 312), g = input({4}, 313);
+  const Tensor t = targets_of({0, 4, 2, 1, 3, 0}, {2, 3});
+  for (double eps : {0.0, 0.1})
+    check_gradgrad(fmt::format("cross_entropy(linear(layer_norm)), smoothing {}", eps), [&](const TensorList& in) {
+      return ag::cross_entropy(ag::linear(ag::layer_norm(in[0], {4}, in[2]), in[1]), t, {.label_smoothing = eps});
+    }, {x, w, g});
+}
+
+BOOST_AUTO_TEST_CASE(hvp_equals_the_log_softmax_formula) {
+  const Tensor x = input({3, 2, 5}, 321), w = input({5, 5}, 322);
+  const std::vector<std::int64_t> t = {0, 4, -100, 1, 3, 3};
+  const Tensor c = constant({3, 2}, 323);  // weights of the per-row losses (reduction None)
+  for (auto reduction : {ag::Reduction::Mean, ag::Reduction::Sum, ag::Reduction::None})
+    for (double eps : {0.0, 0.1, 1.0}) {
+      const ag::CrossEntropyOptions o{.reduction = reduction, .label_smoothing = eps};
+      BOOST_TEST_CONTEXT(options_text(o)) {
+        auto loss = [&](const Tensor& l) { return reduction == ag::Reduction::None ? ag::sum(l * c) : l; };
+        check_same_hvp(
+            [&](const TensorList& in) { return loss(ag::cross_entropy(ag::matmul(in[0], in[1]), t, o)); },
+            [&](const TensorList& in) { return loss(cross_entropy_formula(ag::matmul(in[0], in[1]), t, o)); },
+            {x, w}, 324);
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(masked_logits_follow_the_first_order_conventions) {
+  // Row 0: a masked class that is not the target; row 1: masked target (loss +inf); row 2:
+  // every class masked (loss +inf, gradient zero); row 3 plain.
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor mask = ag::tensor({0, -inf, 0, 0, 0, 0, -inf, 0, -inf, -inf, -inf, -inf, 0, 0, 0, 0}, {4, 4},
+                                 Dtype::Float64);
+  const std::vector<std::int64_t> t = {2, 2, 1, 3};
+  const Tensor x = input({4, 3}, 331), w = input({3, 4}, 332);
+  for (double eps : {0.0, 0.3})
+    for (auto reduction : {ag::Reduction::Sum, ag::Reduction::None}) {
+      const ag::CrossEntropyOptions o{.reduction = reduction, .label_smoothing = eps};
+      check_gradgrad("masked logits, " + options_text(o), [&](const TensorList& in) {
+        return ag::cross_entropy(ag::matmul(in[0], in[1]) + mask, t, o);
+      }, {x, w});
+    }
+  // at the logits: first and second derivatives of the fully masked row are zero, all finite
+  const Tensor z = input({4, 4}, 333);
+  for (double eps : {0.0, 0.3}) {
+    const Tensor loss = ag::cross_entropy(z + mask, t, {.reduction = ag::Reduction::Sum, .label_smoothing = eps});
+    const Tensor gz = ag::grad({loss}, {z}, {.create_graph = true})[0];
+    const Tensor ggz = ag::grad({gz}, {z}, {.grad_outputs = {constant({4, 4}, 334)}})[0];
+    const TensorList plain = ag::grad({ag::cross_entropy(z + mask, t, {.reduction = ag::Reduction::Sum,
+                                                                        .label_smoothing = eps})},
+                                      {z});
+    check_close(plain[0], gz);
+    const auto g1 = gz.to_vector(), g2 = ggz.to_vector();
+    for (int i = 8; i < 12; ++i) {
+      BOOST_TEST(g1[i] == 0.0);
+      BOOST_TEST(g2[i] == 0.0);
+    }
+    for (double e : g2) BOOST_TEST(std::isfinite(e));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(composed_paths_at_the_edges)
+
+BOOST_AUTO_TEST_CASE(empty_tensors_give_empty_gradients_of_a_graph) {
+  // each op with an empty input, differentiated with create_graph: right shapes, no error
+  auto check = [](const std::string& what, const ag::GradcheckFn& f, const TensorList& inputs) {
+    BOOST_TEST_CONTEXT(what) {
+      const Tensor y = f(inputs);
+      const TensorList g = ag::grad({y}, inputs, {.grad_outputs = {ag::ones(y.shape(), Dtype::Float64)},
+                                                  .create_graph = true, .allow_unused = true});
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (g[i].defined()) BOOST_TEST(ag::shape_str(g[i].shape()) == ag::shape_str(inputs[i].shape()));
+    }
+  };
+  check("matmul", [](const TensorList& in) { return ag::matmul(in[0], in[1]); }, {input({2, 0, 3}, 1), input({3, 4}, 2)});
+  check("matmul, empty inner", [](const TensorList& in) { return ag::matmul(in[0], in[1]); },
+        {input({2, 0}, 1), input({0, 4}, 2)});
+  check("linear", [](const TensorList& in) { return ag::linear(in[0], in[1], in[2]); },
+        {input({0, 3}, 3), input({3, 2}, 4), input({2}, 5)});
+  check("linear_cat", [](const TensorList& in) {
+    const Tensor ws[] = {in[1], in[2]};
+    return ag::linear_cat(in[0], ws);
+  }, {input({0, 3}, 6), input({3, 2}, 7), input({3, 1}, 8)});
+  check("softmax", [](const TensorList& in) { return ag::softmax(in[0], 1); }, {input({0, 3}, 9)});
+  check("log_softmax", [](const TensorList& in) { return ag::log_softmax(in[0], 0); }, {input({0, 3}, 9)});
+  check("layer_norm", [](const TensorList& in) { return ag::layer_norm(in[0], {3}, in[1], in[2]); },
+        {input({0, 3}, 10), input({3}, 11), input({3}, 12)});
+  check("embedding", [](const TensorList& in) { return ag::embedding(in[0], ag::zeros({0}, Dtype::Float64)); },
+        {input({4, 3}, 13)});
+  check("cross_entropy", [](const TensorList& in) {
+    return ag::cross_entropy(in[0], std::vector<std::int64_t>{}, {.reduction = ag::Reduction::Sum});
+  }, {input({0, 3}, 14)});
+}
+
+BOOST_AUTO_TEST_CASE(float32_second_derivatives_match_float64) {
+  // the composed paths run in the input's dtype: float32 hvps agree with float64 ones
+  const Tensor x = input({3, 4}, 401), w = input({4, 5}, 402), g = input({4}, 403);
+  const Tensor t = targets_of({0, 4, 2}, {3});
+  auto f = [&](const TensorList& in) {
+    const Tensor h = ag::layer_norm(in[0], {4}, in[2]);
+    return ag::cross_entropy(ag::log_softmax(ag::linear(h, in[1]), -1), t, {.label_smoothing = 0.1});
+  };
+  const TensorList v = {constant({3, 4}, 404), constant({4, 5}, 405), constant({4}, 406)};
+  const TensorList h64 = ag::hvp(f, {x, w, g}, v);
+  TensorList in32, v32;
+  for (const Tensor& e : {x, w, g}) in32.push_back(e.detach().to(Dtype::Float32).requires_grad_());
+  for (const Tensor& e : v) v32.push_back(e.to(Dtype::Float32));
+  const TensorList h32 = ag::hvp(f, in32, v32);
+  for (std::size_t i = 0; i < 3; ++i) {
+    BOOST_TEST((h32[i].dtype() == Dtype::Float32));
+    BOOST_TEST_CONTEXT("input " << i) check_close(h32[i].to(Dtype::Float64), h64[i], 1e-4);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(linear_cat_weight_changed_in_place_before_create_graph) {
+  // The first-order backward uses the packed copy of the weights; the composed one uses the
+  // weights themselves, so a change in place in between is refused there, naming the op.
+  const Tensor x = input({2, 3}, 411), w1 = input({3, 2}, 412);
+  Tensor w2 = input({3, 1}, 413);
+  const Tensor ws[] = {w1, w2};
+  const Tensor y = ag::linear_cat(x, ws);
+  {
+    const ag::NoGradGuard no_grad;
+    w2.mul_(2.0);
+  }
+  test_support::check_throws<std::runtime_error>(
+      [&] { ag::grad({ag::sum(y * y)}, {x}, {.create_graph = true}); },
+      {"linear_cat: a tensor of shape [3, 1] saved for backward was changed in place"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
