@@ -263,3 +263,417 @@ BOOST_AUTO_TEST_CASE(hvp_agrees_with_the_analytic_hessian) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// Class indices as a float64 tensor (targets are not differentiated).
+Tensor targets_of(const std::vector<double>& t, const ag::Shape& shape) { return ag::tensor(t, shape, Dtype::Float64); }
+
+// Rows of a constant matrix m [R, K]: rows [begin, begin + count).
+Tensor rows_of(const Tensor& m, std::int64_t begin, std::int64_t count) {
+  const auto v = m.to_vector();
+  const std::int64_t k = m.size(1);
+  return ag::tensor(std::vector<double>(v.begin() + begin * k, v.begin() + (begin + count) * k), {count, k},
+                    Dtype::Float64);
+}
+
+// The one-hot matrix [index.size(), size]: row k has a 1 at index[k].
+Tensor one_hot(const std::vector<std::int64_t>& index, std::int64_t size) {
+  std::vector<double> v(index.size() * static_cast<std::size_t>(size), 0.0);
+  for (std::size_t k = 0; k < index.size(); ++k) v[k * static_cast<std::size_t>(size) + static_cast<std::size_t>(index[k])] = 1.0;
+  return ag::tensor(v, {static_cast<std::int64_t>(index.size()), size}, Dtype::Float64);
+}
+
+// hvp of f at inputs along v (seeded per input), against hvp of the reference g: equal to 1e-12.
+void check_same_hvp(const ag::GradcheckFn& f, const ag::GradcheckFn& g, const TensorList& inputs, std::uint64_t seed) {
+  TensorList v;
+  for (const Tensor& t : inputs) v.push_back(constant(t.shape(), seed++));
+  const TensorList a = ag::hvp(f, inputs, v), b = ag::hvp(g, inputs, v);
+  BOOST_REQUIRE_EQUAL(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    BOOST_TEST_CONTEXT("input " << i) check_close(a[i], b[i]);
+    // not vacuous: some second-order term reaches every input
+    double norm = 0;
+    for (double e : a[i].to_vector()) norm += e * e;
+    BOOST_TEST(norm > 1e-6, "hvp of input " << i << " is zero");
+  }
+}
+
+// First-order gradients with and without create_graph agree (the composed path is the kernel's math).
+void check_same_first_order(const ag::GradcheckFn& f, const TensorList& inputs, std::uint64_t seed) {
+  const Tensor y = f(inputs);
+  const Tensor u = constant(y.shape(), seed);
+  const TensorList plain = ag::grad({f(inputs)}, inputs, {.grad_outputs = {u}});
+  const TensorList graph = ag::grad({f(inputs)}, inputs, {.grad_outputs = {u}, .create_graph = true});
+  bool any_graph = false;  // (a bias's gradient depends on no input: it has none)
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    any_graph = any_graph || graph[i].requires_grad();
+    BOOST_TEST_CONTEXT("input " << i) check_close(plain[i], graph[i]);
+  }
+  BOOST_TEST(any_graph, "no gradient is part of a graph");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(linear_second_order)
+
+BOOST_AUTO_TEST_CASE(at_the_seed) {
+  const Tensor w = input({4, 3}, 101), b = input({3}, 102);
+  for (const ag::Shape& xs : {ag::Shape{4}, ag::Shape{5, 4}, ag::Shape{2, 3, 4}}) {
+    const Tensor x = input(xs, 103);
+    const std::string s = ag::shape_str(xs);
+    check_gradgrad("linear x " + s, [](const TensorList& in) { return ag::linear(in[0], in[1], in[2]); }, {x, w, b});
+    check_gradgrad("linear without bias x " + s, [](const TensorList& in) { return ag::linear(in[0], in[1]); }, {x, w});
+    check_same_first_order([](const TensorList& in) { return ag::linear(in[0], in[1], in[2]); }, {x, w, b}, 104);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(in_a_chain) {
+  const Tensor x = input({2, 3, 4}, 111), w = input({4, 5}, 112), b = input({5}, 113), w2 = input({5, 2}, 114);
+  check_gradgrad(
+      "linear chain",
+      [](const TensorList& in) {
+        const Tensor h = ag::linear(in[0], in[1], in[2]);
+        return ag::linear(h * h, in[3]);
+      },
+      {x, w, b, w2});
+  // only x requires grad; then only the weight
+  const Tensor wc = w.detach(), xc = x.detach();
+  check_gradgrad("linear chain, x only", [&](const TensorList& in) {
+    const Tensor h = ag::linear(in[0], wc);
+    return h * h;
+  }, {x});
+  check_gradgrad("linear chain, w only", [&](const TensorList& in) {
+    const Tensor h = ag::linear(xc, in[0], b.detach());
+    return ag::softmax(h, -1) * h;
+  }, {w});
+}
+
+BOOST_AUTO_TEST_CASE(hvp_equals_matmul_plus_add) {
+  const Tensor x = input({2, 3, 4}, 121), w = input({4, 5}, 122), b = input({5}, 123);
+  const Tensor t = targets_of({0, 4, 2, 1, 3, 0}, {2, 3});
+  check_same_hvp([&](const TensorList& in) { return ag::cross_entropy(ag::linear(in[0], in[1], in[2]), t); },
+                 [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(in[0], in[1]) + in[2], t); },
+                 {x, w, b}, 124);
+}
+
+BOOST_AUTO_TEST_CASE(linear_cat_at_the_seed_and_in_a_chain) {
+  const Tensor x = input({2, 3, 4}, 131);
+  const Tensor w1 = input({4, 2}, 132), w2 = input({4, 3}, 133), w3 = input({4, 1}, 134);
+  const Tensor b1 = input({2}, 135), b3 = input({1}, 136);
+  check_gradgrad("linear_cat, one weight", [](const TensorList& in) {
+    const Tensor ws[] = {in[1]};
+    return ag::linear_cat(in[0], ws);
+  }, {x, w1});
+  check_gradgrad("linear_cat, three weights, mixed biases", [](const TensorList& in) {
+    const Tensor ws[] = {in[1], in[2], in[3]};
+    const Tensor bs[] = {in[4], Tensor(), in[5]};
+    return ag::linear_cat(in[0], ws, bs);
+  }, {x, w1, w2, w3, b1, b3});
+  check_gradgrad("linear_cat chain", [](const TensorList& in) {
+    const Tensor ws[] = {in[1], in[2]};
+    const Tensor bs[] = {in[3], Tensor()};
+    const Tensor y = ag::linear_cat(in[0], ws, bs);  // [2, 3, 5]
+    return ag::softmax(ag::matmul(y, ag::transpose(y, 1, 2)), -1);
+  }, {x, w1, w2, b1});
+  // a weight that needs no gradient still shapes the second derivatives of x
+  const Tensor w2c = w2.detach();
+  check_gradgrad("linear_cat, one weight constant", [&](const TensorList& in) {
+    const Tensor ws[] = {in[1], w2c};
+    const Tensor y = ag::linear_cat(in[0], ws);
+    return y * y;
+  }, {x, w1});
+  check_same_first_order([](const TensorList& in) {
+    const Tensor ws[] = {in[1], in[2], in[3]};
+    const Tensor bs[] = {in[4], Tensor(), in[5]};
+    return ag::linear_cat(in[0], ws, bs);
+  }, {x, w1, w2, w3, b1, b3}, 137);
+}
+
+BOOST_AUTO_TEST_CASE(linear_cat_hvp_equals_separate_linears) {
+  // loss(y) = cross_entropy(y·M) with y = [y1 | y2] equals cross_entropy(y1·M1 + y2·M2), M1 and
+  // M2 the row blocks of M
+  const Tensor x = input({6, 4}, 141), w1 = input({4, 2}, 142), w2 = input({4, 3}, 143);
+  const Tensor b1 = input({2}, 144), b2 = input({3}, 145);
+  const Tensor m = constant({5, 3}, 146), m1 = rows_of(m, 0, 2), m2 = rows_of(m, 2, 3);
+  const Tensor t = targets_of({0, 2, 1, 1, 0, 2}, {6});
+  check_same_hvp(
+      [&](const TensorList& in) {
+        const Tensor ws[] = {in[1], in[2]};
+        const Tensor bs[] = {in[3], in[4]};
+        return ag::cross_entropy(ag::matmul(ag::linear_cat(in[0], ws, bs), m), t);
+      },
+      [&](const TensorList& in) {
+        return ag::cross_entropy(
+            ag::matmul(ag::linear(in[0], in[1], in[3]), m1) + ag::matmul(ag::linear(in[0], in[2], in[4]), m2), t);
+      },
+      {x, w1, w2, b1, b2}, 147);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(indexing_second_order)
+
+BOOST_AUTO_TEST_CASE(index_select_at_the_seed_and_in_a_chain) {
+  const Tensor x = input({4, 5, 3}, 151);
+  const std::vector<std::int64_t> index = {2, 0, 2, 4};  // a repeat: the scatter adds
+  for (std::int64_t dim : {0, 1, -1}) {
+    const std::int64_t size = x.size(dim);
+    std::vector<std::int64_t> idx;
+    for (std::int64_t i : index) idx.push_back(i % size);
+    check_gradgrad(fmt::format("index_select dim {}", dim),
+                   [=](const TensorList& in) { return ag::index_select(in[0], dim, idx); }, {x});
+    check_gradgrad(fmt::format("index_select dim {} squared", dim), [=](const TensorList& in) {
+      const Tensor y = ag::index_select(in[0], dim, idx);
+      return y * y;
+    }, {x});
+  }
+  const Tensor idx = ag::tensor({1, 1, 3}, {3}, Dtype::Float64);
+  check_gradgrad("index_select by tensor, in a softmax", [&](const TensorList& in) {
+    return ag::softmax(ag::index_select(in[0], 1, idx), 1);
+  }, {x});
+}
+
+BOOST_AUTO_TEST_CASE(embedding_at_the_seed_and_in_a_chain) {
+  const Tensor w = input({5, 3}, 161), v = input({3, 4}, 162);
+  const Tensor ids = ag::tensor({1, 4, 1, 0, 2, 4}, {2, 3}, Dtype::Float64);
+  check_gradgrad("embedding", [&](const TensorList& in) { return ag::embedding(in[0], ids); }, {w});
+  check_gradgrad("embedding chain", [&](const TensorList& in) {
+    const Tensor e = ag::embedding(in[0], ids);  // [2, 3, 3]
+    return ag::log_softmax(ag::matmul(e, in[1]), -1) * ag::matmul(e, in[1]);
+  }, {w, v});
+  check_same_first_order([&](const TensorList& in) { return ag::embedding(in[0], ids) * ag::embedding(in[0], ids); },
+                         {w}, 163);
+}
+
+BOOST_AUTO_TEST_CASE(hvp_equals_one_hot_products) {
+  // embedding(W, ids) = onehot(ids)·W and index_select(x, 1, idx) = x·S with S[j, k] = [idx[k] == j]
+  const std::vector<std::int64_t> ids = {3, 0, 3, 1, 4};
+  const Tensor idt = ag::tensor({3, 0, 3, 1, 4}, {5}, Dtype::Float64);
+  const Tensor w = input({5, 3}, 171), v = input({3, 4}, 172);
+  const Tensor t = targets_of({0, 3, 2, 2, 1}, {5});
+  const Tensor oh = one_hot(ids, 5);
+  check_same_hvp([&](const TensorList& in) { return ag::cross_entropy(ag::matmul(ag::embedding(in[0], idt), in[1]), t); },
+                 [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(ag::matmul(oh, in[0]), in[1]), t); },
+                 {w, v}, 173);
+  const Tensor x = input({2, 5}, 174);
+  const Tensor s = ag::transpose(oh, 0, 1);  // [5, 5]: column k picks ids[k]
+  const Tensor t2 = targets_of({4, 1}, {2});
+  check_same_hvp([&](const TensorList& in) { return ag::cross_entropy(ag::index_select(in[0], 1, ids) * 2.0, t2); },
+                 [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(in[0], s) * 2.0, t2); }, {x}, 175);
+}
+
+BOOST_AUTO_TEST_CASE(third_derivatives_through_the_scatter) {
+  // f(W) = Σ e³ with e = embedding(W, ids): the third derivative goes through the gradient's
+  // scatter-add and its own gradient, the gather
+  const Tensor w = input({4, 2}, 181);
+  const Tensor ids = ag::tensor({1, 3, 1, 1}, {4}, Dtype::Float64);
+  auto gradient = [&](const TensorList& in) {
+    const ag::EnableGradGuard grad_on;  // (gradcheck evaluates without grad mode)
+    const Tensor e = ag::embedding(in[0], ids);
+    return ag::grad({ag::sum(e * e * e)}, {in[0]}, {.create_graph = true})[0];
+  };
+  // the gradient's own derivatives (second order of f) against central differences of it ...
+  test_support::check_gradients("gradient of embedding cubed", gradient, {w});
+  // ... and their derivatives (third order of f)
+  check_gradgrad("gradient of embedding cubed", gradient, {w});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// 1/√x whose backward is written with ag ops (itself included): differentiable to any order, for
+// references built only of ops whose second derivatives are known.
+struct Rsqrt : ag::Function<Rsqrt> {
+  static constexpr const char* name = "test_rsqrt";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return ag::rsqrt(x);
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    const Tensor r = Rsqrt::apply(ctx.saved_tensors()[0]);
+    return {g[0] * r * r * r * -0.5};  // d(x^-½) = -½ x^-3/2
+  }
+};
+
+// layer_norm by its formula on rows of d elements: means as products with a column of 1/d.
+Tensor layer_norm_formula(const Tensor& x, std::int64_t d, const Tensor& w, const Tensor& b, double eps) {
+  const Tensor rows = ag::reshape(x, {-1, d});
+  const Tensor avg = ag::full({d, 1}, 1.0 / static_cast<double>(d), Dtype::Float64);
+  const Tensor centred = rows - ag::matmul(rows, avg);
+  const Tensor xhat = centred * Rsqrt::apply(ag::matmul(centred * centred, avg) + eps);
+  Tensor y = xhat;
+  if (w.defined()) y = y * ag::reshape(w, {1, d});
+  if (b.defined()) y = y + ag::reshape(b, {1, d});
+  return ag::reshape(y, x.shape());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(layer_norm_second_order)
+
+BOOST_AUTO_TEST_CASE(with_and_without_weight_and_bias_at_the_seed) {
+  const Tensor x = input({3, 5}, 201), w = input({5}, 202), b = input({5}, 203);
+  check_gradgrad("layer_norm", [](const TensorList& in) { return ag::layer_norm(in[0], {5}, in[1], in[2]); },
+                 {x, w, b});
+  check_gradgrad("layer_norm, weight only", [](const TensorList& in) { return ag::layer_norm(in[0], {5}, in[1]); },
+                 {x, w});
+  check_gradgrad("layer_norm, bias only",
+                 [](const TensorList& in) { return ag::layer_norm(in[0], {5}, Tensor(), in[1]); }, {x, b});
+  check_gradgrad("layer_norm, neither", [](const TensorList& in) { return ag::layer_norm(in[0], {5}); }, {x});
+  const Tensor x3 = input({2, 2, 3}, 204), w2 = input({2, 3}, 205), b2 = input({2, 3}, 206);
+  check_gradgrad("layer_norm over two dims, eps 0.1",
+                 [](const TensorList& in) { return ag::layer_norm(in[0], {2, 3}, in[1], in[2], 0.1); }, {x3, w2, b2});
+  const Tensor xc = x.detach();
+  check_gradgrad("layer_norm, only the weight varies",
+                 [&](const TensorList& in) { return ag::layer_norm(xc, {5}, in[0], in[1]); }, {w, b});
+  check_same_first_order([](const TensorList& in) { return ag::layer_norm(in[0], {5}, in[1], in[2]); }, {x, w, b},
+                         207);
+}
+
+BOOST_AUTO_TEST_CASE(in_a_chain) {
+  const Tensor x = input({2, 3, 4}, 211), w = input({4}, 212), b = input({4}, 213), lw = input({4, 4}, 214);
+  check_gradgrad("layer_norm chain", [](const TensorList& in) {
+    const Tensor h = ag::layer_norm(ag::linear(in[0], in[3]), {4}, in[1], in[2]);
+    return ag::layer_norm(h * h, {4});
+  }, {x, w, b, lw});
+}
+
+BOOST_AUTO_TEST_CASE(hvp_equals_the_formula_in_ag_ops) {
+  const Tensor x = input({2, 3, 4}, 221), w = input({4}, 222), b = input({4}, 223), v = input({4, 3}, 224);
+  const Tensor t = targets_of({0, 2, 1, 1, 0, 2}, {2, 3});
+  for (double eps : {1e-5, 0.5}) {
+    check_same_hvp(
+        [&](const TensorList& in) {
+          return ag::cross_entropy(ag::matmul(ag::layer_norm(in[0], {4}, in[1], in[2], eps), in[3]), t);
+        },
+        [&](const TensorList& in) {
+          return ag::cross_entropy(ag::matmul(layer_norm_formula(in[0], 4, in[1], in[2], eps), in[3]), t);
+        },
+        {x, w, b, v}, 225);
+  }
+  check_same_hvp(
+      [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(ag::layer_norm(in[0], {3, 4}), in[1]), t.detach()); },
+      [&](const TensorList& in) { return ag::cross_entropy(ag::matmul(layer_norm_formula(in[0], 12, {}, {}, 1e-5), in[1]), t); },
+      {x, v}, 226);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// cross_entropy by its definition: −Σ_c q_c · log_softmax(x)_c per row, q = (1−ε)·onehot + ε/C
+// for rows not ignored (zero for ignored ones), reduced; row sums as products with ones.
+Tensor cross_entropy_formula(const Tensor& logits, const std::vector<std::int64_t>& targets,
+                             const ag::CrossEntropyOptions& o) {
+  const std::int64_t c = logits.size(-1);
+  const auto n = static_cast<std::int64_t>(targets.size());
+  std::vector<double> q(static_cast<std::size_t>(n * c), 0.0);
+  double counted = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = targets[static_cast<std::size_t>(i)];
+    if (t == o.ignore_index) continue;
+    ++counted;
+    for (std::int64_t k = 0; k < c; ++k)
+      q[static_cast<std::size_t>(i * c + k)] = o.label_smoothing / static_cast<double>(c) + (k == t ? 1.0 - o.label_smoothing : 0.0);
+  }
+  const Tensor qs = ag::tensor(q, {n, c}, Dtype::Float64);
+  const Tensor per_row = -ag::matmul(ag::log_softmax(ag::reshape(logits, {n, c}), -1) * qs,
+                                     ag::ones({c}, Dtype::Float64));  // [n]
+  if (o.reduction == ag::Reduction::None)
+    return ag::reshape(per_row, ag::Shape(logits.shape().begin(), logits.shape().end() - 1));
+  const Tensor total = ag::matmul(per_row, ag::ones({n}, Dtype::Float64));
+  return o.reduction == ag::Reduction::Sum ? total : total / counted;
+}
+
+std::string options_text(const ag::CrossEntropyOptions& o) {
+  const char* r = o.reduction == ag::Reduction::None ? "none" : o.reduction == ag::Reduction::Sum ? "sum" : "mean";
+  return fmt::format("reduction {}, smoothing {}, ignore_index {}", r, o.label_smoothing, o.ignore_index);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(cross_entropy_second_order)
+
+BOOST_AUTO_TEST_CASE(every_reduction_and_smoothing_at_the_seed) {
+  const Tensor x = input({5, 4}, 301), x3 = input({2, 3, 4}, 302);
+  const std::vector<std::int64_t> t = {1, -100, 3, 0, 3};
+  const std::vector<std::int64_t> t3 = {0, 2, 2, 3, 2, 1};  // with ignore_index 2 below
+  for (auto reduction : {ag::Reduction::Mean, ag::Reduction::Sum, ag::Reduction::None})
+    for (double eps : {0.0, 0.2, 1.0}) {
+      const ag::CrossEntropyOptions o{.reduction = reduction, .label_smoothing = eps};
+      check_gradgrad(options_text(o), [&](const TensorList& in) { return ag::cross_entropy(in[0], t, o); }, {x});
+      const ag::CrossEntropyOptions o3{.ignore_index = 2, .reduction = reduction, .label_smoothing = eps};
+      check_gradgrad("3-D logits, " + options_text(o3), [&](const TensorList& in) {
+        return ag::cross_entropy(in[0], targets_of({0, 2, 2, 3, 2, 1}, {2, 3}), o3);
+      }, {x3});
+      check_same_first_order([&](const TensorList& in) { return ag::cross_entropy(in[0], t3, o3) * 1.0; }, {x3}, 303);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(in_a_chain) {
+  const Tensor x = input({2, 3, 4}, 311), w = input({4, 5}, 312), g = input({4}, 313);
+  const Tensor t = targets_of({0, 4, 2, 1, 3, 0}, {2, 3});
+  for (double eps : {0.0, 0.1})
+    check_gradgrad(fmt::format("cross_entropy(linear(layer_norm)), smoothing {}", eps), [&](const TensorList& in) {
+      return ag::cross_entropy(ag::linear(ag::layer_norm(in[0], {4}, in[2]), in[1]), t, {.label_smoothing = eps});
+    }, {x, w, g});
+}
+
+BOOST_AUTO_TEST_CASE(hvp_equals_the_log_softmax_formula) {
+  const Tensor x = input({3, 2, 5}, 321), w = input({5, 5}, 322);
+  const std::vector<std::int64_t> t = {0, 4, -100, 1, 3, 3};
+  const Tensor c = constant({3, 2}, 323);  // weights of the per-row losses (reduction None)
+  for (auto reduction : {ag::Reduction::Mean, ag::Reduction::Sum, ag::Reduction::None})
+    for (double eps : {0.0, 0.1, 1.0}) {
+      const ag::CrossEntropyOptions o{.reduction = reduction, .label_smoothing = eps};
+      BOOST_TEST_CONTEXT(options_text(o)) {
+        auto loss = [&](const Tensor& l) { return reduction == ag::Reduction::None ? ag::sum(l * c) : l; };
+        check_same_hvp(
+            [&](const TensorList& in) { return loss(ag::cross_entropy(ag::matmul(in[0], in[1]), t, o)); },
+            [&](const TensorList& in) { return loss(cross_entropy_formula(ag::matmul(in[0], in[1]), t, o)); },
+            {x, w}, 324);
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(masked_logits_follow_the_first_order_conventions) {
+  // Row 0: a masked class that is not the target; row 1: masked target (loss +inf); row 2:
+  // every class masked (loss +inf, gradient zero); row 3 plain.
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor mask = ag::tensor({0, -inf, 0, 0, 0, 0, -inf, 0, -inf, -inf, -inf, -inf, 0, 0, 0, 0}, {4, 4},
+                                 Dtype::Float64);
+  const std::vector<std::int64_t> t = {2, 2, 1, 3};
+  const Tensor x = input({4, 3}, 331), w = input({3, 4}, 332);
+  for (double eps : {0.0, 0.3})
+    for (auto reduction : {ag::Reduction::Sum, ag::Reduction::None}) {
+      const ag::CrossEntropyOptions o{.reduction = reduction, .label_smoothing = eps};
+      check_gradgrad("masked logits, " + options_text(o), [&](const TensorList& in) {
+        return ag::cross_entropy(ag::matmul(in[0], in[1]) + mask, t, o);
+      }, {x, w});
+    }
+  // at the logits: first and second derivatives of the fully masked row are zero, all finite
+  const Tensor z = input({4, 4}, 333);
+  for (double eps : {0.0, 0.3}) {
+    const Tensor loss = ag::cross_entropy(z + mask, t, {.reduction = ag::Reduction::Sum, .label_smoothing = eps});
+    const Tensor gz = ag::grad({loss}, {z}, {.create_graph = true})[0];
+    const Tensor ggz = ag::grad({gz}, {z}, {.grad_outputs = {constant({4, 4}, 334)}})[0];
+    const TensorList plain = ag::grad({ag::cross_entropy(z + mask, t, {.reduction = ag::Reduction::Sum,
+                                                                        .label_smoothing = eps})},
+                                      {z});
+    check_close(plain[0], gz);
+    const auto g1 = gz.to_vector(), g2 = ggz.to_vector();
+    for (int i = 8; i < 12; ++i) {
+      BOOST_TEST(g1[i] == 0.0);
+      BOOST_TEST(g2[i] == 0.0);
+    }
+    for (double e : g2) BOOST_TEST(std::isfinite(e));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

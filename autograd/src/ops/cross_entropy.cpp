@@ -29,6 +29,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
@@ -149,12 +150,39 @@ struct CrossEntropyBackward {
 
   GradList operator()(const TensorList& g, const Node&) const {
     const Tensor x = logits.get(kOp);
+    if (is_grad_enabled()) return GradList{composed(x, g[0])};
     Tensor dx = Tensor::empty(x.shape(), x.dtype());
     dispatch(x.dtype(), [&](auto zero) {
       using T = decltype(zero);
       row_grads<T>(rows, x.data<T>(), g[0].data<T>(), per_row, scale, eps, table.data<double>(), dx.data<T>());
     });
     return GradList{dx};
+  }
+
+  // The same gradient composed of differentiable ops, for a backward that builds a graph:
+  // dx = (softmax(x) − q) ⊙ w · g, with the constants q (each counted row's target
+  // distribution) and w (d(result)/d(loss_n), zero for ignored and fully masked rows) read from
+  // the table, and softmax recomputed from the connected logits.
+  Tensor composed(const Tensor& x, const Tensor& g) const {
+    const std::int64_t N = rows.n, C = rows.c;
+    const Tensor q = zeros({N, C}, x.dtype());
+    const Tensor w = Tensor::empty({N, 1}, x.dtype());
+    dispatch(x.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const double* entries = table.data<double>();
+      T* qs = q.data<T>();
+      T* ws = w.data<T>();
+      for (std::int64_t n = 0; n < N; ++n) {
+        const double* entry = entries + kColumns * n;
+        const bool live = entry[kTarget] >= 0 && entry[kLse] != -kInf;
+        ws[n] = live ? static_cast<T>(scale) : T(0);
+        if (!live) continue;
+        std::fill(qs + n * C, qs + (n + 1) * C, static_cast<T>(eps / static_cast<double>(C)));
+        qs[n * C + static_cast<std::int64_t>(entry[kTarget])] += static_cast<T>(1.0 - eps);
+      }
+    });
+    const Tensor dloss = per_row ? reshape(g, {N, 1}) : g;
+    return reshape(mul(mul(sub(softmax(reshape(x, {N, C}), -1), q), w), dloss), x.shape());
   }
 };
 

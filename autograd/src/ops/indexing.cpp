@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "buffer_pool.hpp"
@@ -30,6 +31,11 @@ class Indices {
   Indices& operator=(Indices&&) = delete;
   ~Indices() {
     if (data_ != nullptr) detail::buffer_free(data_, bytes_);
+  }
+  Indices copy(std::string_view op) const {
+    Indices out(op, n_);
+    std::copy(data_, data_ + n_, out.data_);
+    return out;
   }
   std::size_t size() const { return n_; }
   std::int64_t operator[](std::size_t i) const { return data_[i]; }
@@ -64,6 +70,32 @@ Indices to_indices(std::string_view op, const Tensor& index) {
   return out;
 }
 
+// dx[o, index[k], :] += dy[o, k, :] into dx (zeros of in_shape), the gradient of a gather.
+Tensor scatter_add_values(const Tensor& dy, const Shape& in_shape, std::int64_t d, const Indices& index) {
+  const std::int64_t size = in_shape[static_cast<std::size_t>(d)];
+  const std::int64_t outer = product(in_shape, 0, static_cast<std::size_t>(d));
+  const std::int64_t inner = product(in_shape, static_cast<std::size_t>(d) + 1, in_shape.size());
+  const auto count = static_cast<std::int64_t>(index.size());
+  Tensor dx = zeros(in_shape, dy.dtype());
+  if (dy.numel() == 0) return dx;
+  dispatch(dx.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* src = dy.data<T>();
+    T* dst = dx.data<T>();
+    // Parallel over `outer` only: within one o, repeated indices add into the same row.
+    parallel_for(outer, dy.numel() > kParallelCopy, [&](std::int64_t o) {
+      for (std::int64_t k = 0; k < count; ++k) {
+        ArrayView<T> row(dst + (o * size + index[static_cast<std::size_t>(k)]) * inner, inner);
+        row += ConstArrayView<T>(src + (o * count + k) * inner, inner);
+      }
+    });
+  });
+  return dx;
+}
+
+Tensor scatter_add_along(std::string_view op, const Tensor& dy, const Shape& in_shape, std::int64_t d,
+                         Indices index);
+
 // y = x[..., index[k], ...] along dim d, shaped out_shape (the caller's layout of
 // [outer, index.size(), inner]); recorded as `op`.
 Tensor gather_along(std::string_view op, const Tensor& x, std::int64_t d, Indices index,
@@ -93,29 +125,26 @@ Tensor gather_along(std::string_view op, const Tensor& x, std::int64_t d, Indice
   if (needs_grad(x)) {
     // y[o, k, :] = x[o, index[k], :]  =>  dx[o, index[k], :] += dy[o, k, :]
     return record(op, {x}, y,
-                  [in_shape = in, index = std::move(index), d](const TensorList& g, const Node&) {
-      const std::int64_t size = in_shape[static_cast<std::size_t>(d)];
-      const std::int64_t outer = product(in_shape, 0, static_cast<std::size_t>(d));
-      const std::int64_t inner = product(in_shape, static_cast<std::size_t>(d) + 1, in_shape.size());
-      const auto count = static_cast<std::int64_t>(index.size());
-      Tensor dx = zeros(in_shape, g[0].dtype());
-      if (g[0].numel() == 0) return GradList{dx};
-      dispatch(dx.dtype(), [&](auto zero) {
-        using T = decltype(zero);
-        const T* src = g[0].data<T>();
-        T* dst = dx.data<T>();
-        // Parallel over `outer` only: within one o, repeated indices add into the same row.
-        parallel_for(outer, g[0].numel() > kParallelCopy, [&](std::int64_t o) {
-          for (std::int64_t k = 0; k < count; ++k) {
-            ArrayView<T> row(dst + (o * size + index[static_cast<std::size_t>(k)]) * inner, inner);
-            row += ConstArrayView<T>(src + (o * count + k) * inner, inner);
-          }
-        });
-      });
-      return GradList{dx};
+                  [in_shape = in, index = std::move(index), d, op](const TensorList& g, const Node&) {
+      // building a graph of the backward: the scatter is an op of its own, differentiable again
+      if (is_grad_enabled()) return GradList{scatter_add_along(op, g[0], in_shape, d, index.copy(op))};
+      return GradList{scatter_add_values(g[0], in_shape, d, index)};
     });
   }
   return y;
+}
+
+// dx = zeros(in_shape) with dy scatter-added at index along d: the gradient of gather_along
+// as a recorded op (named `op`_backward), whose own gradient is the gather again.
+Tensor scatter_add_along(std::string_view op, const Tensor& dy, const Shape& in_shape, std::int64_t d,
+                         Indices index) {
+  Tensor dx = scatter_add_values(dy, in_shape, d, index);
+  if (!needs_grad(dy)) return dx;
+  // dx[o, index[k], :] += dy[o, k, :]  =>  ddy[o, k, :] = ddx[o, index[k], :]
+  return record(std::string(op) + "_backward", {dy}, dx,
+                [index = std::move(index), d, op, dy_shape = dy.shape()](const TensorList& g, const Node&) {
+                  return GradList{gather_along(op, g[0], d, index.copy(op), dy_shape)};
+                });
 }
 
 Tensor select_along(const Tensor& x, std::int64_t dim, Indices index) {

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <span>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
@@ -146,8 +147,10 @@ struct LayerNormBackward {
   SavedTensor x, weight;
   Rows rows;
   bool has_weight = false, has_bias = false;
+  double eps = 0.0;
 
   GradList operator()(const TensorList& g, const Node& node) const {
+    if (is_grad_enabled()) return composed(g[0], node);
     const Tensor xv = x.get(kOp);
     const std::size_t bias_input = has_weight ? 2 : 1;
     Tensor dx, dw, db;
@@ -166,6 +169,30 @@ struct LayerNormBackward {
     GradList grads{dx};
     if (has_weight) grads.push_back(dw);
     if (has_bias) grads.push_back(db);
+    return grads;
+  }
+
+  // The same gradients composed of differentiable ops, for a backward that builds a graph, on
+  // the rows (N, D): x̂ and r recomputed from the connected input, then the formulas above.
+  GradList composed(const Tensor& g, const Node& node) const {
+    const std::size_t bias_input = has_weight ? 2 : 1;
+    const bool want_x = node.needs_input_grad(0), want_w = has_weight && node.needs_input_grad(1);
+    const Tensor dy = reshape(g, {rows.n, rows.d});
+    GradList grads(bias_input + (has_bias ? 1 : 0));
+    if (want_x || want_w) {
+      const Tensor xs = reshape(x.get(kOp), {rows.n, rows.d});
+      const Tensor centred = sub(xs, mean(xs, 1, /*keepdim=*/true));
+      const Tensor r = rsqrt(add(mean(mul(centred, centred), 1, /*keepdim=*/true), eps));
+      const Tensor xhat = mul(centred, r);
+      if (want_w) grads[1] = reshape(sum(mul(dy, xhat), 0), node.input_meta[1].shape);
+      if (want_x) {
+        const Tensor dxhat = has_weight ? mul(dy, reshape(weight.get(kOp), {1, rows.d})) : dy;
+        const Tensor inner = sub(sub(dxhat, mean(dxhat, 1, true)), mul(xhat, mean(mul(dxhat, xhat), 1, true)));
+        grads[0] = reshape(mul(r, inner), node.input_meta[0].shape);
+      }
+    }
+    if (has_bias && node.needs_input_grad(bias_input))
+      grads[bias_input] = reshape(sum(dy, 0), node.input_meta[bias_input].shape);
     return grads;
   }
 };
@@ -193,7 +220,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   // x is needed for dx and dw; w only for dx
   record(kOp, inputs, std::span<const Tensor>(&y, 1),
          LayerNormBackward{stats, SavedTensor(x), has_weight && x.requires_grad() ? SavedTensor(weight) : SavedTensor(),
-                           rows, has_weight, bias.defined()});
+                           rows, has_weight, bias.defined(), eps});
   return y;
 }
 

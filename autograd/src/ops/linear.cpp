@@ -4,6 +4,7 @@
 // (reshape, matmul, add, reshape) and no intermediate tensor.
 #include <array>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
@@ -31,6 +32,19 @@ void check_linear(const Tensor& x, const Tensor& w, const Tensor& b, std::string
 
 constexpr std::size_t kMaxCat = 4;  // weights of one linear_cat
 
+// linear's gradients composed of differentiable ops, for a backward that builds a graph:
+// dX = dY·Wᵀ, dW = Xᵀ·dY, db = Σ_rows dY, with X and dY seen as (rows, in) and (rows, out).
+GradList linear_composed(const Tensor& g, const Node& n, const SavedTensor& saved_x, const SavedTensor& saved_w,
+                         std::int64_t rows, std::int64_t in, std::int64_t out) {
+  GradList grads(3);
+  const Tensor dY = reshape(g, {rows, out});
+  if (n.needs_input_grad(0))
+    grads[0] = reshape(matmul(dY, transpose(saved_w.get("linear"), 0, 1)), n.input_meta[0].shape);
+  if (n.needs_input_grad(1)) grads[1] = matmul(transpose(reshape(saved_x.get("linear"), {rows, in}), 0, 1), dY);
+  if (n.needs_input_grad(2)) grads[2] = sum(dY, 0);
+  return grads;
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -52,6 +66,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   // Y = X·W + 1·bᵀ (X the rows of x)  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,  db = Σ_rows dY
   SavedTensor saved_x(w.requires_grad() ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
   return record("linear", {x, w, b}, y, [saved_x, saved_w, rows, in, out](const TensorList& g, const Node& n) {
+    if (is_grad_enabled()) return linear_composed(g[0], n, saved_x, saved_w, rows, in, out);
     GradList grads(3);
     dispatch(g[0].dtype(), [&](auto zero) {
       using T = decltype(zero);
@@ -143,6 +158,35 @@ void linear_cat_backward(const Tensor& g, const Node& node, const CatLayout& l, 
   }
 }
 
+using CatGrads = InlineTensorList<1 + 2 * kMaxCat>;
+using CatWeights = std::array<SavedTensor, kMaxCat>;
+
+// linear_cat's gradients composed of differentiable ops, for a backward that builds a graph:
+// with dY_i the columns of piece i, dX = Σ_i dY_i·W_iᵀ, dW_i = Xᵀ·dY_i, db_i = Σ_rows dY_i.
+// The weights come from their own saved tensors (the packed copy has no graph).
+void linear_cat_composed(const Tensor& g, const Node& node, const CatLayout& l, const SavedTensor& saved_x,
+                         const CatWeights& saved_ws, CatGrads& grads) {
+  constexpr std::string_view op = "linear_cat";
+  const Tensor dY = reshape(g, {l.rows, l.out});
+  auto piece = [&](std::size_t i) { return l.n == 1 ? dY : narrow(dY, 1, l.offset[i], l.cols(i)); };
+  if (node.needs_input_grad(0)) {
+    Tensor dx;
+    for (std::size_t i = 0; i < l.n; ++i) {
+      const Tensor term = matmul(piece(i), transpose(saved_ws[i].get(op), 0, 1));
+      dx = dx.defined() ? add(dx, term) : term;
+    }
+    grads[0] = reshape(dx, node.input_meta[0].shape);
+  }
+  Tensor xt;  // Xᵀ, (in, rows)
+  for (std::size_t i = 0; i < l.n; ++i) {
+    if (!node.needs_input_grad(1 + i)) continue;
+    if (!xt.defined()) xt = transpose(reshape(saved_x.get(op), {l.rows, l.in}), 0, 1);
+    grads[1 + i] = matmul(xt, piece(i));
+  }
+  for (std::size_t i = 0; i < l.n; ++i)
+    if (node.needs_input_grad(1 + l.n + i)) grads[1 + l.n + i] = sum(piece(i), 0);
+}
+
 }  // namespace
 
 Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases) {
@@ -179,8 +223,16 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
   bool any_weight_grad = false;
   for (std::size_t i = 0; i < n; ++i) any_weight_grad = any_weight_grad || weights[i].requires_grad();
   SavedTensor saved_x(any_weight_grad ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
-  record(op, inputs, std::span<const Tensor>(&y, 1), [saved_x, saved_w, l](const TensorList& g, const Node& node) {
-    InlineTensorList<1 + 2 * kMaxCat> grads(1 + 2 * l.n);
+  CatWeights saved_ws;  // for the composed dX
+  if (x.requires_grad())
+    for (std::size_t i = 0; i < n; ++i) saved_ws[i] = SavedTensor(weights[i]);
+  record(op, inputs, std::span<const Tensor>(&y, 1),
+         [saved_x, saved_w, saved_ws, l](const TensorList& g, const Node& node) {
+    CatGrads grads(1 + 2 * l.n);
+    if (is_grad_enabled()) {
+      linear_cat_composed(g[0], node, l, saved_x, saved_ws, grads);
+      return grads;
+    }
     dispatch(g[0].dtype(),
              [&](auto zero) { linear_cat_backward<decltype(zero)>(g[0], node, l, saved_x, saved_w, grads); });
     return grads;
