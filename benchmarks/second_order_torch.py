@@ -17,6 +17,8 @@ default path (fused SDPA, what a training step uses) and on the math path.
         samples (a bench_second_order subprocess) then one batch of PyTorch's, so that load
         changes hit both sides alike; medians over all samples
   second_order_torch.py --shapes toy,medium --threads 1 --rounds 5 --samples 5
+Each row is given twice: wall-clock medians and process-CPU-time medians (on a loaded machine a
+long call is interrupted more often than a short one, which inflates wall-time ratios).
 """
 import argparse
 import statistics
@@ -80,13 +82,14 @@ def calibrate(f, min_time):
         reps *= 8 if t < min_time / 16 else 2
 
 
-def sample(f, reps):
-    """The median time of `reps` calls, each timed alone (as bench_common.hpp's sample)."""
+def sample(f, reps, clock=time.perf_counter):
+    """The median time of `reps` calls, each timed alone (as bench_common.hpp's sample);
+    clock=time.process_time gives process CPU seconds (steadier on a loaded machine)."""
     t = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         f()
-        t.append(time.perf_counter() - t0)
+        t.append(clock() - t0)
     return statistics.median(t)
 
 
@@ -97,7 +100,8 @@ def run_ours(binary, shape, threads, n, min_time, core):
     for line in out.splitlines():
         f = line.split("\t")
         if f[0] == "ours" and f[1] == shape:
-            return [float(s) for s in f[5].split(",")], [float(s) for s in f[6].split(",")]
+            samples = [[float(s) for s in f[i].split(",")] for i in (5, 6, 9, 10)]
+            return samples  # wall fwd+bwd, wall HVP, CPU fwd+bwd, CPU HVP
     raise RuntimeError(f"no result from {' '.join(cmd)}:\n{out}")
 
 
@@ -120,13 +124,14 @@ def main():
 
     print(f"# torch {torch.__version__}; float32, self-attention, need_weights=False, loss 0.5*sum(out^2); "
           f"HVP over the parameters; ours: {args.core} core; medians of interleaved samples", file=sys.stderr)
-    head = ["shape", "threads"]
+    head = ["shape", "threads", "clock"]
     if args.ours:
         head += ["ours fwd+bwd", "ours HVP", "ours HVP/fwd+bwd"]
     head += ["torch fwd+bwd", "torch fwd+bwd (math)", "torch HVP (math)", "torch HVP/fwd+bwd"]
     if args.ours:
         head += ["torch HVP / ours HVP"]
     print("\t".join(head), flush=True)
+    clocks = {"wall": time.perf_counter, "CPU": time.process_time}
     for n in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(n)
         for name in args.shapes.split(","):
@@ -135,25 +140,27 @@ def main():
                 for _ in range(3):
                     f()
             reps = {f: calibrate(f, args.min_time) for f in (step, step_math, hvp)}
-            ours_fb, ours_hvp, fb, fb_math, th = [], [], [], [], []
+            ours = {c: ([], []) for c in clocks}
+            theirs = {c: ([], [], []) for c in clocks}
             for _ in range(args.rounds):
                 if args.ours:
-                    o_fb, o_hvp = run_ours(args.ours, name, n, args.samples, args.min_time, args.core)
-                    ours_fb += o_fb
-                    ours_hvp += o_hvp
-                for _ in range(args.samples):
-                    fb.append(sample(step, reps[step]))
-                    fb_math.append(sample(step_math, reps[step_math]))
-                    th.append(sample(hvp, reps[hvp]))
-            m_fb, m_fb_math, m_th = statistics.median(fb), statistics.median(fb_math), statistics.median(th)
-            row = [name, str(n)]
-            if args.ours:
-                o_fb, o_hvp = statistics.median(ours_fb), statistics.median(ours_hvp)
-                row += [us(o_fb), us(o_hvp), f"{o_hvp / o_fb:.2f}x"]
-            row += [us(m_fb), us(m_fb_math), us(m_th), f"{m_th / m_fb:.2f}x"]
-            if args.ours:
-                row += [f"{m_th / o_hvp:.2f}x"]
-            print("\t".join(row), flush=True)
+                    w_fb, w_hvp, c_fb, c_hvp = run_ours(args.ours, name, n, args.samples, args.min_time, args.core)
+                    ours["wall"][0].extend(w_fb), ours["wall"][1].extend(w_hvp)
+                    ours["CPU"][0].extend(c_fb), ours["CPU"][1].extend(c_hvp)
+                for c, clock in clocks.items():
+                    for _ in range(args.samples):
+                        for lst, f in zip(theirs[c], (step, step_math, hvp)):
+                            lst.append(sample(f, reps[f], clock))
+            for c in clocks:
+                m_fb, m_fb_math, m_th = (statistics.median(x) for x in theirs[c])
+                row = [name, str(n), c]
+                if args.ours:
+                    o_fb, o_hvp = (statistics.median(x) for x in ours[c])
+                    row += [us(o_fb), us(o_hvp), f"{o_hvp / o_fb:.2f}x"]
+                row += [us(m_fb), us(m_fb_math), us(m_th), f"{m_th / m_fb:.2f}x"]
+                if args.ours:
+                    row += [f"{m_th / o_hvp:.2f}x"]
+                print("\t".join(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -98,16 +98,30 @@ Tensor dropout_factors(const sdpa::Dims& d, Dtype dtype, double dropout_p, Gener
 
 // ---- the backward composed of autograd ops (while a graph of the backward is being built) ----
 
-// (B, L, H·d) -> (B, H, L, d): head h is columns h·d .. (h+1)·d - 1. A (B, H, L, d) tensor as it is.
-Tensor to_heads_first(const Tensor& x, std::int64_t H) {
+// Views of one operand (B, H, L, d) laid out as the op's input: (B, H, L, d) itself, or
+// (B, L, H·d) with head h in columns h·d .. (h+1)·d - 1. Each is one copy at most.
+// heads: (B, H, L, d).
+Tensor heads(const Tensor& x, std::int64_t H) {
   if (x.dim() == 4) return x;
   return transpose(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), 1, 2);
 }
 
-// Back to the layout of `like`: (B, H, L, d) stays, or -> (B, L, H·d).
-Tensor to_layout(const Tensor& x, const Tensor& like) {
-  if (!x.defined() || like.dim() == 4) return x;
+// heads_t: (B, H, d, L), each head's matrix transposed.
+Tensor heads_t(const Tensor& x, std::int64_t H) {
+  if (x.dim() == 4) return transpose(x, -2, -1);
+  return permute(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), {0, 2, 3, 1});
+}
+
+// (B, H, L, d) back to the layout of `like`.
+Tensor from_heads(const Tensor& x, const Tensor& like) {
+  if (like.dim() == 4) return x;
   return reshape(transpose(x, 1, 2), {x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+// (B, H, d, L) back to the layout of `like` (transposing each head's matrix).
+Tensor from_heads_t(const Tensor& x, const Tensor& like) {
+  if (like.dim() == 4) return transpose(x, -2, -1);
+  return reshape(permute(x, {0, 3, 1, 2}), {x.size(0), x.size(3), x.size(1) * x.size(2)});
 }
 
 // What the composed backward reads, every tensor connected to the graph: q, k, v (laid out as the
@@ -122,24 +136,23 @@ struct ComposedGrads {
   Tensor dq, dk, dv, dscores;  // in the layouts of q, k, v; dscores (B, H, T, S)
 };
 
-// The gradients of the forward written with differentiable ops on (B, H, L, d) views, so that
-// they can be differentiated again (to any order):
+// The gradients of the forward written with differentiable ops, so that they can be
+// differentiated again (to any order):
 //   dV = (P ⊙ Z)ᵀ·dO,  dP = (dO·Vᵀ) ⊙ Z + dW,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),
 //   dQ = scale·dS·K,  dK = scale·dSᵀ·Q,  dM = dS.
-// P is 0 on blocked entries and fully blocked rows (causal ones included), so dS is 0 there;
-// no score is recomputed, so no -inf enters.
+// dV and dK are formed transposed (dVᵀ = dOᵀ·(P ⊙ Z), dKᵀ = scale·Qᵀ·dS), so that no [T, S]
+// matrix is transposed. P is 0 on blocked entries and fully blocked rows (causal ones included),
+// so dS is 0 there; no score is recomputed, so no -inf enters.
 ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H, double scale, bool want_dv, bool want_ds) {
-  const Tensor q4 = to_heads_first(in.q, H), k4 = to_heads_first(in.k, H), v4 = to_heads_first(in.v, H);
   ComposedGrads out;
   Tensor dp;  // dL/dP
   if (in.dout.defined()) {
-    const Tensor do4 = to_heads_first(in.dout, H);
     if (want_dv) {
       const Tensor pd = in.z.defined() ? mul(in.p, in.z) : in.p;
-      out.dv = to_layout(matmul(transpose(pd, -2, -1), do4), in.v);
+      out.dv = from_heads_t(matmul(heads_t(in.dout, H), pd), in.v);
     }
     if (want_ds) {
-      dp = matmul(do4, transpose(v4, -2, -1));
+      dp = matmul(heads(in.dout, H), heads_t(in.v, H));
       if (in.z.defined()) dp = mul(dp, in.z);
     }
   } else if (want_dv) {
@@ -150,8 +163,8 @@ ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H, double
   if (want_ds && in.dweights.defined()) dp = dp.defined() ? add(dp, in.dweights) : in.dweights;
   if (!dp.defined()) return out;
   out.dscores = mul(in.p, sub(dp, sum(mul(dp, in.p), -1, true)));
-  out.dq = to_layout(mul(matmul(out.dscores, k4), scale), in.q);
-  out.dk = to_layout(mul(matmul(transpose(out.dscores, -2, -1), q4), scale), in.k);
+  out.dq = from_heads(mul(matmul(out.dscores, heads(in.k, H)), scale), in.q);
+  out.dk = from_heads_t(mul(matmul(heads_t(in.q, H), out.dscores), scale), in.k);
   return out;
 }
 
@@ -203,11 +216,11 @@ struct AttentionBackward {
     const Tensor qt = q.get(op);
     ComposedInputs in{qt, Tensor(), Tensor(), weights.get(op), keep.defined() ? keep.get(op) : Tensor(), g[0], g[1]};
     bool want_dv = false, want_dqk = false;
-    if (packed) {  // the q, k and v column blocks of qkv
-      const std::int64_t width = d.H * d.d_k;
-      in.k = narrow(qt, 2, width, width);
-      in.v = narrow(qt, 2, 2 * width, width);
-      in.q = narrow(qt, 2, 0, width);
+    if (packed) {  // the q, k and v column blocks of qkv (one split: one node, whose gradient is one cat)
+      const TensorList blocks = split(qt, d.H * d.d_k, 2);
+      in.q = blocks[0];
+      in.k = blocks[1];
+      in.v = blocks[2];
       want_dv = want_dqk = node.needs_input_grad(0);
     } else {
       in.k = k.get(op);
