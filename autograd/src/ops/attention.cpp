@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/attention_kernels.hpp"
@@ -95,6 +96,78 @@ Tensor dropout_factors(const sdpa::Dims& d, Dtype dtype, double dropout_p, Gener
   return keep;
 }
 
+// ---- the backward composed of autograd ops (while a graph of the backward is being built) ----
+
+// Views of one operand (B, H, L, d) laid out as the op's input: (B, H, L, d) itself, or
+// (B, L, H·d) with head h in columns h·d .. (h+1)·d - 1. Each is one copy at most.
+// heads: (B, H, L, d).
+Tensor heads(const Tensor& x, std::int64_t H) {
+  if (x.dim() == 4) return x;
+  return transpose(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), 1, 2);
+}
+
+// heads_t: (B, H, d, L), each head's matrix transposed.
+Tensor heads_t(const Tensor& x, std::int64_t H) {
+  if (x.dim() == 4) return transpose(x, -2, -1);
+  return permute(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), {0, 2, 3, 1});
+}
+
+// (B, H, L, d) back to the layout of `like`.
+Tensor from_heads(const Tensor& x, const Tensor& like) {
+  if (like.dim() == 4) return x;
+  return reshape(transpose(x, 1, 2), {x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+// (B, H, d, L) back to the layout of `like` (transposing each head's matrix).
+Tensor from_heads_t(const Tensor& x, const Tensor& like) {
+  if (like.dim() == 4) return transpose(x, -2, -1);
+  return reshape(permute(x, {0, 3, 1, 2}), {x.size(0), x.size(3), x.size(1) * x.size(2)});
+}
+
+// What the composed backward reads, every tensor connected to the graph: q, k, v (laid out as the
+// op's inputs; packed: the three column blocks of qkv), the weights P (the node's own output, so
+// that their derivative runs through this node again), the dropout factors Z (constants, or
+// undefined), and the gradients that reached the output and the weights (undefined: zero).
+struct ComposedInputs {
+  Tensor q, k, v, p, z, dout, dweights;
+};
+
+struct ComposedGrads {
+  Tensor dq, dk, dv, dscores;  // in the layouts of q, k, v; dscores (B, H, T, S)
+};
+
+// The gradients of the forward written with differentiable ops, so that they can be
+// differentiated again (to any order):
+//   dV = (P ⊙ Z)ᵀ·dO,  dP = (dO·Vᵀ) ⊙ Z + dW,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),
+//   dQ = scale·dS·K,  dK = scale·dSᵀ·Q,  dM = dS.
+// dV and dK are formed transposed (dVᵀ = dOᵀ·(P ⊙ Z), dKᵀ = scale·Qᵀ·dS), so that no [T, S]
+// matrix is transposed. P is 0 on blocked entries and fully blocked rows (causal ones included),
+// so dS is 0 there; no score is recomputed, so no -inf enters.
+ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H, double scale, bool want_dv, bool want_ds) {
+  ComposedGrads out;
+  Tensor dp;  // dL/dP
+  if (in.dout.defined()) {
+    if (want_dv) {
+      const Tensor pd = in.z.defined() ? mul(in.p, in.z) : in.p;
+      out.dv = from_heads_t(matmul(heads_t(in.dout, H), pd), in.v);
+    }
+    if (want_ds) {
+      dp = matmul(heads(in.dout, H), heads_t(in.v, H));
+      if (in.z.defined()) dp = mul(dp, in.z);
+    }
+  } else if (want_dv) {
+    // Only the weights got a gradient: dV is 0, as the kernel gives it, but part of the graph
+    // (the gradient of the weights may carry one). v is finite wherever the output is.
+    out.dv = mul(in.v, 0.0);
+  }
+  if (want_ds && in.dweights.defined()) dp = dp.defined() ? add(dp, in.dweights) : in.dweights;
+  if (!dp.defined()) return out;
+  out.dscores = mul(in.p, sub(dp, sum(mul(dp, in.p), -1, true)));
+  out.dq = from_heads(mul(matmul(out.dscores, heads(in.k, H)), scale), in.q);
+  out.dk = from_heads_t(mul(matmul(heads_t(in.q, H), out.dscores), scale), in.k);
+  return out;
+}
+
 // The backward rule. Saved: q, k, v (packed: the one tensor), the weights P and the dropout
 // factors Z; not the scores.
 struct AttentionBackward {
@@ -108,6 +181,7 @@ struct AttentionBackward {
   bool causal = false;
 
   GradList operator()(const TensorList& g, const Node& node) const {
+    if (is_grad_enabled()) return composed(g, node);
     const Tensor qt = q.get(op), kt = packed ? qt : k.get(op), vt = packed ? qt : v.get(op), pt = weights.get(op);
     const Tensor zt = keep.defined() ? keep.get(op) : Tensor();
     const Dtype dtype = qt.dtype();
@@ -132,6 +206,41 @@ struct AttentionBackward {
     });
     GradList grads = packed ? GradList{dq} : GradList{dq, dk, dv};
     if (has_mask) grads.push_back(dscores.defined() ? sum_to(dscores, mask_shape) : Tensor());
+    return grads;
+  }
+
+  // The same gradients from differentiable ops on the connected saved tensors (create_graph).
+  GradList composed(const TensorList& g, const Node& node) const {
+    const std::size_t mask_input = packed ? 1 : 3;
+    const bool want_mask = has_mask && node.needs_input_grad(mask_input);
+    const Tensor qt = q.get(op);
+    ComposedInputs in{qt, Tensor(), Tensor(), weights.get(op), keep.defined() ? keep.get(op) : Tensor(), g[0], g[1]};
+    bool want_dv = false, want_dqk = false;
+    if (packed) {  // the q, k and v column blocks of qkv (one split: one node, whose gradient is one cat)
+      const TensorList blocks = split(qt, d.H * d.d_k, 2);
+      in.q = blocks[0];
+      in.k = blocks[1];
+      in.v = blocks[2];
+      want_dv = want_dqk = node.needs_input_grad(0);
+    } else {
+      in.k = k.get(op);
+      in.v = v.get(op);
+      want_dv = node.needs_input_grad(2);
+      want_dqk = node.needs_input_grad(0) || node.needs_input_grad(1);
+    }
+    const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
+    GradList grads;
+    if (packed) {
+      if (c.dq.defined() || c.dv.defined()) {  // one gradient [dq | dk | dv]; an absent part is zero
+        auto part = [&](const Tensor& t, const Tensor& like) { return t.defined() ? t : zeros_like(like); };
+        grads.push_back(cat({part(c.dq, in.q), part(c.dk, in.k), part(c.dv, in.v)}, 2));
+      } else {
+        grads.push_back(Tensor());
+      }
+    } else {
+      grads = {node.needs_input_grad(0) ? c.dq : Tensor(), node.needs_input_grad(1) ? c.dk : Tensor(), c.dv};
+    }
+    if (has_mask) grads.push_back(want_mask && c.dscores.defined() ? sum_to(c.dscores, mask_shape) : Tensor());
     return grads;
   }
 };

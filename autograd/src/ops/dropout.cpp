@@ -3,6 +3,7 @@
 // uniform draw per element in row-major order, so a seed fixes it.
 #include <cmath>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
@@ -49,6 +50,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   if (keep_mask) {
     // y = x · mask  =>  dx = dy · mask  (the same mask: it is kept, not redrawn)
     return record("dropout", {x}, y, [mask = SavedTensor(mask)](const TensorList& g, const Node&) {
+      // create_graph: the same product from a differentiable op (the mask is a constant)
+      if (is_grad_enabled()) return GradList{mul(g[0], mask.get("dropout"))};
       return GradList{times_mask(g[0], mask.get("dropout"))};
     });
   }

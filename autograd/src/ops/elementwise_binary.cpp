@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/kernels.hpp"
@@ -37,6 +38,14 @@ Tensor grad_if(const Node& node, std::size_t i, F&& f) {
 
 // A mask or condition in the dtype of the data it selects (masks carry no gradient).
 Tensor as_selector(const Tensor& m, Dtype dtype) { return m.dtype() == dtype ? m.detach() : m.detach().to(dtype); }
+
+// 1 where pick(a, b) holds, else 0, over the broadcast shape: a constant mask (no graph).
+template <class Pick>
+Tensor mask_of(const Shape& shape, const Tensor& a, const Tensor& b, Pick pick) {
+  return kernels::map<2>(shape, {a, b}, [pick](const auto& x, const auto& z) {
+    return pick(x, z).template cast<scalar_t<decltype(x)>>();
+  });
+}
 
 }  // namespace
 
@@ -88,12 +97,34 @@ Tensor div(const Tensor& a, const Tensor& b) {
         grad_if(n, 0, [&] { return sum_to(div(g[0], bv), n.input_meta[0].shape); }),
         grad_if(n, 1, [&] {
           const Tensor av = saved_a.get("div");
+          if (is_grad_enabled()) return sum_to(div(mul(neg(g[0]), av), square(bv)), n.input_meta[1].shape);
           return sum_to(kernels::map<3>(g[0].shape(), {g[0], av, bv},
                                         [](const auto& dy, const auto& x, const auto& z) { return -dy * x / (z * z); }),
                         n.input_meta[1].shape);
         })};
   });
 }
+
+namespace {
+
+// The backward of pow(a, b) from differentiable ops (create_graph), with the same conventions.
+GradList pow_composed(const Tensor& dy, const Tensor& a, const Tensor& b, const SavedTensor& saved_y, const Node& n) {
+  return GradList{
+      grad_if(n, 0, [&] {
+        const Tensor b_zero =
+            mask_of(b.shape(), b, b, [](const auto& z, const auto&) { return z == scalar_t<decltype(z)>(0); });
+        return sum_to(masked_fill(mul(mul(dy, b), pow(a, sub(b, 1.0))), b_zero, 0.0), n.input_meta[0].shape);
+      }),
+      grad_if(n, 1, [&] {
+        const Tensor a_zero = mask_of(dy.shape(), a, b, [](const auto& x, const auto& z) {
+          using T = scalar_t<decltype(x)>;
+          return x == T(0) && z >= T(0);
+        });
+        return sum_to(masked_fill(mul(mul(dy, saved_y.get("pow")), log(a)), a_zero, 0.0), n.input_meta[1].shape);
+      })};
+}
+
+}  // namespace
 
 Tensor pow(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("pow", a, b);
@@ -104,6 +135,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   SavedTensor saved_a(a), saved_b(b), saved_y(b.requires_grad() ? y : Tensor());
   return record("pow", {a, b}, y, [saved_a, saved_b, saved_y](const TensorList& g, const Node& n) {
     const Tensor av = saved_a.get("pow"), bv = saved_b.get("pow");
+    if (is_grad_enabled()) return pow_composed(g[0], av, bv, saved_y, n);
     return GradList{
         grad_if(n, 0, [&] {
           return sum_to(kernels::map<3>(g[0].shape(), {g[0], av, bv},
@@ -146,6 +178,19 @@ Tensor extremum(std::string_view op, const Tensor& a, const Tensor& b) {
   return record(std::string(op), {a, b}, y, [saved_a, saved_b, op](const TensorList& g, const Node& n) {
     const Tensor av = saved_a.get(op), bv = saved_b.get(op);
     auto share = [&](const Tensor& self, const Tensor& other, std::size_t i) {
+      if (is_grad_enabled()) {  // dy times a constant weight 1, 1/2 or 0 (piecewise linear: no second derivative)
+        auto wins = [](const auto& s, const auto& o) {
+          if constexpr (IsMax) return s > o;
+          else return s < o;
+        };
+        const Tensor weight = kernels::map<2>(g[0].shape(), {self, other}, [wins](const auto& s, const auto& o) {
+          using T = scalar_t<decltype(s)>;
+          return wins(s, o).template cast<T>() + (s == o).template cast<T>() * T(0.5);
+        });
+        const Tensor loses = mask_of(g[0].shape(), self, other,
+                                     [wins](const auto& s, const auto& o) { return !(wins(s, o) || s == o); });
+        return sum_to(masked_fill(mul(g[0], weight), loses, 0.0), n.input_meta[i].shape);
+      }
       return sum_to(kernels::map<3>(g[0].shape(), {g[0], self, other},
                                     [](const auto& dy, const auto& s, const auto& o) {
                                       using T = scalar_t<decltype(dy)>;
@@ -215,6 +260,7 @@ Tensor rdiv(const Tensor& a, double b) {
   // y = c / a  =>  da = -dy·c / a² = -dy·y / a
   SavedTensor saved_a(a), saved_y(y);
   return record("rdiv", {a}, y, [saved_a, saved_y](const TensorList& g, const Node&) {
+    if (is_grad_enabled()) return GradList{div(mul(neg(g[0]), saved_y.get("rdiv")), saved_a.get("rdiv"))};
     return GradList{kernels::map<3>(g[0].shape(), {g[0], saved_y.get("rdiv"), saved_a.get("rdiv")},
                                       [](const auto& dy, const auto& out, const auto& x) { return -dy * out / x; })};
   });
@@ -238,8 +284,13 @@ Tensor pow(const Tensor& a, double exponent) {
   // y = a^e  =>  da = dy·e·a^(e-1)   (0 when e == 0)
   SavedTensor saved_a(a);
   return record("pow", {a}, y, [saved_a, exponent](const TensorList& g, const Node&) {
-    if (exponent == 0.0) return GradList{zeros_like(g[0])};
+    if (exponent == 0.0) {
+      if (!is_grad_enabled()) return GradList{zeros_like(g[0])};
+      return GradList{masked_fill(g[0], ones({}, g[0].dtype()), 0.0)};  // zeros that belong to the graph
+    }
     const Tensor av = saved_a.get("pow");
+    if (is_grad_enabled())
+      return GradList{exponent == 2.0 ? mul(mul(g[0], av), 2.0) : mul(mul(g[0], exponent), pow(av, exponent - 1.0))};
     if (exponent == 2.0)
       return GradList{kernels::map<2>(g[0].shape(), {g[0], av}, [](const auto& dy, const auto& x) {
         return dy * x * scalar_t<decltype(dy)>(2);
@@ -283,6 +334,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   // y = mask ? c : x  =>  dx = mask ? 0 : dy
   SavedTensor saved_mask(m);
   return record("masked_fill", {x}, y, [saved_mask](const TensorList& g, const Node&) {
+    if (is_grad_enabled()) return GradList{masked_fill(g[0], saved_mask.get("masked_fill"), 0.0)};
     return GradList{kernels::map<2>(g[0].shape(), {g[0], saved_mask.get("masked_fill")},
                                       [](const auto& dy, const auto& keep_out) {
                                         using T = scalar_t<decltype(dy)>;
@@ -305,6 +357,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   SavedTensor saved_cond(c);
   return record("where", {a, b}, y, [saved_cond](const TensorList& g, const Node& n) {
     const Tensor cv = saved_cond.get("where");
+    if (is_grad_enabled()) {
+      const Tensor zero = zeros({}, g[0].dtype());
+      return GradList{grad_if(n, 0, [&] { return sum_to(where(cv, g[0], zero), n.input_meta[0].shape); }),
+                      grad_if(n, 1, [&] { return sum_to(where(cv, zero, g[0]), n.input_meta[1].shape); })};
+    }
     return GradList{grad_if(n, 0, [&] {
                         return sum_to(kernels::map<2>(g[0].shape(), {g[0], cv},
                                                       [](const auto& dy, const auto& take_a) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
@@ -140,7 +141,12 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, boo
   if (needs_grad(x)) {
     // y = s · Σ_reduced x  =>  dx = s · dy broadcast back over the reduced dims
     return record(op, {x}, y,
-                  [walk, scale, shape = x.shape()](const TensorList& g, const Node&) {
+                  [walk, scale, mask](const TensorList& g, const Node& n) {
+                    const Shape& shape = n.input_meta[0].shape;
+                    if (is_grad_enabled()) {  // the same broadcast, from differentiable ops
+                      const Tensor dx = expand(reshape(g[0], reduced_shape(shape, mask, true)), shape);
+                      return GradList{scale == 1.0 ? dx : mul(dx, scale)};
+                    }
                     Tensor dx = Tensor::empty(shape, g[0].dtype());
                     dispatch(dx.dtype(), [&](auto zero) {
                       using T = decltype(zero);
@@ -210,6 +216,21 @@ DimMax dim_max(std::string_view op, const Tensor& x, std::int64_t dim, bool keep
   return r;
 }
 
+// The backward of max along a dim from differentiable ops: dy times a constant one-hot of the
+// first maxima, x seen as [outer, n, inner].
+Tensor dim_max_composed(const Tensor& dy, const std::vector<std::int64_t>& index, std::int64_t outer, std::int64_t n,
+                        std::int64_t inner, const Shape& shape) {
+  Tensor one_hot = zeros({outer, n, inner}, dy.dtype());
+  dispatch(dy.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* d = one_hot.data<T>();
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t i = 0; i < inner; ++i)
+        d[(o * n + index[static_cast<std::size_t>(o * inner + i)]) * inner + i] = T(1);
+  });
+  return reshape(mul(one_hot, reshape(dy, {outer, 1, inner})), shape);
+}
+
 }  // namespace
 
 Tensor sum(const Tensor& x) {
@@ -276,6 +297,8 @@ Tensor max(const Tensor& x) {
     return record("max", {x}, y, [saved_x = SavedTensor(x), m](const TensorList& g, const Node&) {
       Tensor xv = saved_x.get("max");
       Tensor dx = Tensor::empty(xv.shape(), xv.dtype());
+      const bool composed = is_grad_enabled();
+      double ties = 0;
       dispatch(xv.dtype(), [&](auto zero) {
         using T = decltype(zero);
         const T top = static_cast<T>(m);
@@ -283,8 +306,12 @@ Tensor max(const Tensor& x) {
         ArrayView<T> d(dx.data<T>(), dx.numel());
         if (std::isnan(top)) d = xs.isNaN().template cast<T>();
         else d = (xs == top).template cast<T>();
-        d *= *g[0].data<T>() / d.sum();
+        if (composed) ties = static_cast<double>(d.sum());
+        else d *= *g[0].data<T>() / d.sum();
       });
+      // create_graph: the same dy · [x_i ties for the maximum] / k from differentiable ops, the
+      // indicator a constant (piecewise linear: no second derivative)
+      if (composed) return GradList{div(mul(g[0], dx), ties)};
       return GradList{dx};
     });
   }
@@ -298,6 +325,7 @@ Tensor max(const Tensor& x, std::int64_t dim, bool keepdim) {
     return record("max", {x}, r.values,
                   [index = r.index, outer = r.outer, n = r.n, inner = r.inner, shape = x.shape()](
                       const TensorList& g, const Node&) {
+                    if (is_grad_enabled()) return GradList{dim_max_composed(g[0], *index, outer, n, inner, shape)};
                     Tensor dx = zeros(shape, g[0].dtype());
                     dispatch(dx.dtype(), [&](auto zero) {
                       using T = decltype(zero);
