@@ -52,6 +52,37 @@ std::string HeadsModel::attention_point(const std::string& point) const {
   return (block ? "block.attn." : "attn.") + point;
 }
 
+HeadsModelOptions heads_options_from_config(const nn::ModuleConfig& c) {
+  if (c.type != "HeadsModel")
+    throw nn::CheckpointError(fmt::format("the file holds a {}, not a model of train_heads (HeadsModel)", c.type));
+  HeadsModelOptions o;
+  o.vocab = c.child("tok").integer("num_embeddings");
+  o.d_model = c.child("tok").integer("embedding_dim");
+  o.seq_len = c.child("pos").integer("num_embeddings");
+  o.classes = c.child("readout").integer("out_features");
+  o.mlp = c.has_child("block");
+  if (o.mlp) {
+    o.heads = c.child("block").integer("num_heads");
+    o.d_ff = c.child("block").integer("d_ff");
+  } else {
+    o.heads = c.child("attn").integer("num_heads");
+  }
+  return o;
+}
+
+std::unique_ptr<HeadsModel> load_heads_model(const std::string& path) {
+  ag::Generator gen(0);  // the file's parameters replace these
+  auto model = std::make_unique<HeadsModel>(heads_options_from_config(nn::read_module_config(path)), gen);
+  const nn::Metadata metadata = nn::load_safetensors(path).metadata;
+  const auto naming = metadata.find("headgrad.naming");
+  if (naming != metadata.end() && naming->second == "torch") {
+    nn::load_torch_state_dict(*model, path);
+  } else {
+    nn::load_parameters(*model, path);
+  }
+  return model;
+}
+
 std::vector<HeadFocus> measure_focus(const ag::Tensor& weights) {
   const std::int64_t B = weights.size(0), H = weights.size(1), T = weights.size(2), S = weights.size(3);
   const auto w = weights.to_vector();

@@ -48,6 +48,14 @@ struct HeadsModel : nn::Module {
   std::string attention_point(const std::string& point) const;
 };
 
+// The options of a model saved by train_heads, read from the file's "headgrad.config" (the sizes
+// of its embeddings, block or attention layer, and readout): the model is rebuilt from the file
+// alone. Throws nn::CheckpointError when the config is not a HeadsModel's.
+HeadsModelOptions heads_options_from_config(const nn::ModuleConfig& config);
+// The model in a file train_heads wrote, in headgrad's naming or PyTorch's: rebuilt from the
+// file's config, its parameters loaded.
+std::unique_ptr<HeadsModel> load_heads_model(const std::string& path);
+
 // Mean attention weight of each head on the previous, the first and the current position, over
 // query positions t >= 2 (where those three are different positions) of every sequence.
 // weights: (B, H, T, T).

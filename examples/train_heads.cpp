@@ -18,7 +18,13 @@
 //
 //   train_heads                          # 1 head, then 2 heads, and the comparison
 //   train_heads --heads 2 --seed 7 --summary run.json
+//   train_heads --load train_heads_out/model_2_heads.torch.safetensors   # rebuilt from the file alone
 //   train_heads --help
+//
+// Each trained model is saved twice (unless --no-files): model_<N>_heads.safetensors in headgrad's
+// naming (nn::save_parameters) and model_<N>_heads.torch.safetensors in PyTorch's
+// (nn::save_torch_state_dict: loads into torch.nn.TransformerEncoderLayer-based code, see
+// docs/torch_interop.md). Both carry the model's configuration, so --load needs nothing else.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -26,6 +32,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <system_error>
 #include <string>
@@ -67,6 +74,7 @@ struct Config {
   std::string report;            // --report FILE.html
   std::int64_t snapshots = 16;   // held-out snapshots along training for the report
   std::string out_dir = "train_heads_out";
+  std::string load;  // --load FILE: evaluate a saved model instead of training
   bool write_files = true;  // pictures and trained models in out_dir
   bool quiet = false;
   bool mlp = true;
@@ -125,6 +133,10 @@ void add_options(CLI::App& app, Config& c) {
   app.add_option("--out", c.out_dir, "directory for the pictures and trained models (default train_heads_out)")
       ->type_name("DIR");
   app.add_flag_callback("--no-files", [&c] { c.write_files = false; }, "write no pictures or models");
+  app.add_option("--load", c.load,
+                 "no training: rebuild a model that train_heads saved (either naming) from the file alone\n"
+                 "and measure it on held-out sequences of its task (drawn from --seed)")
+      ->type_name("FILE");
   app.add_option("--steps", c.steps, "training steps (default 2000)")->type_name("N")->transform(integer_at_least(1));
   app.add_option("--batch", c.batch, "sequences per step (default 64)")->type_name("N")->transform(integer_at_least(1));
   app.add_option("--seq-len", c.task.seq_len, "sequence length (default 12)")->type_name("T")->transform(integer_at_least(3));
@@ -210,12 +222,46 @@ void evaluate(HeadsModel& model, const Config& c, const Batch& test, RunRecord& 
               .tokens = {test.tokens.begin(), test.tokens.begin() + T}};
 }
 
-// The trained parameters, readable by Python: safetensors.torch.load_file(path).
+std::string task_name(TaskKind kind) {
+  for (const auto& [name, k] : kTasks)
+    if (k == kind) return name;
+  return "difference";
+}
+
+// The trained model in headgrad's naming and in PyTorch's; both files carry its configuration
+// (nn::module_config) and the task, so that --load (or Python) needs nothing else.
 void save_model(const HeadsModel& model, const Config& c, const RunRecord& r) {
   std::filesystem::create_directories(c.out_dir);
-  nn::save_parameters(model, fmt::format("{}/model_{}_heads.safetensors", c.out_dir, r.heads),
-                      {{"task", c.task.describe()}, {"num_heads", std::to_string(r.heads)},
-                       {"test_accuracy", fmt::format("{:.4f}", r.accuracy)}});
+  const nn::Metadata metadata = {{"task", c.task.describe()}, {"task_kind", task_name(c.task.kind)},
+                                 {"num_heads", std::to_string(r.heads)},
+                                 {"test_accuracy", fmt::format("{:.4f}", r.accuracy)}};
+  const std::string stem = fmt::format("{}/model_{}_heads", c.out_dir, r.heads);
+  nn::save_parameters(model, stem + ".safetensors", metadata);
+  nn::save_torch_state_dict(model, stem + ".torch.safetensors", metadata);
+}
+
+// --load: the model rebuilt from its file, measured on held-out sequences of the file's task.
+void evaluate_saved(const Config& c) {
+  const std::unique_ptr<HeadsModel> model = load_heads_model(c.load);
+  const HeadsModelOptions o = heads_options_from_config(nn::read_module_config(c.load));
+  const nn::Metadata metadata = nn::load_safetensors(c.load).metadata;
+  Task task = c.task;
+  if (const auto kind = metadata.find("task_kind"); kind != metadata.end() && kTasks.count(kind->second))
+    task.kind = kTasks.at(kind->second);
+  task.vocab = o.vocab;
+  task.seq_len = o.seq_len;
+  if (task.classes() != o.classes)
+    throw std::invalid_argument(fmt::format("--load {}: the readout has {} classes but the task \"{}\" has {}", c.load,
+                                            o.classes, task.describe(), task.classes()));
+  ag::Generator test_gen(c.seed * 0x9E3779B97F4A7C15ull + 2);
+  const Batch test = make_batch(test_gen, task, c.test_sequences);
+  ag::NoGradGuard no_grad;
+  model->eval();
+  const auto out = model->forward(test.token_tensor, false);
+  fmt::print("{}: {} head{}, d_model {}, {}, {} parameters; task {}\n", c.load, o.heads, o.heads == 1 ? "" : "s",
+             o.d_model, o.mlp ? "with MLP" : "attention only", model->num_parameters(), task.describe());
+  fmt::print("test accuracy {:.4f} on {} held-out sequences (seed {})\n", batch_accuracy(out.logits, test.targets),
+             c.test_sequences, c.seed);
 }
 
 RunRecord train(const Config& c, std::int64_t heads) {
@@ -268,7 +314,8 @@ void write_pictures(const std::vector<RunRecord>& runs, const Config& c) {
   std::filesystem::create_directories(c.out_dir);
   for (const auto& r : runs) write_text_file(fmt::format("{}/attention_{}_heads.svg", c.out_dir, r.heads), attention_svg(r));
   write_text_file(c.out_dir + "/loss.svg", loss_svg(runs, std::log(static_cast<double>(c.task.classes()))));
-  fmt::print("pictures: {0}/loss.svg, {0}/attention_<N>_heads.svg; trained models: {0}/model_<N>_heads.safetensors\n",
+  fmt::print("pictures: {0}/loss.svg, {0}/attention_<N>_heads.svg; trained models: {0}/model_<N>_heads.safetensors "
+             "(PyTorch's naming: .torch.safetensors)\n",
              c.out_dir);
 }
 
@@ -291,6 +338,10 @@ int main(int argc, char** argv) {
   try {
     finish_config(c);
     ag::set_num_threads(c.threads);
+    if (!c.load.empty()) {
+      evaluate_saved(c);
+      return 0;
+    }
     const JobInfo job = job_info(c);
     print_job(job);
     std::vector<RunRecord> runs;

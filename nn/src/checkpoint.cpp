@@ -14,18 +14,11 @@ namespace nn {
 
 namespace {
 
-constexpr const char* kFormat = "headgrad.checkpoint";
+using detail::join_names;
+constexpr const char* kFormat = detail::kCheckpointFormat;
 
 // Each parameter with the value a load copies into it (already in the parameter's dtype).
 using LoadPlan = std::vector<std::pair<ag::Tensor, ag::Tensor>>;
-
-std::string join_names(const std::vector<std::string>& names) {
-  constexpr std::size_t kShown = 20;
-  std::string s;
-  for (std::size_t i = 0; i < names.size() && i < kShown; ++i) s += (i ? ", " : "") + names[i];
-  if (names.size() > kShown) s += fmt::format(" and {} more", names.size() - kShown);
-  return s;
-}
 
 // Pairs each parameter with its tensor from the file after checking names, shapes and dtypes;
 // every problem goes into one message.
@@ -75,12 +68,17 @@ void apply_plan(const LoadPlan& plan) {
 }
 
 // The metadata says the file is a checkpoint, and one of this optimizer.
-void check_checkpoint_metadata(const Metadata& metadata, const Optimizer& optimizer, const std::string& where) {
+void check_checkpoint_metadata(const SafetensorsData& file, const Module& module, const Optimizer& optimizer,
+                               const std::string& where) {
+  const Metadata& metadata = file.metadata;
   const auto format = metadata.find("format");
-  if (format == metadata.end() || format->second != kFormat)
+  if (format == metadata.end() || format->second != kFormat) {
+    const std::string hint = detail::wrong_loader_hint("load_checkpoint", module, file);
+    if (!hint.empty()) throw CheckpointError(fmt::format("{}: {}; nothing was changed", where, hint));
     throw CheckpointError(fmt::format("{}: not a headgrad checkpoint (metadata \"format\" is not \"{}\"); a plain "
                                       "parameter file loads with load_parameters",
                                       where, kFormat));
+  }
   const auto name = metadata.find("optimizer");
   if (name == metadata.end() || name->second != optimizer.name())
     throw CheckpointError(fmt::format("{}: the checkpoint holds {} state but the optimizer is {}; nothing was changed",
@@ -115,18 +113,32 @@ void check_optimizer_state(const Optimizer& optimizer, const NamedTensors& state
 
 }  // namespace
 
+namespace detail {
+
+std::string join_names(const std::vector<std::string>& names) {
+  constexpr std::size_t kShown = 20;
+  std::string s;
+  for (std::size_t i = 0; i < names.size() && i < kShown; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) s += fmt::format(" and {} more", names.size() - kShown);
+  return s;
+}
+
+}  // namespace detail
+
 // ---- modules ----
 
 void save_parameters(const Module& module, const std::string& path, const Metadata& metadata) {
   NamedTensors tensors;
   for (const auto& [name, p] : module.named_parameters()) tensors.emplace_back(name, p.detach());
-  save_safetensors(path, tensors, metadata);
+  save_safetensors(path, tensors, detail::describe_file(module, metadata, "headgrad"));
 }
 
 Metadata load_parameters(Module& module, const std::string& path, const LoadOptions& options) {
+  const std::string where = fmt::format("load_parameters: {}", path);
   SafetensorsData data = load_safetensors(path);
-  const LoadPlan plan = plan_parameter_load(module.named_parameters(), data.tensors, options,
-                                            fmt::format("load_parameters: {}", path));
+  const std::string hint = detail::wrong_loader_hint("load_parameters", module, data);
+  if (!hint.empty()) throw CheckpointError(fmt::format("{}: {}; no parameter was changed", where, hint));
+  const LoadPlan plan = plan_parameter_load(module.named_parameters(), data.tensors, options, where);
   apply_plan(plan);
   return data.metadata;
 }
@@ -137,6 +149,7 @@ void save_checkpoint(const std::string& path, const Module& module, const Optimi
   Metadata meta = metadata;
   for (const char* key : {"format", "optimizer"})
     if (meta.count(key)) throw CheckpointError(fmt::format("save_checkpoint: metadata key '{}' is reserved", key));
+  meta = detail::describe_file(module, meta, "headgrad");
   meta["format"] = kFormat;
   meta["optimizer"] = optimizer.name();
   NamedTensors tensors;
@@ -148,7 +161,7 @@ void save_checkpoint(const std::string& path, const Module& module, const Optimi
 Metadata load_checkpoint(const std::string& path, Module& module, Optimizer& optimizer) {
   const std::string where = fmt::format("load_checkpoint: {}", path);
   SafetensorsData data = load_safetensors(path);
-  check_checkpoint_metadata(data.metadata, optimizer, where);
+  check_checkpoint_metadata(data, module, optimizer, where);
   const auto [model_part, optimizer_part] = split_checkpoint(data.tensors, where);
   const LoadPlan plan = plan_parameter_load(module.named_parameters(), model_part, LoadOptions{}, where, "model.");
   check_optimizer_state(optimizer, optimizer_part, where);

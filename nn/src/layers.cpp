@@ -17,7 +17,8 @@ Embedding::Embedding(const EmbeddingOptions& options, ag::Generator& gen) : Modu
   if (options.num_embeddings <= 0 || options.embedding_dim <= 0)
     ag::fail("Embedding", "num_embeddings and embedding_dim must be positive, got {} and {}", options.num_embeddings,
              options.embedding_dim);
-  weight_ = register_parameter("weight", ag::randn({options.num_embeddings, options.embedding_dim}, options.dtype, gen));
+  weight_.bind(
+      register_parameter("weight", ag::randn({options.num_embeddings, options.embedding_dim}, options.dtype, gen)));
 }
 
 ag::Tensor Embedding::forward(const ag::Tensor& indices) const { return ag::embedding(weight_, indices); }
@@ -37,8 +38,8 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
     if (d <= 0) ag::fail("LayerNorm", "normalized_shape {} must be positive", ag::shape_str(options.normalized_shape));
   if (!(options.eps >= 0.0)) ag::fail("LayerNorm", "eps must be >= 0, got {}", options.eps);
   if (options.elementwise_affine) {
-    weight_ = register_parameter("weight", ag::ones(options.normalized_shape, options.dtype));
-    if (options.bias) bias_ = register_parameter("bias", ag::zeros(options.normalized_shape, options.dtype));
+    weight_.bind(register_parameter("weight", ag::ones(options.normalized_shape, options.dtype)));
+    if (options.bias) bias_.bind(register_parameter("bias", ag::zeros(options.normalized_shape, options.dtype)));
   }
 }
 

@@ -38,4 +38,21 @@ Header parse_header(std::string_view text, std::string_view source);
 // safetensors writes it. Throws CheckpointError if a name or metadata string is not valid UTF-8.
 std::string format_header(const std::vector<TensorEntry>& entries, const Metadata& metadata);
 
+// Names for a message: the first 20, then "and N more".
+std::string join_names(const std::vector<std::string>& names);
+
+// The metadata keys of self-describing files (nn/checkpoint.hpp).
+inline constexpr const char* kConfigKey = "headgrad.config";
+inline constexpr const char* kNamingKey = "headgrad.naming";
+inline constexpr const char* kCheckpointFormat = "headgrad.checkpoint";
+
+// The caller's metadata with the module's config and the naming ("headgrad" or "torch") added.
+Metadata describe_file(const Module& module, const Metadata& metadata, const char* naming);
+
+// Which function loads a file that `op` was given by mistake, or "" when nothing says so: a
+// training checkpoint (metadata "format"), a file of the other naming (metadata
+// "headgrad.naming", or names that are exactly the module's names in the other naming).
+// `op` is "load_parameters", "load_torch_state_dict" or "load_checkpoint".
+std::string wrong_loader_hint(std::string_view op, const Module& module, const SafetensorsData& file);
+
 }  // namespace nn::detail

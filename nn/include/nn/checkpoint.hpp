@@ -16,6 +16,10 @@
 //   nn::save_checkpoint("run.safetensors", model, optimizer, {{"step", "1000"}});
 //   auto metadata = nn::load_checkpoint("run.safetensors", model, optimizer);
 //
+// These files use headgrad's parameter names; for PyTorch's names and layouts see
+// nn/torch_state_dict.hpp. Every saved file also carries the model's configuration in its
+// metadata ("headgrad.config", see "self-describing files" below).
+//
 // Saving is atomic: the bytes go to a temporary file in the same directory (a short name,
 // ".headgrad-<16 hex digits>.tmp", so any file name the directory allows can be saved), which is
 // flushed to disk (fsync) and then renamed over the target, so a crash mid-save leaves the
@@ -34,9 +38,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <autograd/autograd.hpp>
 
@@ -77,7 +84,9 @@ struct LoadOptions {
 
 // The module's parameters under their named_parameters() names (plus metadata).
 void save_parameters(const Module& module, const std::string& path, const Metadata& metadata = {});
-// Returns the file's metadata.
+// Returns the file's metadata. A training checkpoint (save_checkpoint) or a file in PyTorch's
+// naming (save_torch_state_dict, or PyTorch's own state_dict for this module) is refused with a
+// message saying which function loads it.
 Metadata load_parameters(Module& module, const std::string& path, const LoadOptions& options = {});
 
 // ---- training checkpoints: parameters and optimizer state in one file ----
@@ -89,6 +98,51 @@ void save_checkpoint(const std::string& path, const Module& module, const Optimi
 // Checks the module part and the optimizer part in full (the optimizer's own check_state_dict,
 // then the values) before changing either. Returns the metadata.
 Metadata load_checkpoint(const std::string& path, Module& module, Optimizer& optimizer);
+
+// ---- self-describing files ----
+// save_parameters, save_checkpoint and save_torch_state_dict (nn/torch_state_dict.hpp) write the
+// module tree's configuration into the metadata: "headgrad.config" holds it as JSON text, and
+// "headgrad.naming" is "headgrad" (our parameter names) or "torch" (PyTorch's). Both keys are
+// headgrad's: values the caller gives for them are replaced. The JSON, one object per module:
+//   {"type": "TransformerBlock", "dtype": "float64",
+//    "options": {"d_model": 8, "num_heads": 2, "d_ff": 32, "dropout": 0.0, "gelu": true, ...},
+//    "children": {"ln_1": {...}, "attn": {...}, ...}}            (children in registration order)
+// Options are the constructor's, for Linear, Embedding, LayerNorm, MultiHeadAttention,
+// TransformerBlock and GELU; other modules (a user's) give their type, their children and, if
+// non-empty, "repr" (extra_repr()). Python reads it with json.loads(metadata["headgrad.config"]).
+struct ModuleConfig {
+  std::string type;   // the module's type_name()
+  std::string dtype;  // "float32" or "float64" (its first parameter's), "" without parameters
+  std::map<std::string, std::string> options;  // each option's JSON text: "8", "true", "1e-05", "[3,4]"
+  std::string repr;                            // extra_repr() of a module that is not one of nn's
+  std::vector<std::pair<std::string, ModuleConfig>> children;
+
+  // A descendant by dotted name ("block.attn"); throws CheckpointError listing the children.
+  const ModuleConfig& child(const std::string& dotted_name) const;
+  bool has_child(const std::string& name) const;
+  // An option as a number, a flag, text or a shape; throws CheckpointError when it is absent or
+  // of another kind, naming the module type and the option.
+  std::int64_t integer(const std::string& key) const;
+  double number(const std::string& key) const;
+  bool flag(const std::string& key) const;
+  std::string text(const std::string& key) const;
+  ag::Shape shape(const std::string& key) const;
+  ag::Dtype parameter_dtype() const;  // Float32 when the module has no parameters
+};
+
+ModuleConfig module_config(const Module& module);
+std::string module_config_json(const Module& module);  // what "headgrad.config" holds
+// Parses a "headgrad.config" text; `source` names it in messages. Throws CheckpointError.
+ModuleConfig parse_module_config(std::string_view json, std::string_view source = "<memory>");
+// The configuration saved in a file; throws CheckpointError when it has none.
+ModuleConfig read_module_config(const std::string& path);
+// A new module of nn's types (Linear, Embedding, LayerNorm, MultiHeadAttention, TransformerBlock,
+// ReLU, GELU, and Sequential of those) with freshly initialised parameters, from its config.
+// A user's type throws CheckpointError: rebuild it with its own code from config.child(...).
+std::shared_ptr<Module> build_module(const ModuleConfig& config);
+// build_module from a file's config, then its parameters loaded (load_parameters or
+// load_torch_state_dict, as its "headgrad.naming" says).
+std::shared_ptr<Module> load_module(const std::string& path);
 
 namespace detail {
 // Test hook: called before each chunk of a save's bytes goes to the temporary file, with the

@@ -2,9 +2,16 @@
 // Layers: Embedding, LayerNorm, ReLU, GELU, Sequential, and a pre-LayerNorm transformer block
 // (PyTorch's torch.nn modules of the same names; TransformerBlock is GPT-2's block).
 //
-// Every layer is an nn::Module with `forward` (also callable as operator()); parameters are
-// registered under PyTorch's names ("weight", "bias"), so a state_dict saved by PyTorch loads
-// by name (mind Linear's transposed layout, see linear.hpp).
+// Every layer is an nn::Module with `forward` (also callable as operator()). Embedding and
+// LayerNorm register PyTorch's names and layouts ("weight", "bias"), but Linear's weight is
+// transposed (linear.hpp), MultiHeadAttention's parameters are W_Q .. b_O rather than
+// in_proj_weight and out_proj, and TransformerBlock's children are ln_1, attn, ln_2, fc_1, fc_2:
+// move parameters to and from PyTorch with save_torch_state_dict and load_torch_state_dict
+// (nn/torch_state_dict.hpp), not load_parameters.
+//
+// Parameter accessors of a non-const layer (weight(), bias()) return its nn::Parameter handle
+// (nn/module.hpp): in-place writes through it change the layer's parameter, as in PyTorch:
+//   { ag::NoGradGuard g; layer.weight().copy_(values); }
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,12 +45,13 @@ class Embedding : public Module {
   ag::Tensor operator()(const ag::Tensor& indices) const { return forward(indices); }
 
   const ag::Tensor& weight() const { return weight_; }
+  Parameter& weight() { return weight_; }
   const EmbeddingOptions& options() const { return options_; }
   std::string extra_repr() const override;
 
  private:
   EmbeddingOptions options_;
-  ag::Tensor weight_;
+  Parameter weight_;
 };
 
 // ---- LayerNorm over the last dims (normalized_shape) ----
@@ -68,13 +76,15 @@ class LayerNorm : public Module {
 
   const ag::Tensor& weight() const { return weight_; }  // undefined without elementwise_affine
   const ag::Tensor& bias() const { return bias_; }      // undefined without bias
+  Parameter& weight() { return weight_; }
+  Parameter& bias() { return bias_; }
   const LayerNormOptions& options() const { return options_; }
   std::string extra_repr() const override;
 
  private:
   LayerNormOptions options_;
-  ag::Tensor weight_;
-  ag::Tensor bias_;
+  Parameter weight_;
+  Parameter bias_;
 };
 
 // The same normalisation as a function (weight and bias may be undefined): the autograd op.

@@ -2,7 +2,8 @@
 // nn::Linear — the seed's projection y = x · W + b, with W stored (in_features x out_features).
 //
 // (PyTorch stores its weight as (out x in) and computes x · Wᵀ; headgrad keeps the seed's
-// layout, so W's column j is what output feature j reads from the input.)
+// layout, so W's column j is what output feature j reads from the input. save_torch_state_dict
+// and load_torch_state_dict, nn/torch_state_dict.hpp, transpose it to and from PyTorch's.)
 //
 // Parameters, in order: "weight" (in_features x out_features), then "bias" (out_features) when
 // bias is on. Initialisation is PyTorch's nn.Linear default written for this layout: both drawn
@@ -40,15 +41,19 @@ class Linear : public Module {
   const LinearOptions& options() const { return options_; }
   std::int64_t in_features() const { return options_.in_features; }
   std::int64_t out_features() const { return options_.out_features; }
+  // The parameters' handles: `{ ag::NoGradGuard g; linear.weight().copy_(w); }` changes the
+  // layer (nn::Parameter, nn/module.hpp).
   const ag::Tensor& weight() const { return weight_; }
   const ag::Tensor& bias() const { return bias_; }  // undefined without bias
+  Parameter& weight() { return weight_; }
+  Parameter& bias() { return bias_; }
 
   std::string extra_repr() const override;
 
  private:
   LinearOptions options_;
-  ag::Tensor weight_;
-  ag::Tensor bias_;
+  Parameter weight_;
+  Parameter bias_;
 };
 
 }  // namespace nn

@@ -26,6 +26,23 @@ namespace ag = autograd;
 
 using NamedTensors = std::vector<std::pair<std::string, ag::Tensor>>;
 
+// A module's handle to one of its parameters, as the layers' accessors give it (linear.weight()):
+// a tensor in every way, and in-place writes through it (copy_, fill_, zero_, add_, set_data)
+// change the module's parameter, as in PyTorch:
+//   { ag::NoGradGuard no_grad; linear.weight().copy_(w); }
+// Assigning another tensor to it does not compile: the module and its optimizer would go on
+// using the registered tensor, so `linear.weight() = w` could only mislead. A copy
+// (`ag::Tensor w = linear.weight();`) is an ordinary handle to the same parameter.
+class Parameter : public ag::Tensor {
+ public:
+  Parameter() = default;
+  Parameter(const Parameter&) = default;
+  Parameter& operator=(const Parameter&) = delete;
+  Parameter& operator=(const ag::Tensor&) = delete;
+  // For the module that owns it, in its constructor: the handle register_parameter returned.
+  void bind(ag::Tensor registered) { static_cast<ag::Tensor&>(*this) = std::move(registered); }
+};
+
 // name in single quotes with every byte visible: control bytes (NUL included) as \xNN, and
 // quotes and backslashes escaped, so a message never hides or cuts part of a name.
 std::string quote_name(std::string_view name);

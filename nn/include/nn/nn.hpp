@@ -13,3 +13,4 @@
 #include "nn/multihead_attention.hpp"
 #include "nn/optim.hpp"
 #include "nn/study.hpp"
+#include "nn/torch_state_dict.hpp"

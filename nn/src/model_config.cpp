@@ -1,0 +1,204 @@
+// A module tree's configuration as JSON (the "headgrad.config" metadata of saved files, see
+// nn/checkpoint.hpp): nn's module types with their constructor options, any other module with
+// its type and children; and the parsed form with typed accessors.
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/checkpoint.hpp"
+#include "nn/layers.hpp"
+#include "nn/linear.hpp"
+#include "nn/multihead_attention.hpp"
+#include "safetensors.hpp"
+
+namespace nn {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+const char* dtype_text(ag::Dtype d) { return d == ag::Dtype::Float64 ? "float64" : "float32"; }
+
+// The constructor options of nn's module types; null for any other type.
+json known_options(const Module& m) {
+  if (const auto* l = dynamic_cast<const Linear*>(&m))
+    return {{"in_features", l->in_features()}, {"out_features", l->out_features()}, {"bias", l->bias().defined()}};
+  if (const auto* e = dynamic_cast<const Embedding*>(&m))
+    return {{"num_embeddings", e->options().num_embeddings}, {"embedding_dim", e->options().embedding_dim}};
+  if (const auto* n = dynamic_cast<const LayerNorm*>(&m)) {
+    const auto& o = n->options();
+    return {{"normalized_shape", std::vector<std::int64_t>(o.normalized_shape.begin(), o.normalized_shape.end())},
+            {"eps", o.eps}, {"elementwise_affine", o.elementwise_affine}, {"bias", n->bias().defined()}};
+  }
+  if (const auto* a = dynamic_cast<const MultiHeadAttention*>(&m)) {
+    const auto& o = a->options();
+    return {{"embed_dim", o.embed_dim},     {"num_heads", o.num_heads},         {"dropout", o.dropout},
+            {"bias", o.bias},               {"kdim", o.kdim},                   {"vdim", o.vdim},
+            {"add_bias_kv", o.add_bias_kv}, {"add_zero_attn", o.add_zero_attn},
+            {"core", o.core == AttentionCore::Fused ? "fused" : "composed"}};
+  }
+  if (const auto* b = dynamic_cast<const TransformerBlock*>(&m)) {
+    const auto& o = b->options();
+    return {{"d_model", o.d_model}, {"num_heads", o.num_heads}, {"d_ff", o.d_ff}, {"dropout", o.dropout},
+            {"gelu", o.gelu}, {"bias", o.bias}, {"layer_norm_eps", o.layer_norm_eps}};
+  }
+  if (dynamic_cast<const GELU*>(&m)) return {{"approximate", m.extra_repr().empty() ? "none" : "tanh"}};
+  return nullptr;
+}
+
+json describe(const Module& m) {
+  json out = {{"type", m.type_name()}};
+  const NamedTensors params = m.named_parameters();
+  if (!params.empty()) out["dtype"] = dtype_text(params.front().second.dtype());
+  json options = known_options(m);
+  if (!options.is_null()) {
+    out["options"] = std::move(options);
+  } else if (const std::string repr = m.extra_repr(); !repr.empty()) {
+    out["repr"] = repr;
+  }
+  const auto children = m.named_children();
+  if (!children.empty()) {
+    json c = json::object();
+    for (const auto& [name, child] : children) c[name] = describe(*child);
+    out["children"] = std::move(c);
+  }
+  return out;
+}
+
+[[noreturn]] void bad_config(std::string_view source, const std::string& message) {
+  throw CheckpointError(fmt::format("{}: headgrad.config: {}", source, message));
+}
+
+ModuleConfig parse_node(const json& v, std::string_view source, const std::string& path, int depth) {
+  const std::string where = path.empty() ? "the root module" : "module '" + path + "'";
+  if (depth > 64) bad_config(source, "nested more than 64 modules deep");
+  if (!v.is_object()) bad_config(source, where + " is not a JSON object");
+  ModuleConfig c;
+  for (const auto& [key, value] : v.items()) {
+    if (key == "type" || key == "dtype" || key == "repr") {
+      if (!value.is_string()) bad_config(source, fmt::format("{}: \"{}\" is not a string", where, key));
+      (key == "type" ? c.type : key == "dtype" ? c.dtype : c.repr) = value.get<std::string>();
+    } else if (key == "options") {
+      if (!value.is_object()) bad_config(source, where + ": \"options\" is not an object");
+      for (const auto& [name, option] : value.items()) c.options[name] = option.dump();
+    } else if (key == "children") {
+      if (!value.is_object()) bad_config(source, where + ": \"children\" is not an object");
+      for (const auto& [name, child] : value.items())
+        c.children.emplace_back(name, parse_node(child, source, path.empty() ? name : path + "." + name, depth + 1));
+    }
+  }
+  if (c.type.empty()) bad_config(source, where + " has no \"type\"");
+  if (!c.dtype.empty() && c.dtype != "float32" && c.dtype != "float64")
+    bad_config(source, fmt::format("{}: dtype \"{}\" is not float32 or float64", where, c.dtype));
+  return c;
+}
+
+// An option's JSON value, parsed; throws naming the type and the option when it is absent.
+json option_value(const ModuleConfig& c, const std::string& key, const char* kind) {
+  const auto it = c.options.find(key);
+  if (it == c.options.end()) {
+    std::string names;
+    for (const auto& [name, v] : c.options) names += (names.empty() ? "" : ", ") + name;
+    throw CheckpointError(fmt::format("module config ({}): no option '{}' ({} wanted); it has: {}", c.type, key, kind,
+                                      names.empty() ? "none" : names));
+  }
+  return json::parse(it->second);
+}
+
+[[noreturn]] void wrong_kind(const ModuleConfig& c, const std::string& key, const char* kind, const json& v) {
+  throw CheckpointError(fmt::format("module config ({}): option '{}' is {}, not {}", c.type, key, v.dump(), kind));
+}
+
+}  // namespace
+
+const ModuleConfig& ModuleConfig::child(const std::string& dotted_name) const {
+  const ModuleConfig* at = this;
+  std::size_t start = 0;
+  while (start <= dotted_name.size()) {
+    const std::size_t dot = std::min(dotted_name.find('.', start), dotted_name.size());
+    const std::string name = dotted_name.substr(start, dot - start);
+    const ModuleConfig* next = nullptr;
+    for (const auto& [n, c] : at->children)
+      if (n == name) next = &c;
+    if (!next) {
+      std::string names;
+      for (const auto& [n, c] : at->children) names += (names.empty() ? "" : ", ") + quote_name(n);
+      throw CheckpointError(fmt::format("module config ({}): no child {}; its children are: {}", at->type,
+                                        quote_name(name), names.empty() ? "none" : names));
+    }
+    at = next;
+    start = dot + 1;
+  }
+  return *at;
+}
+
+bool ModuleConfig::has_child(const std::string& name) const {
+  for (const auto& [n, c] : children)
+    if (n == name) return true;
+  return false;
+}
+
+std::int64_t ModuleConfig::integer(const std::string& key) const {
+  const json v = option_value(*this, key, "an integer");
+  if (!v.is_number_integer()) wrong_kind(*this, key, "an integer", v);
+  return v.get<std::int64_t>();
+}
+
+double ModuleConfig::number(const std::string& key) const {
+  const json v = option_value(*this, key, "a number");
+  if (!v.is_number()) wrong_kind(*this, key, "a number", v);
+  return v.get<double>();
+}
+
+bool ModuleConfig::flag(const std::string& key) const {
+  const json v = option_value(*this, key, "true or false");
+  if (!v.is_boolean()) wrong_kind(*this, key, "true or false", v);
+  return v.get<bool>();
+}
+
+std::string ModuleConfig::text(const std::string& key) const {
+  const json v = option_value(*this, key, "a string");
+  if (!v.is_string()) wrong_kind(*this, key, "a string", v);
+  return v.get<std::string>();
+}
+
+ag::Shape ModuleConfig::shape(const std::string& key) const {
+  const json v = option_value(*this, key, "a list of integers");
+  ag::Shape out;
+  if (!v.is_array()) wrong_kind(*this, key, "a list of integers", v);
+  for (const auto& d : v) {
+    if (!d.is_number_integer()) wrong_kind(*this, key, "a list of integers", v);
+    out.push_back(d.get<std::int64_t>());
+  }
+  return out;
+}
+
+ag::Dtype ModuleConfig::parameter_dtype() const {
+  return dtype == "float64" ? ag::Dtype::Float64 : ag::Dtype::Float32;
+}
+
+std::string module_config_json(const Module& module) { return describe(module).dump(); }
+
+ModuleConfig module_config(const Module& module) { return parse_module_config(module_config_json(module)); }
+
+ModuleConfig parse_module_config(std::string_view text, std::string_view source) {
+  json v;
+  try {
+    v = json::parse(text);
+  } catch (const json::exception& e) {
+    bad_config(source, fmt::format("not valid JSON ({})", e.what()));
+  }
+  return parse_node(v, source, "", 0);
+}
+
+ModuleConfig read_module_config(const std::string& path) {
+  const SafetensorsData data = load_safetensors(path);
+  const auto it = data.metadata.find(detail::kConfigKey);
+  if (it == data.metadata.end())
+    throw CheckpointError(fmt::format("read_module_config: {}: the file has no \"{}\" metadata (it was not written by "
+                                      "save_parameters, save_checkpoint or save_torch_state_dict)",
+                                      path, detail::kConfigKey));
+  return parse_module_config(it->second, path);
+}
+
+}  // namespace nn

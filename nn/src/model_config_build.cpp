@@ -1,0 +1,102 @@
+// Modules rebuilt from their saved configuration (nn/checkpoint.hpp): nn's own types from their
+// options, then a file's parameters loaded into them.
+#include <memory>
+#include <string>
+
+#include "nn/checkpoint.hpp"
+#include "nn/layers.hpp"
+#include "nn/linear.hpp"
+#include "nn/multihead_attention.hpp"
+#include "nn/torch_state_dict.hpp"
+#include "safetensors.hpp"
+
+namespace nn {
+
+namespace {
+
+std::shared_ptr<Module> build_attention(const ModuleConfig& c) {
+  MultiHeadAttentionOptions o;
+  o.embed_dim = c.integer("embed_dim");
+  o.num_heads = c.integer("num_heads");
+  o.dropout = c.number("dropout");
+  o.bias = c.flag("bias");
+  o.kdim = c.integer("kdim");
+  o.vdim = c.integer("vdim");
+  o.add_bias_kv = c.flag("add_bias_kv");
+  o.add_zero_attn = c.flag("add_zero_attn");
+  o.core = c.text("core") == "composed" ? AttentionCore::Composed : AttentionCore::Fused;
+  o.dtype = c.parameter_dtype();
+  return std::make_shared<MultiHeadAttention>(o);
+}
+
+std::shared_ptr<Module> build_block(const ModuleConfig& c) {
+  return std::make_shared<TransformerBlock>(TransformerBlockOptions{
+      .d_model = c.integer("d_model"), .num_heads = c.integer("num_heads"), .d_ff = c.integer("d_ff"),
+      .dropout = c.number("dropout"), .gelu = c.flag("gelu"), .bias = c.flag("bias"),
+      .layer_norm_eps = c.number("layer_norm_eps"), .dtype = c.parameter_dtype()});
+}
+
+// A Sequential's child: any of nn's types with a one-tensor forward.
+template <class... Ms>
+bool push_as(Sequential& s, const std::string& name, const std::shared_ptr<Module>& m) {
+  return ((std::dynamic_pointer_cast<Ms>(m) ? (s.push_back(name, std::dynamic_pointer_cast<Ms>(m)), true) : false) ||
+          ...);
+}
+
+std::shared_ptr<Module> build_sequential(const ModuleConfig& c) {
+  auto s = std::make_shared<Sequential>();
+  for (const auto& [name, child] : c.children) {
+    const std::shared_ptr<Module> m = build_module(child);
+    if (!push_as<Linear, Embedding, LayerNorm, ReLU, GELU, TransformerBlock, Sequential>(*s, name, m))
+      throw CheckpointError(fmt::format("build_module: Sequential child {} ({}) has no one-tensor forward",
+                                        quote_name(name), child.type));
+  }
+  return s;
+}
+
+}  // namespace
+
+std::shared_ptr<Module> build_module(const ModuleConfig& c) {
+  const ag::Dtype dtype = c.parameter_dtype();
+  if (c.type == "Linear")
+    return std::make_shared<Linear>(
+        LinearOptions{c.integer("in_features"), c.integer("out_features"), c.flag("bias"), dtype});
+  if (c.type == "Embedding")
+    return std::make_shared<Embedding>(EmbeddingOptions{c.integer("num_embeddings"), c.integer("embedding_dim"), dtype});
+  if (c.type == "LayerNorm")
+    return std::make_shared<LayerNorm>(LayerNormOptions{.normalized_shape = c.shape("normalized_shape"),
+                                                        .eps = c.number("eps"),
+                                                        .elementwise_affine = c.flag("elementwise_affine"),
+                                                        .bias = c.flag("bias"),
+                                                        .dtype = dtype});
+  if (c.type == "MultiHeadAttention") return build_attention(c);
+  if (c.type == "TransformerBlock") return build_block(c);
+  if (c.type == "ReLU") return std::make_shared<ReLU>();
+  if (c.type == "GELU") return std::make_shared<GELU>(c.text("approximate") == "tanh");
+  if (c.type == "Sequential") return build_sequential(c);
+  throw CheckpointError(fmt::format(
+      "build_module: type '{}' is not one of nn's modules (Linear, Embedding, LayerNorm, MultiHeadAttention, "
+      "TransformerBlock, ReLU, GELU, Sequential); rebuild it with its own code from its config's options and "
+      "children",
+      c.type));
+}
+
+std::shared_ptr<Module> load_module(const std::string& path) {
+  const ModuleConfig config = read_module_config(path);
+  std::shared_ptr<Module> m;
+  try {
+    m = build_module(config);
+  } catch (const std::invalid_argument& e) {  // options no constructor accepts
+    throw CheckpointError(fmt::format("load_module: {}: headgrad.config: {}", path, e.what()));
+  }
+  const Metadata metadata = load_safetensors(path).metadata;
+  const auto naming = metadata.find(detail::kNamingKey);
+  if (naming != metadata.end() && naming->second == "torch") {
+    load_torch_state_dict(*m, path);
+  } else {
+    load_parameters(*m, path);
+  }
+  return m;
+}
+
+}  // namespace nn
