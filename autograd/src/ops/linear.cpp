@@ -168,7 +168,11 @@ void linear_cat_composed(const Tensor& g, const Node& node, const CatLayout& l, 
                          const CatWeights& saved_ws, CatGrads& grads) {
   constexpr std::string_view op = "linear_cat";
   const Tensor dY = reshape(g, {l.rows, l.out});
-  auto piece = [&](std::size_t i) { return l.n == 1 ? dY : narrow(dY, 1, l.offset[i], l.cols(i)); };
+  // The pieces, cut once: one split (whose own backward is one cat), not a narrow per use.
+  std::vector<std::int64_t> sizes;
+  for (std::size_t i = 0; i < l.n; ++i) sizes.push_back(l.cols(i));
+  const TensorList pieces = l.n == 1 ? TensorList{dY} : split(dY, sizes, 1);
+  auto piece = [&](std::size_t i) -> const Tensor& { return pieces[i]; };
   if (node.needs_input_grad(0)) {
     Tensor dx;
     for (std::size_t i = 0; i < l.n; ++i) {
