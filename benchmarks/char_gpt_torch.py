@@ -12,6 +12,8 @@ the 2-D parameters only), schedule (linear warmup, cosine decay to min_lr) and g
         trains like `char_gpt` and prints the same progress lines; --summary writes the losses
   char_gpt_torch.py bench --steps N [--threads T] [--warmup W]
         times N training steps after W warm-up steps; prints one TSV line per step time
+  char_gpt_torch.py table RESULTS_DIR
+        the tables of benchmarks/char_gpt.sh's results (speed.tsv, *_seed<S>.json)
   char_gpt_torch.py parity --init FILE --batches N
         loads the initial parameters the C++ side saved (`char_gpt --save-init FILE`) and prints the
         first N training losses, to compare with the C++ run's
@@ -21,6 +23,7 @@ Flags follow nanoGPT's names (--n-layer --n-head --n-embd --block-size --batch-s
 """
 import argparse
 import json
+import warnings
 import math
 import os
 import resource
@@ -32,6 +35,7 @@ import time
 MASK64 = (1 << 64) - 1
 EVAL_SEED = 0x6576616C  # the evaluation batches' generator seed ("eval"); the same for every run
 DEFAULT_DATA = "/usr/share/games/fortunes"
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # pip's torch without numpy
 
 
 class SplitMix64:
@@ -75,8 +79,15 @@ class Data:
 
         text = load_corpus(path)
         self.chars = sorted(set(text))
-        index = {c: i for i, c in enumerate(self.chars)}
-        ids = torch.tensor([index[c] for c in text], dtype=torch.int64)
+        # Token ids through a str -> bytes translation (vocabularies up to 256), which keeps the
+        # peak memory of a multi-MB corpus small; a list of Python ints would take ~30x the text.
+        if len(self.chars) <= 256:
+            table = {ord(c): i for i, c in enumerate(self.chars)}
+            ids = torch.frombuffer(bytearray(text.translate(table).encode("latin-1")), dtype=torch.uint8).long()
+        else:
+            index = {c: i for i, c in enumerate(self.chars)}
+            ids = torch.tensor([index[c] for c in text], dtype=torch.int64)
+        del text
         n_train = len(ids) * 9 // 10
         self.train, self.val = ids[:n_train], ids[n_train:]
 
@@ -189,7 +200,7 @@ class Trainer:
         self.data = Data(cfg.data)
         self.model = build_model(cfg, len(self.data.chars))
         self.opt = make_optimizer(cfg, self.model)
-        self.gen = SplitMix64(cfg.seed)
+        self.gen = SplitMix64(cfg.seed ^ 0x6261746368)  # the batch sampler's seed, as char_gpt's
         self.step_count = 0
 
     def train_step(self):
@@ -229,8 +240,8 @@ class Trainer:
         total = 0.0
         self.model.eval()
         with torch.no_grad():
-            for k in range(0, len(starts), 64):
-                chunk = starts[k : k + 64]
+            for k in range(0, len(starts), self.cfg.batch_size):
+                chunk = starts[k : k + self.cfg.batch_size]
                 x = torch.stack([data[i : i + T] for i in chunk])
                 y = torch.stack([data[i + 1 : i + 1 + T] for i in chunk])
                 total += self.model(x, y).item() * len(chunk)
@@ -280,14 +291,16 @@ def bench(cfg):
     for _ in range(cfg.warmup):
         t.train_step()
     rss_warm = peak_rss_mib()
-    times = []
+    times, cpu = [], []
     for _ in range(cfg.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         t.train_step()
+        cpu.append(time.process_time() - c0)
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     print(f"pytorch\t{cfg.threads}\t{cfg.n_layer}\t{cfg.n_embd}\t{cfg.block_size}\t{cfg.batch_size}\t"
-          f"{med * 1e3:.3f}\t{1.0 / med:.3f}\t{peak_rss_mib():.1f}\t{rss_warm:.1f}", flush=True)
+          f"{med * 1e3:.3f}\t{1.0 / med:.3f}\t{peak_rss_mib():.1f}\t{rss_warm:.1f}\t{statistics.median(cpu) * 1e3:.3f}",
+          flush=True)
 
 
 def parity(cfg):
@@ -329,9 +342,67 @@ def parity(cfg):
         print(f"{t.train_step():.6f}")
 
 
+def table(cfg):
+    """The README's tables from benchmarks/char_gpt.sh's results directory."""
+    speed_file = os.path.join(cfg.results, "speed.tsv")
+    if os.path.exists(speed_file):
+        rows = {}
+        for line in open(speed_file):
+            if line.startswith("#") or not line.strip():
+                continue
+            f = line.rstrip("\n").split("\t")
+            rows.setdefault((f[0], int(f[2])), {}).setdefault(f[1], []).append(f)
+        print("| config | threads | headgrad steps/s | PyTorch steps/s | PyTorch / headgrad (wall) | (CPU time) "
+              "| heap allocations per warm step | peak RSS headgrad / PyTorch |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for (name, threads), sides in sorted(rows.items(), key=lambda kv: (kv[0][0] != "cpu", kv[0][1])):
+            if "headgrad" not in sides or "pytorch" not in sides:
+                continue
+            ours, theirs = sides["headgrad"], sides["pytorch"]
+            ms_ours = statistics.median(float(r[7]) for r in ours)
+            ms_theirs = statistics.median(float(r[7]) for r in theirs)
+            cpu_ours = statistics.median(float(r[11]) for r in ours)
+            cpu_theirs = statistics.median(float(r[11]) for r in theirs)
+            allocs = max(float(r[12]) for r in ours)
+            rss_ours = max(float(r[9]) for r in ours)
+            rss_theirs = max(float(r[9]) for r in theirs)
+            print(f"| {name} | {threads} | {1e3 / ms_ours:.2f} | {1e3 / ms_theirs:.2f} | {ms_theirs / ms_ours:.2f}x "
+                  f"| {cpu_theirs / cpu_ours:.2f}x | {allocs:g} | {rss_ours:.0f} / {rss_theirs:.0f} MiB |")
+    runs = {}
+    for name in sorted(os.listdir(cfg.results)):
+        if name.endswith(".json") and "_seed" in name:
+            impl, seed = name[:-5].split("_seed")
+            runs.setdefault(int(seed), {})[impl] = json.load(open(os.path.join(cfg.results, name)))
+    if runs:
+        print()
+        print("| seed | headgrad: full val loss | PyTorch: full val loss | headgrad: val loss (eval batches) "
+              "| PyTorch: val loss (eval batches) | headgrad time | PyTorch time |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        means = {"headgrad": [], "pytorch": []}
+        for seed, r in sorted(runs.items()):
+            cells = []
+            for impl in ("headgrad", "pytorch"):
+                full = r.get(impl, {}).get("full_val_loss")
+                cells.append(f"{full:.4f}" if full is not None else "-")
+                if full is not None:
+                    means[impl].append(full)
+            for impl in ("headgrad", "pytorch"):
+                ev = r.get(impl, {}).get("evals", [])
+                last = ev[-1] if ev else None
+                cells.append(f"{last['val']:.4f} (step {last['step']})" if last else "-")
+            for impl in ("headgrad", "pytorch"):
+                cells.append(f"{r[impl]['seconds']:.0f} s" if impl in r else "-")
+            print(f"| {seed} | " + " | ".join(cells) + " |")
+        if means["headgrad"] and means["pytorch"]:
+            a, b = statistics.mean(means["headgrad"]), statistics.mean(means["pytorch"])
+            print(f"| mean | {a:.4f} | {b:.4f} | | | | |")
+            print(f"\nheadgrad's mean minus PyTorch's: {a - b:+.4f}")
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["train", "bench", "parity"])
+    p.add_argument("mode", choices=["train", "bench", "parity", "table"])
+    p.add_argument("results", nargs="?", default="", help="table: benchmarks/char_gpt.sh's results directory")
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--n-head", type=int, default=4)
@@ -366,7 +437,7 @@ def parse(argv):
 
 def main(argv):
     cfg = parse(argv)
-    {"train": train, "bench": bench, "parity": parity}[cfg.mode](cfg)
+    {"train": train, "bench": bench, "parity": parity, "table": table}[cfg.mode](cfg)
 
 
 if __name__ == "__main__":
