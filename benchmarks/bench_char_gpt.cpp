@@ -3,17 +3,19 @@
 // it interleaved with benchmarks/char_gpt_torch.py's `bench` mode, which prints the same line.
 //
 //   bench_char_gpt [--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12]
-//                  [--threads 1] [--warmup 5] [--steps 20] [--data PATH]
+//                  [--threads 1] [--warmup 5] [--steps 20] [--data PATH] [--trace-allocs]
 //
 // Prints one TSV line: implementation, threads, n_layer, n_embd, block_size, batch_size, median
 // step time (ms), steps/s, peak RSS (MiB), RSS after the warm-up (MiB), median CPU time of a step
 // (ms, all threads), heap allocations per warm step, bytes allocated per warm step.
+#include <execinfo.h>
 #include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <vector>
@@ -31,9 +33,22 @@ namespace ag = autograd;
 namespace {
 std::atomic<std::uint64_t> g_allocations{0};
 std::atomic<std::uint64_t> g_bytes{0};
+// --trace-allocs: while set, each allocation prints its call stack to stderr (addresses; pipe
+// through `c++filt` and `addr2line -e bench_char_gpt` to read them).
+bool g_trace = false;
+thread_local bool t_in_trace = false;
 void count(std::size_t size) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   g_bytes.fetch_add(size, std::memory_order_relaxed);
+  if (g_trace && !t_in_trace) {
+    t_in_trace = true;  // backtrace() may allocate on its first call
+    void* frames[24];
+    const int n = backtrace(frames, 24);
+    fmt::print(stderr, "allocation of {} bytes:\n", size);
+    std::fflush(stderr);
+    backtrace_symbols_fd(frames, n, 2);
+    t_in_trace = false;
+  }
 }
 }  // namespace
 
@@ -124,9 +139,12 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", c.model.block_size)->check(CLI::PositiveNumber);
   app.add_option("--batch-size", c.batch_size)->check(CLI::PositiveNumber);
   app.add_option("--data", data);
+  app.add_flag_callback("--no-tie-weights", [&c] { c.model.tie_weights = false; }, "a head of its own");
   app.add_option("--threads", threads)->check(CLI::Range(1, 256));
   app.add_option("--warmup", warmup, "untimed steps first (default 5)")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", steps, "timed steps (default 20)")->check(CLI::PositiveNumber);
+  bool trace = false;
+  app.add_flag("--trace-allocs", trace, "print the call stack of each allocation of one more warm step");
   CLI11_PARSE(app, argc, argv);
   try {
     ag::set_num_threads(threads);
@@ -154,6 +172,11 @@ int main(int argc, char** argv) {
     fmt::print("headgrad\t{}\t{}\t{}\t{}\t{}\t{:.3f}\t{:.3f}\t{:.1f}\t{:.1f}\t{:.3f}\t{:.1f}\t{:.0f}\n", threads,
                c.model.n_layer, c.model.n_embd, c.model.block_size, c.batch_size, median * 1e3, 1.0 / median,
                rss_mib(), rss_warm, cpu[cpu.size() / 2] * 1e3, allocs, bytes);
+    if (trace) {
+      g_trace = true;
+      trainer.train_step();
+      g_trace = false;
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_char_gpt: {}\n", e.what());
     return 1;

@@ -4,12 +4,14 @@
 //
 //   char_gpt                                # nanoGPT's CPU configuration, 2000 steps
 //   char_gpt --max-iters 500 --out run1     # shorter; checkpoints and pictures in run1/
+//   char_gpt --stop-at 200 --out run1       # as if interrupted at step 200
 //   char_gpt --resume --out run1            # continues run1/ckpt.safetensors bit for bit
 //   char_gpt --sample --out run1 --temperature 0.9 --top-k 20 --sample-seed 7
 //   char_gpt --help
 //
 // Writes into --out: ckpt.safetensors (at every evaluation and at the end), loss.svg,
 // report.html (one self-contained page) and summary.json.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -57,15 +59,16 @@ void report_eval(const EvalRecord& e, bool quiet) {
   if (!quiet) fmt::print("step {}: train loss {:.4f}, val loss {:.4f}\n", e.step, e.train, e.val);
 }
 
-// Trains to max_iters, evaluating and saving a checkpoint every eval_interval steps and at the
-// end. Returns the seconds spent in training steps.
+// Trains to max_iters (or --stop-at), evaluating and saving a checkpoint every eval_interval steps
+// and at the end. Returns the seconds spent in training steps.
 double train_loop(Trainer& t, const Options& o) {
   const auto& c = t.config();
+  const std::int64_t end = o.stop_at > 0 ? std::min(o.stop_at, c.max_iters) : c.max_iters;
   if (t.history().evals.empty()) report_eval(t.evaluate(), o.quiet);
   const double tokens = static_cast<double>(c.batch_size * c.model.block_size);
   double seconds = 0, window = 0;
   std::int64_t window_steps = 0;
-  while (t.step() < c.max_iters) {
+  while (t.step() < end) {
     const auto start = std::chrono::steady_clock::now();
     const double loss = t.train_step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -84,6 +87,8 @@ double train_loop(Trainer& t, const Options& o) {
     }
     if (t.step() % c.eval_interval == 0 || t.step() == c.max_iters) {
       report_eval(t.evaluate(), o.quiet);
+      t.save(o.checkpoint());
+    } else if (t.step() == end) {
       t.save(o.checkpoint());
     }
   }
@@ -110,6 +115,10 @@ int train(const Options& o) {
   run.threads = ag::get_num_threads();
   const std::int64_t first_step = t.step();
   run.seconds = train_loop(t, o);
+  if (t.step() < config.max_iters) {
+    fmt::print("stopped at step {} of {}: {} (continue with --resume)\n", t.step(), config.max_iters, o.checkpoint());
+    return 0;
+  }
   const auto steps = static_cast<double>(t.step() - first_step);
   run.tokens_per_second = run.seconds > 0 ? steps * static_cast<double>(config.batch_size * config.model.block_size) /
                                                 run.seconds

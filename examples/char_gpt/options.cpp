@@ -82,6 +82,10 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", o.threads, "kernel threads (default 1); results do not depend on it")
       ->check(CLI::Range(1, 256));
+  app.add_option("--stop-at", o.stop_at,
+                 "stop at this step with a checkpoint, as if interrupted (the schedule stays --max-iters');\n"
+                 "continue with --resume")
+      ->check(CLI::PositiveNumber);
   app.add_flag_callback("--no-full-eval", [&o] { o.full_eval = false; },
                         "skip the full validation loss at the end");
   app.add_option("--save-init", o.save_init, "save the initial parameters (safetensors) for the PyTorch parity check");

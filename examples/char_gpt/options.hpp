@@ -21,6 +21,7 @@ struct Options {
   bool sample_only = false;  // --sample: only sample from <out>/ckpt.safetensors
   bool quiet = false;
   bool full_eval = true;     // the full validation loss at the end
+  std::int64_t stop_at = 0;  // > 0: stop (save and exit) at this step, as if interrupted
   std::string save_init;     // the initial parameters, for benchmarks/char_gpt_torch.py parity
   std::string start = "\n";  // the sample's prompt
   SampleOptions sample;
