@@ -7,10 +7,12 @@
 //
 // Prints one TSV line: implementation, threads, n_layer, n_embd, block_size, batch_size, median
 // step time (ms), steps/s, peak RSS (MiB), RSS after the warm-up (MiB), median CPU time of a step
-// (ms, all threads), heap allocations per warm step, bytes allocated per warm step.
+// (ms, all threads), training memory (MiB: peak RSS minus the RSS before the model was made, with
+// the program and the corpus loaded), heap allocations per warm step, bytes allocated per warm step.
 #include <execinfo.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -118,10 +120,21 @@ double cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// Peak resident memory of the process so far.
 double rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+// Resident memory now (/proc/self/statm's second field, in pages).
+double current_rss_mib() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%lu %lu", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0) : 0;
 }
 
 }  // namespace
@@ -150,7 +163,9 @@ int main(int argc, char** argv) {
     ag::set_num_threads(threads);
     const std::u32string text = char_gpt::load_corpus(data);
     char_gpt::Vocabulary vocab(text);
-    char_gpt::Trainer trainer(c, vocab, char_gpt::split_tokens(vocab.encode(text)));
+    char_gpt::Split split = char_gpt::split_tokens(vocab.encode(text));
+    const double rss_data = current_rss_mib();  // the program and the corpus, before the model
+    char_gpt::Trainer trainer(c, vocab, std::move(split));
     for (int i = 0; i < warmup; ++i) trainer.train_step();
     const double rss_warm = rss_mib();
     std::vector<double> times, cpu;
@@ -169,9 +184,9 @@ int main(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     std::sort(cpu.begin(), cpu.end());
     const double median = times[times.size() / 2];
-    fmt::print("headgrad\t{}\t{}\t{}\t{}\t{}\t{:.3f}\t{:.3f}\t{:.1f}\t{:.1f}\t{:.3f}\t{:.1f}\t{:.0f}\n", threads,
-               c.model.n_layer, c.model.n_embd, c.model.block_size, c.batch_size, median * 1e3, 1.0 / median,
-               rss_mib(), rss_warm, cpu[cpu.size() / 2] * 1e3, allocs, bytes);
+    fmt::print("headgrad\t{}\t{}\t{}\t{}\t{}\t{:.3f}\t{:.3f}\t{:.1f}\t{:.1f}\t{:.3f}\t{:.1f}\t{:.1f}\t{:.0f}\n",
+               threads, c.model.n_layer, c.model.n_embd, c.model.block_size, c.batch_size, median * 1e3, 1.0 / median,
+               rss_mib(), rss_warm, cpu[cpu.size() / 2] * 1e3, rss_mib() - rss_data, allocs, bytes);
     if (trace) {
       g_trace = true;
       trainer.train_step();

@@ -11,7 +11,9 @@
 #   benchmarks/char_gpt.sh [build-dir] [speed] [quality]     (default build-bench, both parts)
 #   env: JOBS (build jobs, default 2), THREADS (default "1 2"), ROUNDS (default 3),
 #        SEEDS (default "1 2 3"), ITERS (default 2000), QUALITY_THREADS (default 1),
-#        DATA (default /usr/share/games/fortunes), NICE (niceness of the quality runs, default 0)
+#        DATA (default /usr/share/games/fortunes), NICE (niceness of the quality runs, default 0),
+#        OMP_WAIT_POLICY (default passive: on a shared machine a spinning OpenMP thread that waits
+#        steals the core another process's thread needs, for both sides alike)
 # Results: <build-dir>/char_gpt_bench/ (speed.tsv, one summary JSON per quality run).
 # Needs python3 with torch.
 set -euo pipefail
@@ -29,6 +31,7 @@ seeds=${SEEDS:-1 2 3}
 iters=${ITERS:-2000}
 data=${DATA:-/usr/share/games/fortunes}
 peer="$root/benchmarks/char_gpt_torch.py"
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 2>&1 ||
@@ -37,7 +40,7 @@ cmake --build "$build" -j"${JOBS:-2}" --target char_gpt bench_char_gpt
 results=$build/char_gpt_bench
 mkdir -p "$results"
 
-stamp() { echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')"; }
+stamp() { echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/'), OMP_WAIT_POLICY=$OMP_WAIT_POLICY"; }
 
 speed() {
   local out=$results/speed.tsv

@@ -191,13 +191,13 @@ def lr_at(cfg, step):
 
 
 class Trainer:
-    def __init__(self, cfg):
+    def __init__(self, cfg, data=None):
         import torch
 
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
-        self.data = Data(cfg.data)
+        self.data = data if data is not None else Data(cfg.data)
         self.model = build_model(cfg, len(self.data.chars))
         self.opt = make_optimizer(cfg, self.model)
         self.gen = SplitMix64(cfg.seed ^ 0x6261746368)  # the batch sampler's seed, as char_gpt's
@@ -286,8 +286,17 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def current_rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0)
+
+
 def bench(cfg):
-    t = Trainer(cfg)
+    import torch  # noqa: F401  (the library's own memory counts before the model's)
+
+    data = Data(cfg.data)
+    rss_data = current_rss_mib()
+    t = Trainer(cfg, data)
     for _ in range(cfg.warmup):
         t.train_step()
     rss_warm = peak_rss_mib()
@@ -299,8 +308,8 @@ def bench(cfg):
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     print(f"pytorch\t{cfg.threads}\t{cfg.n_layer}\t{cfg.n_embd}\t{cfg.block_size}\t{cfg.batch_size}\t"
-          f"{med * 1e3:.3f}\t{1.0 / med:.3f}\t{peak_rss_mib():.1f}\t{rss_warm:.1f}\t{statistics.median(cpu) * 1e3:.3f}",
-          flush=True)
+          f"{med * 1e3:.3f}\t{1.0 / med:.3f}\t{peak_rss_mib():.1f}\t{rss_warm:.1f}\t{statistics.median(cpu) * 1e3:.3f}"
+          f"\t{peak_rss_mib() - rss_data:.1f}", flush=True)
 
 
 def parity(cfg):
@@ -353,8 +362,8 @@ def table(cfg):
             f = line.rstrip("\n").split("\t")
             rows.setdefault((f[0], int(f[2])), {}).setdefault(f[1], []).append(f)
         print("| config | threads | headgrad steps/s | PyTorch steps/s | PyTorch / headgrad (wall) | (CPU time) "
-              "| heap allocations per warm step | peak RSS headgrad / PyTorch |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+              "| heap allocations per warm step | peak RSS headgrad / PyTorch | training memory headgrad / PyTorch |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for (name, threads), sides in sorted(rows.items(), key=lambda kv: (kv[0][0] != "cpu", kv[0][1])):
             if "headgrad" not in sides or "pytorch" not in sides:
                 continue
@@ -363,11 +372,14 @@ def table(cfg):
             ms_theirs = statistics.median(float(r[7]) for r in theirs)
             cpu_ours = statistics.median(float(r[11]) for r in ours)
             cpu_theirs = statistics.median(float(r[11]) for r in theirs)
-            allocs = max(float(r[12]) for r in ours)
+            allocs = max(float(r[13]) for r in ours)
             rss_ours = max(float(r[9]) for r in ours)
             rss_theirs = max(float(r[9]) for r in theirs)
+            train_ours = max(float(r[12]) for r in ours)
+            train_theirs = max(float(r[12]) for r in theirs)
             print(f"| {name} | {threads} | {1e3 / ms_ours:.2f} | {1e3 / ms_theirs:.2f} | {ms_theirs / ms_ours:.2f}x "
-                  f"| {cpu_theirs / cpu_ours:.2f}x | {allocs:g} | {rss_ours:.0f} / {rss_theirs:.0f} MiB |")
+                  f"| {cpu_theirs / cpu_ours:.2f}x | {allocs:g} | {rss_ours:.0f} / {rss_theirs:.0f} MiB "
+                  f"| {train_ours:.0f} / {train_theirs:.0f} MiB |")
     runs = {}
     for name in sorted(os.listdir(cfg.results)):
         if name.endswith(".json") and "_seed" in name:
