@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
     ag::set_num_threads(o.threads);
     return o.sample_only ? sample_only(o) : train(o);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "char_gpt: {}\n", e.what());
+    const std::string message = e.what();
+    fmt::print(stderr, "{}{}\n", message.starts_with("char_gpt: ") ? "" : "char_gpt: ", message);
     return 1;
   }
 }
