@@ -319,7 +319,6 @@ def parity(cfg):
 
     t = Trainer(cfg)
     ours = load_file(cfg.init)
-    E = cfg.n_embd
     with torch.no_grad():
         sd = t.model.state_dict()
         def put(name, value):
@@ -333,20 +332,20 @@ def parity(cfg):
         if not cfg.tie_weights:
             put("lm_head.weight", ours["lm_head.weight"].t())
         for i in range(cfg.n_layer):
-            a, b = f"h.{i}.", f"h.{i}."
+            h = f"h.{i}."  # the same block names on both sides; the layouts differ
             for ln in ("ln_1", "ln_2"):
-                put(b + ln + ".weight", ours[a + ln + ".weight"])
-                put(b + ln + ".bias", ours[a + ln + ".bias"])
-            qkv = torch.cat([ours[a + "attn.W_" + n] for n in "QKV"], dim=1)  # (E, 3E), x·W layout
-            put(b + "attn.c_attn.weight", qkv.t())
-            put(b + "attn.c_proj.weight", ours[a + "attn.W_O"].t())
-            put(b + "c_fc.weight", ours[a + "fc_1.weight"].t())
-            put(b + "c_proj.weight", ours[a + "fc_2.weight"].t())
+                put(h + ln + ".weight", ours[h + ln + ".weight"])
+                put(h + ln + ".bias", ours[h + ln + ".bias"])
+            qkv = torch.cat([ours[h + "attn.W_" + n] for n in "QKV"], dim=1)  # (E, 3E), x·W layout
+            put(h + "attn.c_attn.weight", qkv.t())
+            put(h + "attn.c_proj.weight", ours[h + "attn.W_O"].t())
+            put(h + "c_fc.weight", ours[h + "fc_1.weight"].t())
+            put(h + "c_proj.weight", ours[h + "fc_2.weight"].t())
             if cfg.bias:
-                put(b + "attn.c_attn.bias", torch.cat([ours[a + "attn.b_" + n] for n in "QKV"]))
-                put(b + "attn.c_proj.bias", ours[a + "attn.b_O"])
-                put(b + "c_fc.bias", ours[a + "fc_1.bias"])
-                put(b + "c_proj.bias", ours[a + "fc_2.bias"])
+                put(h + "attn.c_attn.bias", torch.cat([ours[h + "attn.b_" + n] for n in "QKV"]))
+                put(h + "attn.c_proj.bias", ours[h + "attn.b_O"])
+                put(h + "c_fc.bias", ours[h + "fc_1.bias"])
+                put(h + "c_proj.bias", ours[h + "fc_2.bias"])
     for _ in range(cfg.batches):
         print(f"{t.train_step():.6f}")
 
