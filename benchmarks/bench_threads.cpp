@@ -156,6 +156,9 @@ int main(int argc, char** argv) {
   const double md = bench::median(def), m1 = bench::median(one);
   fmt::print("\nmedian: default {:.3f} s, 1 thread {:.3f} s, default / 1 thread = {:.2f} (goal <= 1.5)\n", md, m1,
              md / m1);
+  const ag::ThreadPolicyStats st = ag::thread_policy_stats();
+  fmt::print("parallel regions: {} run on the threads ({} slower than one thread), {} run alone instead\n",
+             st.regions_run, st.regions_lost, st.regions_held);
   fmt::print("final losses identical at both thread counts: {}\n", loss_def == loss_one ? "yes" : "NO");
   return loss_def == loss_one ? 0 : 1;
 }
