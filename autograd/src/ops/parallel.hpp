@@ -12,21 +12,24 @@
 // Holding back. The size thresholds cannot know what starting the threads costs here and now:
 // a few µs on an idle machine, but when other processes keep the cores busy a sleeping thread
 // may wait milliseconds for a core, and the region waits for it. So every region started by
-// parallel_for or parallel_region measures itself: when it ran, each thread notes when it
-// arrived. With p threads and statically shared work, the last one to arrive still had its
-// 1/p of the work to do, so one thread alone would have needed about p·(wall − last arrival).
-// When the region took longer than that, it lost, by the difference; the call site then runs
-// its loop on the calling thread for 16 times that long, twice as long after each further
-// loss in a row (at most 1024 times), and tries the threads again after. A loss of more than
-// a millisecond (a thread that waited for a core, not a region too small to share) holds back
-// every region of the process, those of matrix products and elementwise kernels included,
-// for the same time. A probe thus costs at most about 1/16 of the time between probes. The
+// parallel_for or parallel_region measures itself: its wall time, and the CPU time each of its
+// threads spent in it. Idle threads sleep (grad_mode.cpp sets the passive wait policy), so the
+// CPU time is the work itself, without the waits for a thread to start, to get a core back or
+// to reach a barrier: one thread alone would have needed about the sum. When the region took
+// longer than that, it lost, by the difference; its call site then runs its loop on the calling
+// thread for 16 times that long, twice as long after each further loss in a row (at most 64
+// times over), and tries the threads again after. A loss of more than a millisecond (a thread
+// that waited for a core, not a region too small to share) holds back every region of the
+// process for the same time, those of matrix products and elementwise kernels included. A probe
+// thus costs at most about 1/16 of the time between probes. (With OMP_WAIT_POLICY=active the
+// threads spin instead and their CPU time includes the waits: no region is seen to lose.) The
 // results do not depend on any of it: the work is cut by its shape alone, whichever thread
 // runs a piece.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 
 #include <omp.h>
 
@@ -37,6 +40,13 @@ namespace thread_policy {
 inline std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// CPU time of the calling thread.
+inline std::int64_t thread_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
 }
 
 inline constexpr std::int64_t kBusyLoss = 1'000'000;  // ns: a loss this large holds back every region
@@ -64,30 +74,20 @@ inline bool may_run(Site& site) {
   return false;
 }
 
-// Learns from one region: started at `start`, ended at `end`, its last thread arrived at
-// `last_arrival`, run on `threads` threads.
-inline void learn(Site& site, std::int64_t start, std::int64_t last_arrival, std::int64_t end, int threads) {
+// Learns from one region: `wall` ns long, its threads busy for `cpu` ns together.
+inline void learn(Site& site, std::int64_t wall, std::int64_t cpu, std::int64_t end) {
   regions_run.fetch_add(1, std::memory_order_relaxed);
-  const std::int64_t wall = end - start, alone = threads * (end - std::max(last_arrival, start));
-  if (wall <= alone) {
+  if (wall <= cpu) {
     site.losses.store(0, std::memory_order_relaxed);
     site.held_until.store(0, std::memory_order_relaxed);
     return;
   }
   regions_lost.fetch_add(1, std::memory_order_relaxed);
-  const std::int64_t loss = wall - alone;
+  const std::int64_t loss = wall - cpu;
   const int doublings = std::min(site.losses.fetch_add(1, std::memory_order_relaxed), kMaxDoublings);
   const std::int64_t hold = loss * kHoldFactor << doublings;
   site.held_until.store(end + hold, std::memory_order_relaxed);
   if (loss > kBusyLoss) held_until.store(end + hold, std::memory_order_relaxed);
-}
-
-// Arrival times of one region's threads: the latest, by compare-and-swap.
-inline void arrive(std::atomic<std::int64_t>& latest) {
-  const std::int64_t t = now_ns();
-  std::int64_t seen = latest.load(std::memory_order_relaxed);
-  while (seen < t && !latest.compare_exchange_weak(seen, t, std::memory_order_relaxed)) {
-  }
 }
 
 }  // namespace thread_policy
@@ -97,26 +97,23 @@ inline void arrive(std::atomic<std::int64_t>& latest) {
 inline bool threads_available() {
   if (omp_in_parallel() || omp_get_max_threads() <= 1) return false;
   const std::int64_t until = thread_policy::held_until.load(std::memory_order_relaxed);
-  if (until == 0 || thread_policy::now_ns() >= until) return true;
-  thread_policy::regions_held.fetch_add(1, std::memory_order_relaxed);
-  return false;
+  return until == 0 || thread_policy::now_ns() >= until;
 }
 
 // f() on every thread of one measured region at `site`, when it may run there.
 template <class F>
 bool measured_region(thread_policy::Site& site, F&& f) {
-  if (!threads_available() || !thread_policy::may_run(site)) return false;
-  std::atomic<std::int64_t> latest{0};
-  int threads = 1;
+  if (omp_in_parallel() || omp_get_max_threads() <= 1 || !thread_policy::may_run(site)) return false;
+  std::atomic<std::int64_t> cpu{0};
   const std::int64_t start = thread_policy::now_ns();
 #pragma omp parallel
   {
-    thread_policy::arrive(latest);
-#pragma omp master
-    threads = omp_get_num_threads();
+    const std::int64_t c0 = thread_policy::thread_cpu_ns();
     f();
+    cpu.fetch_add(thread_policy::thread_cpu_ns() - c0, std::memory_order_relaxed);
   }
-  thread_policy::learn(site, start, latest.load(std::memory_order_relaxed), thread_policy::now_ns(), threads);
+  const std::int64_t end = thread_policy::now_ns();
+  thread_policy::learn(site, end - start, cpu.load(std::memory_order_relaxed), end);
   return true;
 }
 
