@@ -7,7 +7,9 @@
 //       ours <shape> <threads> <median s/step> <GFLOP/s> <sample,sample,...> <median CPU s/step>
 //   (* % of peak = FLOPs per CPU-second of the process over one core's FP32 peak)
 //   bench_attention --core composed      the composed attention core instead of the fused one
-//   bench_attention --peak               only the FP32 peak estimate (bench_common.hpp says how)
+//   bench_attention --peak               only the FP32 peak, measured per core for each vector ISA the
+//                                        CPU runs, and the ISA the kernels are compiled for
+//                                        (bench_common.hpp says how)
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -35,11 +37,16 @@ int main(int argc, char** argv) {
   const bench::PeakEstimate peak = tsv && !peak_only ? bench::PeakEstimate{} : bench::estimate_fp32_peak();
   if (peak_only) {
     if (tsv) {
-      fmt::print("peak\t{:.4g}\t{}\t{}\t{:.3f}\n", peak.gflops(), peak.flops_per_cycle, peak.isa, peak.ghz);
+      fmt::print("peak\t{:.4g}\t{:.3g}\t{}\t{:.3f}\t{}\n", peak.gflops(), peak.flops_per_cycle, peak.isa, peak.ghz,
+                 peak.kernels_isa);
       return 0;
     }
-    fmt::print("FP32 peak per core: {} FLOP/cycle ({}) x {:.2f} GHz (measured) = {:.1f} GFLOP/s\n",
-               peak.flops_per_cycle, peak.isa, peak.ghz, peak.gflops());
+    fmt::print("kernels compiled for: {} (this build's flags)\n", peak.kernels_isa);
+    fmt::print("clock: {:.2f} GHz (measured: dependent integer multiplies)\n", peak.ghz);
+    for (const auto& m : peak.measured)
+      fmt::print("FP32 peak per core, {:<8}: {:7.1f} GFLOP/s = {:5.1f} FLOP/cycle (14 independent FMA chains)\n",
+                 m.isa, m.gflops, m.flops_per_cycle);
+    if (peak.measured.empty()) fmt::print("FP32 peak: not measured (not an x86-64 build)\n");
     return 0;
   }
   const nn::AttentionCore core = core_name == "composed" ? nn::AttentionCore::Composed : nn::AttentionCore::Fused;
@@ -47,8 +54,8 @@ int main(int argc, char** argv) {
   if (!tsv) {
     fmt::print("nn::MultiHeadAttention forward + backward, float32, need_weights = false, {} core\n",
                core == nn::AttentionCore::Fused ? "fused" : "composed");
-    fmt::print("FP32 peak per core: {} FLOP/cycle ({}) x {:.2f} GHz = {:.1f} GFLOP/s\n\n", peak.flops_per_cycle,
-               peak.isa, peak.ghz, peak.gflops());
+    fmt::print("kernels compiled for {}; FP32 peak per core ({}, measured): {:.1f} FLOP/cycle x {:.2f} GHz = "
+               "{:.1f} GFLOP/s\n\n", peak.kernels_isa, peak.isa, peak.flops_per_cycle, peak.ghz, peak.gflops());
     fmt::print("{:<14} {:>7} {:>12} {:>10} {:>12}\n", "shape", "threads", "time/step", "GFLOP/s",
                "% of peak*");
   }

@@ -8,8 +8,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -135,59 +133,124 @@ double sample_cpu(F&& f, int reps) {
 }
 
 // ---- FP32 peak of one core ----
-// peak = (FP32 FLOP per cycle from the vector ISA) x (clock).
-//   FLOP per cycle: 2 FMA pipes x lanes x 2 (multiply + add): AVX-512 64, AVX2+FMA 32 (Zen 2/3/4,
-//   Haswell and later), AVX without FMA 16, SSE 8. Read from /proc/cpuinfo's flags.
-//   Clock: measured, as the best rate of a chain of dependent integer adds (one cycle each on
-//   every x86 core since the P6), so it is the clock the core actually runs at (turbo included),
-//   which a VM does not report. Best of many short trials, so other processes do not lower it.
-struct PeakEstimate {
-  int flops_per_cycle = 8;
-  std::string isa = "SSE";
-  double ghz = 0.0;
-  double gflops() const { return flops_per_cycle * ghz; }
+// Measured, not looked up: the best rate of a loop of 14 independent chains of FMAs on the
+// calling thread, in each vector width the CPU runs (AVX-512: zmm; AVX2: ymm). 14 chains cover
+// the FMA latency on every current x86 core (4-5 cycles x 2 FMA pipes needs 8-10 in flight);
+// fewer would measure the latency, not the throughput. The clock is measured too, as the best
+// rate of a chain of dependent integer multiplies (3 cycles each on every Intel core since
+// Nehalem and every AMD core since Zen): a VM does not report the clock the core actually runs
+// at. (A chain of `add $1` is no clock: Golden Cove cores, Sapphire Rapids' among them, execute
+// such adds at rename, several per cycle, so it read 22 GHz there.) FLOP/cycle = GFLOP/s / GHz,
+// to set against the ISA's nominal 2 pipes x lanes x 2: 64 for AVX-512 (32 on Zen 4, whose
+// 256-bit pipes take a 512-bit FMA in two halves), 32 for AVX2+FMA. Best of many short trials,
+// so other processes do not lower it.
+struct IsaPeak {
+  std::string isa;
+  double gflops = 0.0, flops_per_cycle = 0.0;
 };
+
+struct PeakEstimate {
+  std::string kernels_isa = "generic";  // what this build's kernels are compiled for
+  double ghz = 0.0;                      // measured clock
+  std::vector<IsaPeak> measured;         // widest first
+  double flops_per_cycle = 0.0;          // for the kernels' ISA (0: not measured)
+  double peak_gflops = 0.0;
+  std::string isa;                       // the ISA peak_gflops was measured with
+  double gflops() const { return peak_gflops; }
+};
+
+// The instruction set this program was compiled for (CMake's HEADGRAD_NATIVE builds the
+// library and the benchmarks with the same flags).
+inline std::string compiled_isa() {
+#if defined(__AVX512F__)
+  return "AVX-512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "AVX2+FMA";
+#elif defined(__AVX__)
+  return "AVX";
+#elif defined(__SSE2__)
+  return "SSE2";
+#else
+  return "generic";
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// 14 independent FMA chains in registers 2..15 (0 and 1 hold the factors, zero: FMA timing does
+// not depend on the values, and zero stays zero), `iters` times. REG is "zmm" or "ymm".
+#define HEADGRAD_FMA14(REG)                                                                          \
+  "vfmadd231ps %%" REG "0, %%" REG "1, %%" REG "2\n\tvfmadd231ps %%" REG "0, %%" REG "1, %%" REG   \
+  "3\n\tvfmadd231ps %%" REG "0, %%" REG "1, %%" REG "4\n\tvfmadd231ps %%" REG "0, %%" REG "1, %%"  \
+  REG "5\n\tvfmadd231ps %%" REG "0, %%" REG "1, %%" REG "6\n\tvfmadd231ps %%" REG "0, %%" REG      \
+  "1, %%" REG "7\n\tvfmadd231ps %%" REG "0, %%" REG "1, %%" REG "8\n\tvfmadd231ps %%" REG "0, %%"  \
+  REG "1, %%" REG "9\n\tvfmadd231ps %%" REG "0, %%" REG "1, %%" REG "10\n\tvfmadd231ps %%" REG     \
+  "0, %%" REG "1, %%" REG "11\n\tvfmadd231ps %%" REG "0, %%" REG "1, %%" REG "12\n\tvfmadd231ps %%" \
+  REG "0, %%" REG "1, %%" REG "13\n\tvfmadd231ps %%" REG "0, %%" REG "1, %%" REG "14\n\tvfmadd231ps %%" \
+  REG "0, %%" REG "1, %%" REG "15\n\t"
+#define HEADGRAD_FMA_LOOP(REG)                                                                 \
+  asm volatile("vpxor %%xmm0, %%xmm0, %%xmm0\n\tvpxor %%xmm1, %%xmm1, %%xmm1\n\t"              \
+               "1:\n\t" HEADGRAD_FMA14(REG) "dec %0\n\tjnz 1b\n\tvzeroupper"                 \
+               : "+r"(n)::"xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", \
+                 "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc")
+
+inline void fma_chains_zmm(std::uint64_t n) { HEADGRAD_FMA_LOOP("zmm"); }
+inline void fma_chains_ymm(std::uint64_t n) { HEADGRAD_FMA_LOOP("ymm"); }
+#undef HEADGRAD_FMA_LOOP
+#undef HEADGRAD_FMA14
+
+// Best GFLOP/s of `trials` runs of `iters` iterations of 14 FMAs of `lanes` floats.
+inline double best_fma_gflops(void (*loop)(std::uint64_t), int lanes, int trials, std::uint64_t iters) {
+  double best = 0.0;
+  for (int t = 0; t < trials; ++t) {
+    const auto t0 = Clock::now();
+    loop(iters);
+    best = std::max(best, 14.0 * 2.0 * lanes * static_cast<double>(iters) / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+// Best clock (GHz) of `trials` chains of 16·iters dependent imuls (3 cycles each).
+inline double best_clock_ghz(int trials, std::uint64_t iters) {
+  double best = 0.0;
+  for (int t = 0; t < trials; ++t) {
+    std::uint64_t x = 1, n = iters;
+    const auto t0 = Clock::now();
+    asm volatile(
+        "1:\n\t"
+        "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
+        "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
+        "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
+        "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
+        "dec %1\n\tjnz 1b"
+        : "+r"(x), "+r"(n)::"cc");
+    best = std::max(best, 16.0 * 3.0 * static_cast<double>(iters) / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+#endif
 
 inline PeakEstimate estimate_fp32_peak() {
   PeakEstimate p;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  std::vector<std::string> flags;
-  while (std::getline(cpuinfo, line))
-    if (line.rfind("flags", 0) == 0) {
-      std::istringstream words(line.substr(line.find(':') + 1));
-      for (std::string w; words >> w;) flags.push_back(w);
-      break;
+  p.kernels_isa = compiled_isa();
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  constexpr int kTrials = 60;
+  constexpr std::uint64_t kIters = 40000;  // ~1 ms per trial at ~3 GHz
+  p.ghz = best_clock_ghz(kTrials, kIters);
+  if (__builtin_cpu_supports("avx512f"))
+    p.measured.push_back({"AVX-512", best_fma_gflops(&fma_chains_zmm, 16, kTrials, kIters / 2), 0.0});
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    p.measured.push_back({"AVX2+FMA", best_fma_gflops(&fma_chains_ymm, 8, kTrials, kIters), 0.0});
+  p.ghz = std::max(p.ghz, best_clock_ghz(kTrials, kIters));  // again, after the FMA loops
+  for (auto& m : p.measured) m.flops_per_cycle = p.ghz > 0 ? m.gflops / p.ghz : 0.0;
+  // The kernels' ISA, or the widest measured one the build does not reach (a generic build's
+  // kernels are held to the best the core can do).
+  for (const auto& m : p.measured)
+    if (m.isa == p.kernels_isa || p.isa.empty()) {
+      p.isa = m.isa;
+      p.peak_gflops = m.gflops;
+      p.flops_per_cycle = m.flops_per_cycle;
     }
-  auto has = [&](std::string_view f) { return std::find(flags.begin(), flags.end(), f) != flags.end(); };
-  if (has("avx512f")) {
-    p.flops_per_cycle = 64;
-    p.isa = "AVX-512";
-  } else if (has("avx2") && has("fma")) {
-    p.flops_per_cycle = 32;
-    p.isa = "AVX2+FMA";
-  } else if (has("avx")) {
-    p.flops_per_cycle = 16;
-    p.isa = "AVX";
-  }
-#if defined(__x86_64__)
-  double best = 0.0;
-  for (int trial = 0; trial < 200; ++trial) {
-    std::uint64_t x = 0;
-    constexpr std::uint64_t kIters = 200000;  // x 16 dependent adds = 3.2 M cycles (~1 ms)
-    const auto t0 = Clock::now();
-    for (std::uint64_t i = 0; i < kIters; ++i) {
-      asm volatile(
-          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
-          : "+r"(x));
-    }
-    const double t = seconds_since(t0);
-    best = std::max(best, static_cast<double>(x) / t / 1e9);
-  }
-  p.ghz = best;
 #endif
   return p;
 }

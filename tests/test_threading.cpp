@@ -4,12 +4,17 @@
 #define BOOST_TEST_MODULE threading
 #include <boost/test/unit_test.hpp>
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -201,4 +206,68 @@ BOOST_AUTO_TEST_CASE(manual_seed_in_one_thread_does_not_move_another_threads_gen
   got = ag::randn({32}).to_vector();
   BOOST_TEST(got == reference, boost::test_tools::per_element());
   ag::manual_seed(0x5eed);
+}
+
+// ---- the thread policy ----
+
+namespace {
+
+// Runs this test program again, as a child process, on the one test case `test`, with the
+// environment of this process minus OMP_WAIT_POLICY and GOMP_SPINCOUNT plus `extra`; its exit
+// status (0: the case passed).
+int run_child(const std::string& test, const std::vector<std::string>& extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v(*e);
+    if (!v.starts_with("OMP_WAIT_POLICY=") && !v.starts_with("GOMP_SPINCOUNT=")) env.emplace_back(v);
+  }
+  env.insert(env.end(), extra.begin(), extra.end());
+  std::vector<char*> envp, argv;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", run = "--run_test=" + test;
+  argv = {exe.data(), run.data(), nullptr};
+  pid_t pid = 0;
+  BOOST_REQUIRE(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()) == 0);
+  int status = 0;
+  BOOST_REQUIRE(waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+// In a child started by the case below (HEADGRAD_EXPECT_WAIT_POLICY set), the wait policy its
+// OpenMP runtime started with; elsewhere nothing to check.
+BOOST_AUTO_TEST_CASE(wait_policy_seen_by_a_child) {
+  const char* expected = std::getenv("HEADGRAD_EXPECT_WAIT_POLICY");
+  if (expected == nullptr) return;
+  const char* got = std::getenv("OMP_WAIT_POLICY");
+  BOOST_TEST(std::string(got ? got : "(unset)") == std::string(expected));
+}
+
+BOOST_AUTO_TEST_CASE(idle_threads_sleep_unless_the_environment_says_otherwise) {
+  // Nothing set: the program starts with OMP_WAIT_POLICY=passive (before the OpenMP runtime reads it).
+  BOOST_TEST(run_child("wait_policy_seen_by_a_child", {"HEADGRAD_EXPECT_WAIT_POLICY=passive"}) == 0);
+  // A policy or a spin count the user set is kept.
+  BOOST_TEST(run_child("wait_policy_seen_by_a_child",
+                       {"HEADGRAD_EXPECT_WAIT_POLICY=active", "OMP_WAIT_POLICY=active"}) == 0);
+  BOOST_TEST(run_child("wait_policy_seen_by_a_child",
+                       {"HEADGRAD_EXPECT_WAIT_POLICY=(unset)", "GOMP_SPINCOUNT=1000"}) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(every_region_an_op_asks_for_is_run_or_held_back_and_counted) {
+  // Fused attention over 12 slices of 33x41 keys asks for a region in forward and one in
+  // backward: at 2 threads each is either run on the threads or held back, and counted; at 1
+  // thread none is asked for.
+  auto regions = [] {
+    const ag::ThreadPolicyStats s = ag::thread_policy_stats();
+    return s.regions_run + s.regions_held;
+  };
+  const std::int64_t before = regions();
+  (void)run_attention(1, Dtype::Float32);
+  BOOST_TEST(regions() == before);
+  (void)run_attention(2, Dtype::Float32);
+  BOOST_TEST(regions() == before + 2);
+  const ag::ThreadPolicyStats s = ag::thread_policy_stats();
+  BOOST_TEST(s.regions_lost <= s.regions_run);
 }
