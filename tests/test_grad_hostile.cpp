@@ -432,3 +432,139 @@ BOOST_AUTO_TEST_CASE(hvp_bad_requests_and_edge_cases) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// exp whose backward reads its own saved output: the second walk must find that output's node.
+struct ExpSavesOutput : ag::Function<ExpSavesOutput> {
+  static constexpr const char* name = "exp_saves_output";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    Tensor y = ag::exp(x);
+    ctx.save_for_backward({y});
+    return y;
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) { return {g[0] * ctx.saved_tensors()[0]}; }
+};
+
+// Two outputs, x² and x³, from one node; the backward reads undefined as "no gradient".
+struct SquareAndCube : ag::Function<SquareAndCube> {
+  static constexpr const char* name = "square_and_cube";
+  static TensorList forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return {x * x, x * x * x};
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    const Tensor x = ctx.saved_tensors()[0];
+    Tensor r;
+    if (g[0].defined()) r = g[0] * x * 2.0;
+    if (g[1].defined()) r = r.defined() ? r + g[1] * x * x * 3.0 : g[1] * x * x * 3.0;
+    return {r};
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(custom_functions_and_retained)
+
+BOOST_AUTO_TEST_CASE(a_function_that_saves_its_output) {
+  Tensor x = vec({0.3, -1.2});
+  Tensor y = ExpSavesOutput::apply(x);
+  const Tensor g = ag::grad({ag::sum(y * y)}, {x}, {.create_graph = true})[0];  // 2e^{2x}
+  const Tensor h = ag::grad({ag::sum(g)}, {x})[0];                               // 4e^{2x}
+  check_values(h, {2}, {4 * std::exp(0.6), 4 * std::exp(-2.4)});
+  const auto r = ag::gradgradcheck([](const TensorList& in) { return ExpSavesOutput::apply(in[0]); }, {x});
+  BOOST_TEST(r.ok, r.message);
+}
+
+BOOST_AUTO_TEST_CASE(a_multi_output_function_with_one_output_used) {
+  Tensor x = vec({1.5, -2.0});
+  const TensorList ys = SquareAndCube::apply(x);
+  const Tensor g = ag::grad({ag::sum(ys[1])}, {x}, {.create_graph = true})[0];  // 3x²
+  check_values(g, {2}, {3 * 2.25, 12.0});
+  check_values(ag::grad({ag::sum(g)}, {x})[0], {2}, {9.0, -12.0});
+  const auto r = ag::gradgradcheck([](const TensorList& in) { return SquareAndCube::apply(in[0])[0]; }, {x});
+  BOOST_TEST(r.ok, r.message);
+}
+
+BOOST_AUTO_TEST_CASE(retain_grad_under_create_graph) {
+  Tensor x = vec({1.0, 2.0});
+  Tensor h = x * x;
+  h.retain_grad();
+  ag::sum(h * h * x).backward(false, true);  // dL/dh = 2 h x = 2x³
+  check_values(h.grad(), {2}, {2.0, 16.0});
+  BOOST_TEST(h.grad().requires_grad());
+  const Tensor d = ag::grad({ag::sum(h.grad())}, {x})[0];  // d(Σ 2x³)/dx = 6x²
+  check_values(d, {2}, {6.0, 24.0});
+}
+
+BOOST_AUTO_TEST_CASE(the_input_as_its_own_grad_output) {
+  // grad(x², x, grad_outputs = x) = 2x·x; differentiated: 4x.
+  Tensor x = vec({1.0, -3.0});
+  const Tensor g = ag::grad({x * x}, {x}, {.grad_outputs = {x}, .create_graph = true})[0];
+  check_values(g, {2}, {2.0, 18.0});
+  check_values(ag::grad({ag::sum(g)}, {x})[0], {2}, {4.0, -12.0});
+}
+
+BOOST_AUTO_TEST_CASE(gradgradcheck_of_odd_functions) {
+  Tensor x = vec({0.3, -0.7});
+  const auto identity = ag::gradgradcheck([](const TensorList& in) { return in[0]; }, {x});
+  BOOST_TEST(identity.ok, identity.message);
+  Tensor empty = ag::tensor(std::vector<double>{}, {0}, Dtype::Float64).requires_grad_();
+  const auto none = ag::gradgradcheck([](const TensorList& in) { return in[0] * in[0]; }, {empty, x});
+  BOOST_TEST(none.ok, none.message);
+}
+
+BOOST_AUTO_TEST_CASE(threads_over_one_shared_retained_graph) {
+  // Several threads walk the same graph: each either gets the right answer or a clear error.
+  Tensor x = vec({0.5, -1.5});
+  Tensor y = ag::sum(x * x * x);
+  constexpr int kThreads = 4;
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t)
+    pool.emplace_back([&, t] {
+      for (int r = 0; r < 100; ++r) {
+        try {
+          const Tensor g = ag::grad({y}, {x}, {.create_graph = true})[0];
+          const auto h = ag::grad({ag::sum(g)}, {x})[0].to_vector();
+          if (h[0] != 3.0 || h[1] != -9.0) errors[static_cast<std::size_t>(t)] = "wrong value";
+        } catch (const std::runtime_error& e) {
+          if (!test_support::message_has(e, {"backward"})) errors[static_cast<std::size_t>(t)] = e.what();
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (const auto& e : errors) BOOST_TEST(e.empty(), e);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(hooks_on_inputs)
+
+BOOST_AUTO_TEST_CASE(the_hooks_of_an_input_shape_what_grad_returns_for_it) {
+  // A hook doubles dL/dh. grad() in h must return the hooked gradient, the same one that then
+  // flows on to x: grad in h, and grad in x through h, agree whichever is asked.
+  Tensor x = vec({1.0, -2.0});
+  Tensor h = x * x;
+  h.register_hook([](const Tensor& g) { return g * 2.0; });
+  Tensor y = ag::sum(h * x);  // dL/dh = x, hooked 2x; dL/dx = h + 2x·2x = 5x²
+  const TensorList both = ag::grad({y}, {h, x}, {.retain_graph = true});
+  check_values(both[0], {2}, {2.0, -4.0});
+  check_values(both[1], {2}, {5.0, 20.0});
+  check_values(ag::grad({y}, {h}, {.retain_graph = true})[0], {2}, {2.0, -4.0});  // h alone: its node need not run
+  // A leaf's hooks too (as backward() would apply them before adding into .grad).
+  Tensor w = vec({3.0});
+  int calls = 0;
+  w.register_hook([&](const Tensor& g) {
+    ++calls;
+    return g * 10.0;
+  });
+  Tensor z = w * w;
+  check_values(ag::grad({z}, {w}, {.retain_graph = true})[0], {1}, {60.0});
+  BOOST_TEST(calls == 1);
+  z.backward();
+  check_values(w.grad(), {1}, {60.0});
+  BOOST_TEST(calls == 2);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
