@@ -565,6 +565,10 @@ BOOST_AUTO_TEST_CASE(the_hooks_of_an_input_shape_what_grad_returns_for_it) {
   z.backward();
   check_values(w.grad(), {1}, {60.0});
   BOOST_TEST(calls == 2);
+  Tensor bad = vec({1.0, 2.0});
+  bad.register_hook([](const Tensor&) { return ag::ones({3}, Dtype::Float64); });
+  BOOST_CHECK_EXCEPTION(ag::grad({ag::sum(bad * bad)}, {bad}), std::invalid_argument,
+                        message_has("grad: a hook on input 0 [2] Float64 returned a gradient [3] Float64"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
