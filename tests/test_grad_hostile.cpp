@@ -225,6 +225,7 @@ BOOST_AUTO_TEST_CASE(first_order_backward_into_a_create_graph_grad) {
   } catch (const std::runtime_error& e) {
     BOOST_TEST(test_support::message_has(e, {"changed in place"}));
   }
+  x.set_grad(Tensor());  // .grad's graph holds x: dropping .grad breaks that cycle (as in PyTorch)
 }
 
 BOOST_AUTO_TEST_CASE(create_graph_backward_onto_a_first_order_grad) {
@@ -495,6 +496,8 @@ BOOST_AUTO_TEST_CASE(retain_grad_under_create_graph) {
   BOOST_TEST(h.grad().requires_grad());
   const Tensor d = ag::grad({ag::sum(h.grad())}, {x})[0];  // d(Σ 2x³)/dx = 6x²
   check_values(d, {2}, {6.0, 24.0});
+  x.set_grad(Tensor());  // break the .grad <-> graph cycles (x's and h's), as in PyTorch
+  h.set_grad(Tensor());
 }
 
 BOOST_AUTO_TEST_CASE(the_input_as_its_own_grad_output) {
