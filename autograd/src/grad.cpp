@@ -2,6 +2,7 @@
 // told to hand back what arrives at the inputs instead of adding into .grad.
 #include <string>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "walk_state.hpp"
@@ -53,6 +54,40 @@ TensorList seeds_for(const TensorList& outputs, const TensorList& given) {
   return seeds;
 }
 
+// A leaf input's hooks, run on its gradient as backward() runs them before adding into .grad
+// (once for an input given several times).
+void run_leaf_hooks(const TensorList& inputs, TensorList& grads, bool create_graph) {
+  // The modes of grad()'s walk: a hook's ops join the graph only under create_graph, and
+  // nothing is written into .grad.
+  struct Modes {
+    bool grad = is_grad_enabled(), accumulates = detail::walk_state().accumulates_grad;
+    ~Modes() {
+      set_grad_enabled(grad);
+      detail::walk_state().accumulates_grad = accumulates;
+    }
+  } restore;
+  set_grad_enabled(create_graph);
+  detail::walk_state().accumulates_grad = false;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const auto& impl = inputs[i].impl();
+    if (impl->grad_fn || impl->leaf_hooks.empty() || !grads[i].defined()) continue;
+    std::size_t first = 0;
+    while (inputs[first].impl() != impl) ++first;
+    if (first < i) {
+      grads[i] = grads[first];
+      continue;
+    }
+    for (const auto& hook : impl->leaf_hooks) {
+      Tensor replaced = hook(grads[i]);
+      if (!replaced.defined()) continue;
+      if (replaced.shape() != impl->shape || replaced.dtype() != impl->dtype)
+        fail("grad", "a hook on {} {} {} returned a gradient {} {}", tensor_label("input", i, inputs[i]),
+             shape_str(impl->shape), dtype_name(impl->dtype), shape_str(replaced.shape()), dtype_name(replaced.dtype()));
+      grads[i] = std::move(replaced);
+    }
+  }
+}
+
 }  // namespace
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const GradOptions& options) {
@@ -60,6 +95,7 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const GradO
   check_inputs(inputs);
   const TensorList seeds = seeds_for(outputs, options.grad_outputs);
   TensorList grads = detail::capture_gradients(outputs, seeds, inputs, options.retain_graph, options.create_graph);
+  run_leaf_hooks(inputs, grads, options.create_graph);
   for (std::size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined()) {
       if (!options.create_graph) grads[i] = grads[i].detach();

@@ -115,6 +115,9 @@ TensorList hvp(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const T
   const Tensor y = fn(inputs);
   if (!y.defined()) fail("hvp", "the function returned an undefined tensor");
   if (y.numel() != 1) fail("hvp", "the function must return one element, got shape {}", shape_str(y.shape()));
+  if (!y.requires_grad())
+    fail("hvp", "the function's result does not depend on any input that requires grad (it has no graph: was it "
+         "computed from detached tensors or under NoGradGuard?)");
   GradOptions first;
   first.create_graph = true;
   first.allow_unused = true;

@@ -214,6 +214,7 @@ struct Capture {
   std::vector<std::pair<std::size_t, std::uint32_t>> at;  // per input; kNoSlot: not reached
   TensorList grads;                                        // per input; undefined: none arrived
   std::vector<char> needed;                                // per slot
+  std::vector<char> target;                                // per slot: some input's gradient arrives there
 };
 
 class Walk {
@@ -264,7 +265,8 @@ class Walk {
     capture_->grads.resize(inputs.size());
     // Consumers before producers (Kahn's order), then backwards: a node is needed when an edge
     // leads to an input's node or to a needed node.
-    std::vector<char> target(t_.nodes.size(), 0);
+    auto& target = capture_->target;
+    target.assign(t_.nodes.size(), 0);
     for (const auto& [slot, nr] : capture_->at)
       if (slot != kNoSlot) target[slot] = 1;
     std::vector<int> pending = t_.pending;
@@ -298,9 +300,11 @@ class Walk {
       if (node.released()) freed_graph_error(node);  // by a walk started from a hook
       take_gradients(slot);
       const bool runs = capture_ == nullptr || capture_->needed[slot];
-      if (capture_ != nullptr) take_captured(slot);
+      const bool captures = capture_ != nullptr && capture_->target[slot];
+      if (captures) take_captured(slot, false);
+      if ((runs || captures) && any_defined(t_.grad_outputs)) run_hooks(node);
+      if (captures) take_captured(slot, true);  // an input's gradient is the one its hooks leave
       if (runs && any_defined(t_.grad_outputs)) {
-        run_hooks(node);
         {
           detail::RunningNode running(node);
           node.apply(t_.grad_outputs, t_.grad_inputs);
@@ -336,10 +340,12 @@ class Walk {
     return std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); });
   }
 
-  // grad(): keeps what arrived at the outputs of this node that are inputs of grad().
-  void take_captured(std::size_t slot) {
+  // grad(): keeps what arrived at the outputs of this node that are inputs of grad(); once the
+  // hooks ran (`hooked`), what they made of it, where a gradient arrived at all.
+  void take_captured(std::size_t slot, bool hooked) {
     for (std::size_t i = 0; i < capture_->at.size(); ++i)
-      if (capture_->at[i].first == slot) capture_->grads[i] = t_.grad_outputs[capture_->at[i].second];
+      if (capture_->at[i].first == slot && (!hooked || capture_->grads[i].defined()))
+        capture_->grads[i] = t_.grad_outputs[capture_->at[i].second];
   }
 
   // Moves the gradients that arrived at the node's outputs into grad_outputs.
