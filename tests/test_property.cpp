@@ -1435,9 +1435,7 @@ struct SquareDetachedBackward : ag::Function<SquareDetachedBackward> {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_wrong_double_backward_inside_a_random_graph_is_caught) {
-  std::uint64_t seed = kGraphSeedBase;
-  while (uses_first_order_only_op(GraphBuilder(seed).build())) ++seed;
-  const Program prog = GraphBuilder(seed).build();
+  const Program prog = GraphBuilder(kGraphSeedBase).build();
   auto fn = [&](const std::vector<Tensor>& in) {
     return SquareDetachedBackward::apply(ag::cat({prog.run(in), ag::reshape(in[0], {-1})}, 0));
   };
