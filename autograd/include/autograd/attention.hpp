@@ -31,7 +31,9 @@ struct SdpaResult {
 //   uniform number per weight, in row-major (B, H, T, S) order, from gen (the default
 //   generator when null); a weight is dropped when its draw is < p. Pass 0 in eval mode.
 // Both results are differentiable outputs of one graph node: gradients may reach the output,
-// the weights, or both.
+// the weights, or both. All three ops are differentiable to any order (create_graph): the
+// backward that builds a graph is the kernel's formula in ag ops, reusing the saved weights;
+// the dropout mask is a constant.
 // Throws std::invalid_argument naming the op and the shapes for: undefined or non-4-D q, k, v;
 // dtype mismatch; B/H, sequence-length or head-dim disagreement; a mask that does not
 // broadcast; is_causal with T != S; a non-finite scale; dropout_p outside [0, 1].
