@@ -54,15 +54,21 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
 // g(x) = d(u·fn(x))/dx (computed with create_graph), is itself checked with gradcheck: its
 // Jacobian from a second backward against central differences of first-order gradients. The
 // result names the worst element as gradcheck's does; its output element counts through the
-// checked inputs' gradients laid end to end (gradient_element_text says which input's it is).
+// checked inputs' gradients laid end to end, and a failure's `message` says which input's
+// gradient, and which element of it, that is. (Printed, the result still says "gradcheck".)
 // u comes from options.seed. Inputs must be float64 leaves, as for gradcheck.
 GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
                               const GradcheckOptions& options = {});
 
 // The Hessian-vector product of a scalar function: H·v, where H is the matrix of second
 // derivatives of fn with respect to the inputs that require grad, and v holds one tensor per
-// such input (in their order, of their shapes). One entry per input (undefined for inputs that
-// do not require grad). Leaves no .grad.
+// input, of its shape (ignored, and may be undefined, for inputs that do not require grad). fn is
+// a GradcheckFn (TensorList -> one-element Tensor). One entry per input (undefined for inputs
+// that do not require grad). Leaves no .grad. As for gradcheck, fn may read a module's parameters
+// directly when they are passed as inputs. A gradient with no graph behind it (fn linear in the
+// inputs) contributes zeros, which is right for ag ops; a custom Function whose backward computes
+// with raw values and is not declared once_differentiable would also give zeros there, silently:
+// check such functions with gradgradcheck.
 std::vector<Tensor> hvp(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v);
 
 // Where the worst element of a full-Jacobian check is, as the messages say it:
