@@ -29,87 +29,7 @@
 
 namespace ag = autograd;
 
-// ---- counting every heap allocation of the process (as bench_engine does) ----
-// operator new is replaced below; the C allocators are wrapped at link time
-// (-Wl,--wrap=..., benchmarks/CMakeLists.txt).
-namespace {
-std::atomic<std::uint64_t> g_allocations{0};
-std::atomic<std::uint64_t> g_bytes{0};
-// --trace-allocs: while set, each allocation prints its call stack to stderr (addresses; pipe
-// through `c++filt` and `addr2line -e bench_char_gpt` to read them).
-bool g_trace = false;
-thread_local bool t_in_trace = false;
-void count(std::size_t size) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  g_bytes.fetch_add(size, std::memory_order_relaxed);
-  if (g_trace && !t_in_trace) {
-    t_in_trace = true;  // backtrace() may allocate on its first call
-    void* frames[24];
-    const int n = backtrace(frames, 24);
-    fmt::print(stderr, "allocation of {} bytes:\n", size);
-    std::fflush(stderr);
-    backtrace_symbols_fd(frames, n, 2);
-    t_in_trace = false;
-  }
-}
-}  // namespace
-
-extern "C" {
-void* __real_malloc(std::size_t size);
-void* __real_calloc(std::size_t n, std::size_t size);
-void* __real_realloc(void* p, std::size_t size);
-void* __real_aligned_alloc(std::size_t align, std::size_t size);
-int __real_posix_memalign(void** p, std::size_t align, std::size_t size);
-void* __wrap_malloc(std::size_t size) {
-  count(size);
-  return __real_malloc(size);
-}
-void* __wrap_calloc(std::size_t n, std::size_t size) {
-  count(n * size);
-  return __real_calloc(n, size);
-}
-void* __wrap_realloc(void* p, std::size_t size) {
-  count(size);
-  return __real_realloc(p, size);
-}
-void* __wrap_aligned_alloc(std::size_t align, std::size_t size) {
-  count(size);
-  return __real_aligned_alloc(align, size);
-}
-int __wrap_posix_memalign(void** p, std::size_t align, std::size_t size) {
-  count(size);
-  return __real_posix_memalign(p, align, size);
-}
-}
-
-namespace {
-void* counted_alloc(std::size_t size, std::size_t align) {
-  count(size);
-  if (size == 0) size = 1;
-  void* p = nullptr;
-  if (align <= alignof(std::max_align_t)) {
-    p = __real_malloc(size);
-  } else {
-    size = (size + align - 1) / align * align;
-    p = __real_aligned_alloc(align, size);
-  }
-  if (!p) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-
-void* operator new(std::size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
-void* operator new[](std::size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
-void* operator new(std::size_t n, std::align_val_t a) { return counted_alloc(n, static_cast<std::size_t>(a)); }
-void* operator new[](std::size_t n, std::align_val_t a) { return counted_alloc(n, static_cast<std::size_t>(a)); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#include "counting_allocator.hpp"  // g_allocations, g_allocated_bytes, g_trace
 
 namespace {
 
@@ -171,7 +91,7 @@ int main(int argc, char** argv) {
     std::vector<double> times, cpu;
     times.reserve(static_cast<std::size_t>(steps));
     cpu.reserve(static_cast<std::size_t>(steps));
-    const std::uint64_t allocs_before = g_allocations.load(), bytes_before = g_bytes.load();
+    const std::uint64_t allocs_before = g_allocations.load(), bytes_before = g_allocated_bytes.load();
     for (int i = 0; i < steps; ++i) {
       const auto start = std::chrono::steady_clock::now();
       const double cpu_start = cpu_seconds();
@@ -180,7 +100,7 @@ int main(int argc, char** argv) {
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     const double allocs = static_cast<double>(g_allocations.load() - allocs_before) / steps;
-    const double bytes = static_cast<double>(g_bytes.load() - bytes_before) / steps;
+    const double bytes = static_cast<double>(g_allocated_bytes.load() - bytes_before) / steps;
     std::sort(times.begin(), times.end());
     std::sort(cpu.begin(), cpu.end());
     const double median = times[times.size() / 2];
