@@ -13,6 +13,13 @@
 
 namespace nn {
 
+ModuleConfig::ModuleConfig() = default;
+ModuleConfig::ModuleConfig(const ModuleConfig&) = default;
+ModuleConfig::ModuleConfig(ModuleConfig&&) noexcept = default;
+ModuleConfig& ModuleConfig::operator=(const ModuleConfig&) = default;
+ModuleConfig& ModuleConfig::operator=(ModuleConfig&&) noexcept = default;
+ModuleConfig::~ModuleConfig() = default;
+
 namespace {
 
 using json = nlohmann::ordered_json;

@@ -117,6 +117,16 @@ struct ModuleConfig {
   std::string repr;                            // extra_repr() of a module that is not one of nn's
   std::vector<std::pair<std::string, ModuleConfig>> children;
 
+  // Declared here and defined where ModuleConfig is complete (model_config.cpp): defined
+  // implicitly, they would need std::pair<std::string, ModuleConfig> complete inside this very
+  // class, which clang refuses.
+  ModuleConfig();
+  ModuleConfig(const ModuleConfig&);
+  ModuleConfig(ModuleConfig&&) noexcept;
+  ModuleConfig& operator=(const ModuleConfig&);
+  ModuleConfig& operator=(ModuleConfig&&) noexcept;
+  ~ModuleConfig();
+
   // A descendant by dotted name ("block.attn"); throws CheckpointError listing the children.
   const ModuleConfig& child(const std::string& dotted_name) const;
   bool has_child(const std::string& name) const;
