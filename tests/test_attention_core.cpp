@@ -14,6 +14,8 @@
 #include "test_support.hpp"
 
 using namespace test_support::prelude;
+using test_support::all_finite;
+using test_support::max_abs_diff;
 
 namespace {
 
@@ -46,20 +48,6 @@ ag::SdpaResult composed(const Tensor& q, const Tensor& k, const Tensor& v, const
   if (causal) scores = ag::masked_fill(scores, causal_blocked(q.size(2)), -kInf);
   Tensor weights = ag::softmax(scores, -1);  // [B, H, T, S]
   return {ag::matmul(weights, v), weights};  // [B, H, T, d_v]
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  BOOST_REQUIRE(a.shape() == b.shape());
-  const auto x = a.to_vector(), y = b.to_vector();
-  double worst = 0.0;
-  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
-  return worst;
-}
-
-bool all_finite(const Tensor& t) {
-  for (double x : t.to_vector())
-    if (!std::isfinite(x)) return false;
-  return true;
 }
 
 bool all_zero(const Tensor& t) {

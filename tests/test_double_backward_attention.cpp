@@ -19,6 +19,8 @@
 #include "test_support.hpp"
 
 using namespace test_support::prelude;
+using test_support::all_finite;
+using test_support::max_abs_diff;
 
 namespace {
 
@@ -228,21 +230,6 @@ ag::SdpaResult reference(const Case& c, const TensorList& x, const Tensor& fixed
   if (c.layout != Layout::HeadsFirst)
     out = ag::reshape(ag::transpose(out, 1, 2), {out.size(0), out.size(2), out.size(1) * out.size(3)});
   return {out, weights};
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  BOOST_REQUIRE(a.defined() && b.defined());
-  BOOST_REQUIRE(a.shape() == b.shape());
-  const auto x = a.to_vector(), y = b.to_vector();
-  double worst = 0.0;
-  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
-  return worst;
-}
-
-bool all_finite(const Tensor& t) {
-  for (double x : t.to_vector())
-    if (!std::isfinite(x)) return false;
-  return true;
 }
 
 // A scalar loss of both results, nonlinear in each: Σ tanh(out)·R1 + Σ weights²·R2.

@@ -16,6 +16,8 @@
 #include "test_support.hpp"
 
 using namespace test_support::prelude;
+using test_support::all_finite;
+using test_support::max_abs_diff;
 using nn::AttentionCore;
 
 namespace {
@@ -154,21 +156,6 @@ TensorList random_like(const TensorList& xs, std::uint64_t seed) {
   TensorList v;
   for (const Tensor& x : xs) v.push_back(ag::randn(x.shape(), F64, gen));
   return v;
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  BOOST_REQUIRE(a.defined() && b.defined());
-  BOOST_REQUIRE(a.shape() == b.shape());
-  const auto x = a.to_vector(), y = b.to_vector();
-  double worst = 0.0;
-  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
-  return worst;
-}
-
-bool all_finite(const Tensor& t) {
-  for (double x : t.to_vector())
-    if (!std::isfinite(x)) return false;
-  return true;
 }
 
 TensorList penalty_gradient(const ag::GradcheckFn& loss, const TensorList& x) {

@@ -17,6 +17,7 @@
 #include "test_support.hpp"
 
 namespace ag = autograd;
+using test_support::all_finite;
 namespace F = nn::functional;
 using nn::AttentionCore;
 
@@ -26,12 +27,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr ag::Dtype F64 = ag::Dtype::Float64;
 
 using test_support::message_has;
-
-bool all_finite(const ag::Tensor& t) {
-  for (double v : t.to_vector())
-    if (!std::isfinite(v)) return false;
-  return true;
-}
 
 ag::Tensor randn64(const ag::Shape& shape, std::uint64_t seed) {
   ag::Generator gen(seed);

@@ -16,6 +16,7 @@
 #include "test_support.hpp"
 
 namespace ag = autograd;
+using test_support::all_finite;
 using nn::AttentionCore;
 
 namespace {
@@ -39,12 +40,6 @@ double max_abs_diff(const ag::Tensor& a, const ag::Tensor& b) {
     worst = std::max(worst, std::abs(x[i] - y[i]));
   }
   return worst;
-}
-
-bool all_finite(const ag::Tensor& t) {
-  for (double v : t.to_vector())
-    if (!std::isfinite(v)) return false;
-  return true;
 }
 
 using test_support::message_has;

@@ -3,6 +3,7 @@
 // a small custom Function, and the prelude of names most test programs use unqualified.
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -140,6 +141,23 @@ inline bool message_has(const std::exception& e, const std::vector<std::string>&
       BOOST_TEST_MESSAGE("message \"" << m << "\" lacks \"" << p << "\"");
       return false;
     }
+  return true;
+}
+
+// The largest |a - b| over the elements of two defined tensors of one shape.
+inline double max_abs_diff(const ag::Tensor& a, const ag::Tensor& b) {
+  BOOST_REQUIRE(a.defined() && b.defined());
+  BOOST_REQUIRE(a.shape() == b.shape());
+  const auto x = a.to_vector(), y = b.to_vector();
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return worst;
+}
+
+// No element is NaN or infinite.
+inline bool all_finite(const ag::Tensor& t) {
+  for (double x : t.to_vector())
+    if (!std::isfinite(x)) return false;
   return true;
 }
 
