@@ -20,17 +20,31 @@
 namespace bench {
 
 // Self-attention of (B, T, embed_dim) with `heads` heads; causal = query i sees keys 0..i.
+// group: "short" shapes are what `all` means (benchmarks/run.sh); the "long" shapes (T up to 16k,
+// seconds per step) and the "memory" series (T = 1k..16k at one width, for the peak memory per
+// step) run only when asked for, by group or by name.
 struct AttentionShape {
   std::string name;
   std::int64_t B, T, E, H;
   bool causal = false;
+  std::string group = "short";
+  bool is_long() const { return group != "short"; }
 };
 
 inline std::vector<AttentionShape> attention_shapes() {
   return {{"seed", 1, 2, 4, 2},          {"tiny", 1, 8, 32, 4},
           {"toy", 8, 32, 64, 4},         {"medium", 16, 128, 128, 4},
           {"large", 8, 256, 384, 6},     {"medium-causal", 16, 128, 128, 4, true},
-          {"large-causal", 8, 256, 384, 6, true}};
+          {"large-causal", 8, 256, 384, 6, true},
+          {"long-1k", 2, 1024, 256, 4, false, "long"},
+          {"long-4k-causal", 1, 4096, 256, 4, true, "long"},
+          {"long-8k-causal", 1, 8192, 256, 4, true, "long"},
+          {"long-16k-causal", 1, 16384, 128, 2, true, "long"},
+          {"mem-1k", 1, 1024, 256, 4, true, "memory"},
+          {"mem-2k", 1, 2048, 256, 4, true, "memory"},
+          {"mem-4k", 1, 4096, 256, 4, true, "memory"},
+          {"mem-8k", 1, 8192, 256, 4, true, "memory"},
+          {"mem-16k", 1, 16384, 256, 4, true, "memory"}};
 }
 
 // Multiply-adds (x2) of forward + backward, counted dense (a causal mask does not change the count):
@@ -40,6 +54,16 @@ inline std::vector<AttentionShape> attention_shapes() {
 inline double attention_flops(const AttentionShape& s) {
   const double B = static_cast<double>(s.B), T = static_cast<double>(s.T), E = static_cast<double>(s.E);
   return 3.0 * (8.0 * B * T * E * E + 4.0 * B * T * T * E);
+}
+
+// The attention part alone: Q·Kᵀ and P·V forward (2·2·B·T²·E) and their four backward products
+// (dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q), 12·B·T²·E in all; causal work is the
+// T·(T+1)/2 query-key pairs on and below the diagonal instead of T², about half. (The
+// projections and the softmax are not counted.)
+inline double attention_core_flops(const AttentionShape& s) {
+  const double B = static_cast<double>(s.B), T = static_cast<double>(s.T), E = static_cast<double>(s.E);
+  const double pairs = s.causal ? T * (T + 1.0) / 2.0 : T * T;
+  return 12.0 * B * pairs * E;
 }
 
 // One training step of nn::MultiHeadAttention on a shape, float32: a module, an input that
@@ -264,9 +288,10 @@ struct AttentionRunOptions {
   double min_time = 0.03;
   bool tsv = false;
 
+  // `all` is the short shapes; `long` and `memory` name their groups.
   bool wants(const AttentionShape& s) const {
-    return std::find(shapes.begin(), shapes.end(), "all") != shapes.end() ||
-           std::find(shapes.begin(), shapes.end(), s.name) != shapes.end();
+    const auto asked = [&](const std::string& n) { return std::find(shapes.begin(), shapes.end(), n) != shapes.end(); };
+    return asked(s.name) || asked(s.group) || (s.group == "short" && asked("all"));
   }
 
   // Calls measure(shape, threads) for every thread count asked for (set with
@@ -285,10 +310,11 @@ struct AttentionRunOptions {
 };
 
 inline void add_attention_run_options(CLI::App& app, AttentionRunOptions& o) {
-  std::vector<std::string> names{"all"};
+  std::vector<std::string> names{"all", "long", "memory"};
   for (const auto& s : attention_shapes()) names.push_back(s.name);
-  app.add_option("--shapes", o.shapes, "comma-separated shapes, or all (default)")
-      ->delimiter(',')->check(CLI::IsMember(names))->type_name("a,b|all");
+  app.add_option("--shapes", o.shapes,
+                 "comma-separated shapes or groups: all (default: the short shapes), long, memory")
+      ->delimiter(',')->check(CLI::IsMember(names))->type_name("a,b|all|long|memory");
   app.add_option("--threads", o.threads, "comma-separated thread counts (default 1,2)")
       ->delimiter(',')->check(CLI::Range(1, 1 << 16))->type_name("1,2");
   app.add_option("--samples", o.samples, "samples per measurement (default 11)")->check(CLI::Range(1, 1 << 20));
