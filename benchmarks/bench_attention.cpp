@@ -71,7 +71,7 @@ void memory_check() {
 
 // One shape at one thread count: warm-up, then the step's peak memory and/or its times.
 void measure(const bench::AttentionShape& s, int n, nn::AttentionCore core, const bench::AttentionRunOptions& run,
-             const Flags& f, const bench::PeakEstimate& peak) {
+             const Flags& f, const bench::PeakEstimate& peak, int name_width) {
   const bench::ResidentLimit limit(
       f.max_gib, run.tsv ? fmt::format("over\t{}\t{}\t{}\n", s.name, n, f.max_gib)
                          : fmt::format("{:<16} {:>7}  skipped: resident memory above --max-gib {} GiB\n", s.name,
@@ -79,13 +79,18 @@ void measure(const bench::AttentionShape& s, int n, nn::AttentionCore core, cons
   bench::AttentionStep step(s, core);
   for (int i = 0; i < (s.is_long() ? 1 : 3); ++i) step();  // warm up: grads and caches exist
   const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto t0 = bench::Clock::now();
   const double mib = f.memory || f.memory_only ? bench::peak_mib_above_baseline(step) : nan;
+  const double t_memory_step = bench::seconds_since(t0);
   if (f.memory_only) {
     if (run.tsv) fmt::print("memory\t{}\t{}\t{:.1f}\n", s.name, n, mib);
     else fmt::print("{:<16} {:>7} {:>12.1f}\n", s.name, n, mib);
     return;
   }
-  const int reps = bench::calibrate(step, run.min_time);
+  // A long shape's step takes seconds: one call a sample, and the memory step, when there was
+  // one, shows it without another calibration call.
+  const bool one_call = s.is_long() && (f.memory ? t_memory_step : 0.0) >= run.min_time;
+  const int reps = one_call ? 1 : bench::calibrate(step, run.min_time);
   std::vector<double> times;
   for (int i = 0; i < run.samples; ++i) times.push_back(bench::sample(step, reps));
   const double med = bench::median(times);
@@ -105,8 +110,11 @@ void measure(const bench::AttentionShape& s, int n, nn::AttentionCore core, cons
   }
   // % of peak against the CPU time used (robust to other processes' load): FLOPs per
   // CPU-second over one core's peak.
-  fmt::print("{:<14} {:>7} {:>9.1f} µs {:>10.2f} {:>11.1f}%", s.name, n, med * 1e6, gflops,
-             100.0 * bench::attention_flops(s) / cpu_med / 1e9 / peak.gflops());
+  const std::string time = s.is_long() ? fmt::format("{:>9.1f} ms", med * 1e3) : fmt::format("{:>9.1f} µs", med * 1e6);
+  const std::string pct = cpu.empty() ? std::string("–")
+                                      : fmt::format("{:.1f}%", 100.0 * bench::attention_flops(s) / cpu_med / 1e9 /
+                                                                   peak.gflops());
+  fmt::print("{:<{}} {:>7} {} {:>10.2f} {:>12}", s.name, name_width, n, time, gflops, pct);
   if (f.attention_flops)
     fmt::print(" {:>10.2f} {:>9.1f}%", attn_gflops, 100.0 * attn_gflops / (n * peak.gflops()));
   if (f.memory) fmt::print(" {:>10.1f}", mib);
@@ -145,6 +153,9 @@ int main(int argc, char** argv) {
   }
   const nn::AttentionCore core = f.core_name == "composed" ? nn::AttentionCore::Composed : nn::AttentionCore::Fused;
 
+  std::size_t name_width = 14;
+  for (const auto& s : bench::attention_shapes())
+    if (run.wants(s)) name_width = std::max(name_width, s.name.size());
   if (!tsv && f.memory_only) {
     fmt::print("nn::MultiHeadAttention forward + backward, float32, need_weights = false, {} core: peak memory of one "
                "step above the baseline\n\n{:<16} {:>7} {:>12}\n", f.core_name, "shape", "threads", "peak MiB");
@@ -153,12 +164,13 @@ int main(int argc, char** argv) {
                core == nn::AttentionCore::Fused ? "fused" : "composed");
     fmt::print("kernels compiled for {}; FP32 peak per core ({}, measured): {:.1f} FLOP/cycle x {:.2f} GHz = "
                "{:.1f} GFLOP/s\n\n", peak.kernels_isa, peak.isa, peak.flops_per_cycle, peak.ghz, peak.gflops());
-    fmt::print("{:<14} {:>7} {:>12} {:>10} {:>12}", "shape", "threads", "time/step", "GFLOP/s", "% of peak*");
+    fmt::print("{:<{}} {:>7} {:>12} {:>10} {:>12}", "shape", name_width, "threads", "time/step", "GFLOP/s",
+               "% of peak*");
     if (f.attention_flops) fmt::print(" {:>10} {:>10}", "attn GF/s", "attn %**");
     if (f.memory) fmt::print(" {:>10}", "peak MiB");
     fmt::print("\n");
   }
-  run.for_each_run([&](const bench::AttentionShape& s, int n) { measure(s, n, core, run, f, peak); });
+  run.for_each_run([&](const bench::AttentionShape& s, int n) { measure(s, n, core, run, f, peak, static_cast<int>(name_width)); });
   if (!tsv && f.attention_flops)
     fmt::print("\n** attention part (Q·Kᵀ, P·V and their backward; causal: the pairs at or below the diagonal) "
                "over the step's wall time, against threads x one core's FP32 peak\n");
