@@ -26,8 +26,11 @@ Long sequences (benchmarks/long_attention.sh; shape groups `long` and `memory`, 
         <our peak MiB> <PyTorch peak MiB> <our attention GFLOP/s>
   compare_torch.py --ours BIN --shapes memory --memory-only --threads 1
         only the peak memory of one step, no timing: memory <shape> <threads> <ours> <PyTorch>
+        (PyTorch's varies by some MiB from step to step: the median of --memory-steps steps, and
+        with --step-memory of one step per round; ours is the same to 0.1 MiB every time)
   compare_torch.py --long-table RESULTS.tsv         the README tables from long_attention.sh's results
   compare_torch.py --kernels --shapes long          the attention kernels PyTorch's step calls
+  compare_torch.py --memory-check                   the peak-memory measure on a known 256 MiB tensor
   --max-gib G: a process whose resident memory passes G GiB is stopped; its side reads `over`
 """
 import argparse
@@ -237,8 +240,11 @@ def compare(args):
             reps = 1 if one_call else calibrate(step, args.min_time)
             n_cpu = max(1, args.samples // 2) if args.cpu_samples is None else args.cpu_samples
             theirs, ours, ours_cpu, theirs_cpu, ours_mem, ours_attn = [], [], [], [], [], []
+            theirs_mem = [mem]
             over = False
-            for _ in range(args.rounds):
+            for r in range(args.rounds):
+                if args.step_memory and r > 0:  # PyTorch's figure varies by some MiB from step to step
+                    theirs_mem.append(peak_mib_above_baseline(step))
                 if args.ours and not over:
                     r = run_ours(args, name, n)
                     if r is None:
@@ -262,7 +268,7 @@ def compare(args):
                 line = f"pytorch\t{name}\t{n}\t\t{t:.9g}\t\t\t{tc:.9g}"
             if args.step_memory:
                 om = "over" if over else f"{median_or_nan(ours_mem):.1f}"
-                line += f"\t{om}\t{mem:.1f}\t{median_or_nan(ours_attn):.4g}"
+                line += f"\t{om}\t{statistics.median(theirs_mem):.1f}\t{median_or_nan(ours_attn):.4g}"
             print(line, flush=True)
 
 
@@ -285,9 +291,18 @@ def memory_only(args):
             resident_limit(args.max_gib, f"memory\t{name}\t{n}\t{ours}\tover")
             step = make_step(B, T, E, H, causal)
             step()
-            mem = peak_mib_above_baseline(step)
+            # PyTorch's figure varies by some MiB from step to step (ours does not): a median.
+            mem = statistics.median(peak_mib_above_baseline(step) for _ in range(args.memory_steps))
             del step
             print(f"memory\t{name}\t{n}\t{ours}\t{mem:.1f}", flush=True)
+
+
+def memory_check(args):
+    """The peak-memory measure against a tensor of known size (256 MiB, every page written)."""
+    import torch
+
+    mib = peak_mib_above_baseline(lambda: torch.ones(64 << 20, dtype=torch.float32))
+    print(f"peak memory of a 256 MiB torch tensor, measured: {mib:.1f} MiB")
 
 
 def kernels(args):
@@ -476,16 +491,21 @@ def main():
     p.add_argument("--step-memory", action="store_true",
                    help="also the peak memory of one step (both sides) and our attention GFLOP/s")
     p.add_argument("--memory-only", action="store_true", help="only the peak memory of one step")
+    p.add_argument("--memory-steps", type=int, default=3,
+                   help="--memory-only: PyTorch's figure is the median of this many steps (default 3)")
     p.add_argument("--cpu-samples", type=int, default=None,
                    help="CPU-time samples per side per round (default samples // 2 here, bench_attention's own)")
     p.add_argument("--max-gib", type=float, default=0.0, help="stop a side whose resident memory passes G GiB")
     p.add_argument("--kernels", action="store_true")
+    p.add_argument("--memory-check", action="store_true", help="measure a known 256 MiB tensor")
     p.add_argument("--long-table", metavar="RESULTS")
     args = p.parse_args()
     if args.table:
         table(args)
     elif args.long_table:
         long_table(args)
+    elif args.memory_check:
+        memory_check(args)
     elif args.kernels:
         kernels(args)
     elif args.memory_only:

@@ -34,7 +34,10 @@ results=$build/long_attention_results.tsv
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uptime | sed 's/.*load/load/')" | tee "$results"
 "$bin" --peak | sed 's/^/# /'
 "$bin" --peak --tsv >>"$results"
-"$bin" --memory-check | sed 's/^/# /'
+"$bin" --memory-check | sed 's/^/# headgrad: /'
+python3 "$root/benchmarks/compare_torch.py" --memory-check | sed 's/^/# PyTorch: /'
+python3 "$root/benchmarks/compare_torch.py" --kernels --shapes long-1k,long-4k-causal 2>/dev/null |
+  sed 's/^/# PyTorch step calls: /' || echo "# (could not list the kernels PyTorch's step calls)"
 for shape in ${shapes//,/ }; do
   case $shape in
     *8k*) rounds=${LONG_ROUNDS:-2} samples=${LONG_SAMPLES:-2} ;;
