@@ -19,7 +19,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <random>
 #include <string>
@@ -350,35 +352,47 @@ struct Runner {
 };
 
 // Median seconds per call of each runner, interleaved: every sample times each runner in turn
-// (starting one further along each sample), each over enough calls to last min_time.
+// (starting one further along each sample), each over enough calls to last min_time (one
+// thread: CPU time, two threads: wall-clock time, see seconds()).
+// Seconds f() takes: CPU time of the calling thread when `cpu` (one-thread runs: the time the
+// thread was off the core while other processes ran is not counted, so a shared machine's load
+// moves the figure little), else wall-clock time (two threads: a thread that waits for a core
+// slows the call, and that shows).
 template <class F>
-double seconds(F&& f) {
-  const auto t0 = bench::Clock::now();
+double seconds(bool cpu, F&& f) {
+  auto now = [cpu] {
+    timespec t{};
+    clock_gettime(cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  const double t0 = now();
   f();
-  return bench::seconds_since(t0);
+  return now() - t0;
 }
 
 template <class T>
 std::vector<double> time_runners(std::vector<Runner<T>>& rs, const Product& p, Operands<T>& o, const Settings& s) {
-  std::vector<long> reps(rs.size(), 1);
-  for (std::size_t r = 0; r < rs.size(); ++r) {  // warm up and calibrate
-    rs[r].run(p, o.A.data(), o.B.data(), o.C.data());
-    const double t = seconds([&] { rs[r].run(p, o.A.data(), o.B.data(), o.C.data()); });
+  const std::size_t n = rs.size(), samples = static_cast<std::size_t>(s.samples);
+  std::vector<long> reps(n, 1);
+  for (std::size_t r = 0; r < n; ++r) {  // warm up and calibrate on the calling thread's CPU time
+    double t = HUGE_VAL;
+    for (int i = 0; i < 3; ++i) t = std::min(t, seconds(true, [&] { rs[r].run(p, o.A.data(), o.B.data(), o.C.data()); }));
     reps[r] = std::max(1L, static_cast<long>(s.min_time / std::max(t, 1e-9)));
   }
-  std::vector<std::vector<double>> times(rs.size());
-  for (int k = 0; k < s.samples; ++k)
-    for (std::size_t j = 0; j < rs.size(); ++j) {
-      const std::size_t r = (j + static_cast<std::size_t>(k)) % rs.size();
-      const double t = seconds([&] {
+  std::vector<double> times(n * samples);  // [runner][sample]
+  for (std::size_t k = 0; k < samples; ++k)
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t r = (j + k) % n;
+      const double t = seconds(rs[r].mode.threads == 1, [&] {
         for (long i = 0; i < reps[r]; ++i) rs[r].run(p, o.A.data(), o.B.data(), o.C.data());
       });
-      times[r].push_back(t / static_cast<double>(reps[r]));
+      times[r * samples + k] = t / static_cast<double>(reps[r]);
     }
-  std::vector<double> med;
-  for (auto& t : times) {
-    std::sort(t.begin(), t.end());
-    med.push_back(t[t.size() / 2]);
+  std::vector<double> med(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto first = times.begin() + static_cast<std::ptrdiff_t>(r * samples);
+    std::nth_element(first, first + static_cast<std::ptrdiff_t>(samples / 2), first + static_cast<std::ptrdiff_t>(samples));
+    med[r] = first[static_cast<std::ptrdiff_t>(samples / 2)];
   }
   return med;
 }
@@ -393,7 +407,9 @@ struct Result {
   Product p;
   std::vector<std::vector<double>> secs;  // [mode][library]
   std::vector<double> err;                // [library], < 0: not run
-  std::vector<int> own_same, cut_same;    // [library]: 1 same, 0 differs, -1 not run
+  // [library]: 1 same bits, 0 differ, -1 not run: two threads (own threading) against one; the
+  // pieces on two threads against the pieces on one; the pieces against the uncut product.
+  std::vector<int> own_same, cut_same, cut_whole;
 };
 
 const std::vector<Mode>& modes() {
@@ -415,8 +431,8 @@ bool runs(const Library<T>& lib, const Product& p, const Mode& m) {
 template <class T>
 Result measure(const Product& p, std::vector<Library<T>>& libs, const Settings& s, std::mt19937_64& rng) {
   Operands<T> o = operands<T>(p, rng);
-  Result r{p, {}, std::vector<double>(libs.size(), -1), std::vector<int>(libs.size(), -1),
-           std::vector<int>(libs.size(), -1)};
+  const std::vector<int> none(libs.size(), -1);
+  Result r{p, {}, std::vector<double>(libs.size(), -1), none, none, none};
   std::vector<Runner<T>> rs;
   std::vector<std::pair<std::size_t, std::size_t>> where;  // runner -> (mode, library)
   for (std::size_t m = 0; m < modes().size(); ++m)
@@ -438,8 +454,13 @@ Result measure(const Product& p, std::vector<Library<T>>& libs, const Settings& 
     if (!modes()[m].cut && modes()[m].threads == 1) {
       one[l] = c;
       r.err[l] = error_units(p, o, c);
-    } else if (!one[l].empty()) {
-      (modes()[m].cut ? r.cut_same : r.own_same)[l] = same_bits(p, one[l], c) ? 1 : 0;
+    } else if (!modes()[m].cut) {
+      r.own_same[l] = !one[l].empty() && same_bits(p, one[l], c) ? 1 : 0;
+    } else {  // the pieces on one thread, in order: the same bits, and the same as uncut?
+      Runner<T> serial{rs[i].lib, {"", 1, true}, {}};
+      const std::vector<T> c1 = result_of(serial);
+      r.cut_same[l] = same_bits(p, c1, c) ? 1 : 0;
+      r.cut_whole[l] = !one[l].empty() && same_bits(p, one[l], c1) ? 1 : 0;
     }
   }
   const std::vector<double> med = time_runners(rs, p, o, s);
@@ -483,12 +504,14 @@ void print_times(const std::vector<Result>& rs, const std::vector<Library<T>>& l
   }
 }
 
-// Per library: error in units of K·eps·Σ|a||b| at one thread, then whether two threads with its
-// own threading and cut into pieces gave the same bits as one thread (= same, ≠ differs).
+// Per library: error in units of K·eps·Σ|a||b| at one thread, then three marks (= same bits, ≠
+// differ, – not run): two threads with its own threading against one thread; the pieces on two
+// threads against the pieces on one; the pieces against the uncut product.
 template <class T>
 int print_checks(const std::vector<Result>& rs, const std::vector<Library<T>>& libs, const char* type) {
   int wrong = 0;
-  std::printf("\n### %s checks: error / (K·eps·Σ|a||b|) at 1 thread; bits at 2 threads (own, cut) vs 1 thread\n\n"
+  std::printf("\n### %s checks: error / (K·eps·Σ|a||b|) at 1 thread; same bits? own 2 threads vs 1, "
+              "pieces on 2 threads vs on 1, pieces vs uncut\n\n"
               "| product | op |", type);
   for (const auto& l : libs) std::printf(" %s |", l.name.c_str());
   std::printf("\n|---|---|");
@@ -504,7 +527,8 @@ int print_checks(const std::vector<Result>& rs, const std::vector<Library<T>>& l
       }
       const bool bad = !(r.err[l] <= 1.0);
       wrong += bad;
-      std::printf(" %.3f%s %s %s |", r.err[l], bad ? " WRONG" : "", mark(r.own_same[l]), mark(r.cut_same[l]));
+      std::printf(" %.3f%s %s%s%s |", r.err[l], bad ? " WRONG" : "", mark(r.own_same[l]), mark(r.cut_same[l]),
+                  mark(r.cut_whole[l]));
     }
     std::printf("\n");
   }
@@ -526,7 +550,13 @@ int run_type(const std::vector<Product>& ps, const Settings& s, const char* type
   return print_checks(rs, libs, type);
 }
 
+void print_load(const char* when) {
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) == 3) std::printf("\n- load average %s: %.2f %.2f %.2f\n", when, load[0], load[1], load[2]);
+}
+
 void print_machine() {
+  print_load("at the start");
   const bench::PeakEstimate peak = bench::estimate_fp32_peak();
   std::printf("## Machine and libraries\n\n- this program compiled for %s; measured clock %.2f GHz;", peak.kernels_isa.c_str(),
               peak.ghz);
@@ -580,6 +610,7 @@ int main(int argc, char** argv) {
 #ifdef HG_HAVE_XSMM
   libxsmm_finalize();
 #endif
+  print_load("at the end");
   if (wrong > 0) std::printf("\n%d results outside the error bound: a library was called wrongly\n", wrong);
   return wrong > 0 ? 1 : 0;
 }
