@@ -16,6 +16,8 @@
 // Per-head products run one per thread in headgrad (the batch of heads is shared among the
 // threads), so they are timed at one thread only.
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -49,6 +51,46 @@
 #ifdef HG_HAVE_XSMM
 #include <libxsmm.h>
 #endif
+
+// Every heap allocation of the process is counted: these definitions take the place of the C
+// allocators for the program and for the shared libraries it loads (operator new calls malloc).
+namespace {
+std::atomic<std::uint64_t> g_allocations{0};
+}  // namespace
+
+extern "C" {
+void* __libc_malloc(std::size_t);
+void* __libc_calloc(std::size_t, std::size_t);
+void* __libc_realloc(void*, std::size_t);
+void* __libc_memalign(std::size_t, std::size_t);
+void* malloc(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return __libc_malloc(n);
+}
+void* calloc(std::size_t n, std::size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return __libc_calloc(n, size);
+}
+void* realloc(void* p, std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return __libc_realloc(p, n);
+}
+void* aligned_alloc(std::size_t align, std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return __libc_memalign(align, n);
+}
+void* memalign(std::size_t align, std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return __libc_memalign(align, n);
+}
+int posix_memalign(void** out, std::size_t align, std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  void* p = __libc_memalign(align, n);
+  if (p == nullptr && n != 0) return ENOMEM;
+  *out = p;
+  return 0;
+}
+}
 
 namespace {
 
@@ -410,6 +452,7 @@ struct Result {
   // [library]: 1 same bits, 0 differ, -1 not run: two threads (own threading) against one; the
   // pieces on two threads against the pieces on one; the pieces against the uncut product.
   std::vector<int> own_same, cut_same, cut_whole;
+  std::vector<double> allocs;  // [library]: heap allocations per warm call at one thread
 };
 
 const std::vector<Mode>& modes() {
@@ -432,7 +475,7 @@ template <class T>
 Result measure(const Product& p, std::vector<Library<T>>& libs, const Settings& s, std::mt19937_64& rng) {
   Operands<T> o = operands<T>(p, rng);
   const std::vector<int> none(libs.size(), -1);
-  Result r{p, {}, std::vector<double>(libs.size(), -1), none, none, none};
+  Result r{p, {}, std::vector<double>(libs.size(), -1), none, none, none, std::vector<double>(libs.size(), 0)};
   std::vector<Runner<T>> rs;
   std::vector<std::pair<std::size_t, std::size_t>> where;  // runner -> (mode, library)
   for (std::size_t m = 0; m < modes().size(); ++m)
@@ -462,6 +505,14 @@ Result measure(const Product& p, std::vector<Library<T>>& libs, const Settings& 
       r.cut_same[l] = same_bits(p, c1, c) ? 1 : 0;
       r.cut_whole[l] = !one[l].empty() && same_bits(p, one[l], c1) ? 1 : 0;
     }
+  }
+  for (std::size_t i = 0; i < rs.size(); ++i) {  // allocations per warm one-thread call
+    if (modes()[where[i].first].threads != 1) continue;
+    constexpr int kCalls = 8;
+    rs[i].run(p, o.A.data(), o.B.data(), o.C.data());  // sets every thread count to 1
+    const std::uint64_t before = g_allocations.load();
+    for (int k = 0; k < kCalls; ++k) rs[i].lib->call(p, o.A.data(), o.B.data(), o.C.data());
+    r.allocs[where[i].second] = static_cast<double>(g_allocations.load() - before) / kCalls;
   }
   const std::vector<double> med = time_runners(rs, p, o, s);
   r.secs.assign(modes().size(), std::vector<double>(libs.size(), 0.0));
@@ -506,12 +557,13 @@ void print_times(const std::vector<Result>& rs, const std::vector<Library<T>>& l
 
 // Per library: error in units of K·eps·Σ|a||b| at one thread, then three marks (= same bits, ≠
 // differ, – not run): two threads with its own threading against one thread; the pieces on two
-// threads against the pieces on one; the pieces against the uncut product.
+// threads against the pieces on one; the pieces against the uncut product; and the heap
+// allocations per warm one-thread call when there are any.
 template <class T>
 int print_checks(const std::vector<Result>& rs, const std::vector<Library<T>>& libs, const char* type) {
   int wrong = 0;
   std::printf("\n### %s checks: error / (K·eps·Σ|a||b|) at 1 thread; same bits? own 2 threads vs 1, "
-              "pieces on 2 threads vs on 1, pieces vs uncut\n\n"
+              "pieces on 2 threads vs on 1, pieces vs uncut; heap allocations per warm 1-thread call\n\n"
               "| product | op |", type);
   for (const auto& l : libs) std::printf(" %s |", l.name.c_str());
   std::printf("\n|---|---|");
@@ -527,8 +579,10 @@ int print_checks(const std::vector<Result>& rs, const std::vector<Library<T>>& l
       }
       const bool bad = !(r.err[l] <= 1.0);
       wrong += bad;
-      std::printf(" %.3f%s %s%s%s |", r.err[l], bad ? " WRONG" : "", mark(r.own_same[l]), mark(r.cut_same[l]),
+      std::printf(" %.3f%s %s%s%s", r.err[l], bad ? " WRONG" : "", mark(r.own_same[l]), mark(r.cut_same[l]),
                   mark(r.cut_whole[l]));
+      if (r.allocs[l] > 0) std::printf(" %.3g alloc", r.allocs[l]);
+      std::printf(" |");
     }
     std::printf("\n");
   }
