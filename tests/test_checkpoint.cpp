@@ -297,7 +297,7 @@ BOOST_AUTO_TEST_CASE(refuses_corrupt_headers) {
   expect_rejected(make_file(replace(h, "\"dtype\"", "\"dtype"), d), "corrupt header");
   expect_rejected(make_file(h + "xyz", d), "unexpected characters after the header object");
   expect_rejected(make_file(replace(h, "\"F32\"", "\"F33\""), d), "unknown dtype \"F33\"");
-  expect_rejected(make_file(replace(h, "\"F64\"", "\"I64\""), d), "has dtype I64; headgrad reads F32 and F64 only");
+  expect_rejected(make_file(replace(h, "\"F64\"", "\"I32\""), d), "has dtype I32; headgrad reads F32 and F64 only");
   expect_rejected(make_file(replace(h, "\"shape\":[2]", "\"shape\":[-2]"), d), "not a non-negative integer");
   expect_rejected(make_file(replace(h, "\"shape\":[2]", "\"shape\":[2.0]"), d), "not a non-negative integer");
   expect_rejected(make_file(replace(h, "\"shape\":[2]", "\"shape\":[3]"), d), "needs 24 bytes but data_offsets");

@@ -121,7 +121,7 @@ BOOST_AUTO_TEST_CASE(reductions) {
     const Tensor centred = x - ag::mean(x, 1, true);
     const Tensor var = ag::mean(ag::square(centred), 1);
     return with_grads({ag::sum(x), ag::sum(x, 0), ag::sum(x, 1), ag::sum(x, {0, 1}), ag::mean(x), ag::mean(x, 0),
-                       ag::mean(x, 1, true), var, ag::max(x), ag::max(x, 0), ag::max(x, 1), ag::argmax(x, 1),
+                       ag::mean(x, 1, true), var, ag::max(x), ag::max(x, 0), ag::max(x, 1), ag::argmax(x, 1).to(x.dtype()),
                        ag::sum(x3, 1), ag::mean(x3, {0, 2}), ag::max(x3, 1), ag::sum(v), ag::mean(v)},
                       {x, x3, v}, gen);
   });

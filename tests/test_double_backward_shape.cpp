@@ -73,7 +73,7 @@ BOOST_AUTO_TEST_CASE(argmax_has_no_gradient) {
   BOOST_TEST(!ag::argmax(x, 1).requires_grad());
   // ... and a function that uses it as a constant still has exact second derivatives
   check_op("reduction", "x² scaled by argmax",
-           unary_fn([](const Tensor& t) { return t * t * (ag::argmax(t, 1, true) + 1.0); }), {x});
+           unary_fn([](const Tensor& t) { return t * t * (ag::argmax(t, 1, true).to(t.dtype()) + 1.0); }), {x});
 }
 
 BOOST_AUTO_TEST_CASE(second_derivatives_through_reductions_are_exact) {

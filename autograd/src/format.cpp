@@ -28,13 +28,17 @@ class Printer {
       : shape_(t.shape()),
         strides_(contiguous_strides(t.shape())),
         values_(t.to_vector()),
+        ints_(t.dtype() == Dtype::Int64 ? std::vector<std::int64_t>(t.data<std::int64_t>(),
+                                                                     t.data<std::int64_t>() + t.numel())
+                                        : std::vector<std::int64_t>()),
+        integer_(t.dtype() == Dtype::Int64),
         options_(options),
         summarise_(t.numel() > options.threshold) {
     choose_style();
   }
 
   std::string body() const {
-    if (shape_.empty()) return element(values_[0]);
+    if (shape_.empty()) return element(0);
     if (values_.empty()) return "[]";
     return block(0, 0, kIndent);
   }
@@ -58,13 +62,13 @@ class Printer {
     }
   }
 
-  // Every value that will be printed (the summary's edges only), for the style and the width.
-  void collect(std::size_t dim, std::int64_t offset, std::vector<double>& out) const {
+  // Where every value that will be printed is (the summary's edges only), for the style and the width.
+  void collect(std::size_t dim, std::int64_t offset, std::vector<std::int64_t>& out) const {
     for_each_shown(dim, [&](std::int64_t i) {
       if (i < 0) return;
       const std::int64_t at = offset + i * strides_[dim];
       if (dim + 1 == shape_.size()) {
-        out.push_back(values_[static_cast<std::size_t>(at)]);
+        out.push_back(at);
       } else {
         collect(dim + 1, at, out);
       }
@@ -72,32 +76,37 @@ class Printer {
   }
 
   // PyTorch's rule: scientific when the nonzero finite magnitudes span more than 1000x, or one is
-  // above 1e8 or below 1e-4; every element padded to the widest.
+  // above 1e8 or below 1e-4; every element padded to the widest. Integers print as they are.
   void choose_style() {
-    std::vector<double> shown;
+    std::vector<std::int64_t> shown;
     if (shape_.empty()) {
-      shown = values_;
+      shown.push_back(0);
     } else if (!values_.empty()) {
       collect(0, 0, shown);
     }
     double lo = std::numeric_limits<double>::infinity(), hi = 0;
-    for (double v : shown) {
+    for (std::int64_t at : shown) {
+      const double v = values_[static_cast<std::size_t>(at)];
       if (!std::isfinite(v) || v == 0) continue;
       lo = std::min(lo, std::abs(v));
       hi = std::max(hi, std::abs(v));
     }
-    scientific_ = options_.sci_mode.value_or(hi > 0 && (hi / lo > 1000.0 || hi > 1e8 || lo < 1e-4));
-    for (double v : shown) width_ = std::max(width_, number(v).size());
+    scientific_ = !integer_ && options_.sci_mode.value_or(hi > 0 && (hi / lo > 1000.0 || hi > 1e8 || lo < 1e-4));
+    for (std::int64_t at : shown) width_ = std::max(width_, number(at).size());
   }
 
-  std::string number(double v) const {
+  // The element at flat position `at`, unpadded.
+  std::string number(std::int64_t at) const {
+    const auto i = static_cast<std::size_t>(at);
+    if (integer_) return fmt::format("{}", ints_[i]);
+    const double v = values_[i];
     if (std::isnan(v)) return "nan";
     if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
     return scientific_ ? fmt::format("{:.{}e}", v, options_.precision) : fmt::format("{:.{}f}", v, options_.precision);
   }
 
-  std::string element(double v) const {
-    const std::string s = number(v);
+  std::string element(std::int64_t at) const {
+    const std::string s = number(at);
     return std::string(width_ > s.size() ? width_ - s.size() : 0, ' ') + s;
   }
 
@@ -107,7 +116,7 @@ class Printer {
     if (cut(shape_[dim]) && options_.edgeitems == 0) return "[...]";
     std::vector<std::string> items;
     for_each_shown(dim, [&](std::int64_t i) {
-      items.push_back(i < 0 ? " ..." : element(values_[static_cast<std::size_t>(offset + i * strides_[dim])]));
+      items.push_back(i < 0 ? " ..." : element(offset + i * strides_[dim]));
     });
     const auto linewidth = static_cast<std::size_t>(options_.linewidth);
     const std::size_t per_line = linewidth > indent ? std::max<std::size_t>(1, (linewidth - indent) / (width_ + 2)) : 1;
@@ -142,6 +151,8 @@ class Printer {
   const Shape& shape_;
   const Shape strides_;
   const std::vector<double> values_;
+  const std::vector<std::int64_t> ints_;  // Int64 tensors: the exact values
+  const bool integer_;
   const PrintOptions& options_;
   const bool summarise_;
   bool scientific_ = false;

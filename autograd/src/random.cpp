@@ -50,6 +50,8 @@ void manual_seed(std::uint64_t seed) {
 namespace {
 template <class Draw>
 Tensor fill_with(std::string_view op, const Shape& shape, Dtype dtype, Draw draw) {
+  if (!is_floating(dtype))
+    fail(op, "draws floating-point values: dtype must be Float32 or Float64, got {}", dtype_name(dtype));
   Tensor t = Tensor::empty(shape, dtype, op);
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);

@@ -11,6 +11,8 @@
 #include "autograd/ops.hpp"
 #include "autograd/detail/small_pool.hpp"
 #include "buffer_pool.hpp"
+#include "convert.hpp"
+#include "ops/common.hpp"
 
 namespace autograd {
 
@@ -62,7 +64,7 @@ void* Tensor::raw_data() const {
 std::vector<double> Tensor::to_vector() const {
   check_defined("to_vector");
   std::vector<double> out(static_cast<std::size_t>(numel()));
-  dispatch(dtype(), [&](auto zero) {
+  dispatch_all(dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* p = data<T>();
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(p[i]);
@@ -74,7 +76,7 @@ double Tensor::item() const {
   check_defined("item");
   if (numel() != 1) fail("item", "needs a tensor with one element, got shape {}", shape_str(shape()));
   double value = 0.0;
-  dispatch(dtype(), [&](auto zero) { value = static_cast<double>(data<decltype(zero)>()[0]); });
+  dispatch_all(dtype(), [&](auto zero) { value = static_cast<double>(data<decltype(zero)>()[0]); });
   return value;
 }
 
@@ -82,16 +84,14 @@ Tensor Tensor::to(Dtype target) const {
   check_defined("to");
   if (dtype() == target) return *this;
   Tensor out = Tensor::empty(shape(), target);
-  dispatch(dtype(), [&](auto src_zero) {
+  dispatch_all(dtype(), [&](auto src_zero) {
     using S = decltype(src_zero);
-    dispatch(target, [&](auto dst_zero) {
+    dispatch_all(target, [&](auto dst_zero) {
       using D = decltype(dst_zero);
-      const S* s = data<S>();
-      D* d = out.data<D>();
-      for (std::int64_t i = 0; i < numel(); ++i) d[i] = static_cast<D>(s[i]);
+      detail::convert_values("to", data<S>(), out.data<D>(), numel());
     });
   });
-  if (needs_grad(*this)) {
+  if (is_floating(target) && needs_grad(*this)) {  // an integer result has no gradient
     const Dtype source = dtype();
     // y = convert(x)  =>  dx = convert_back(dy)
     return record("to", {*this}, out,
@@ -125,6 +125,9 @@ Tensor Tensor::clone() const {
 
 Tensor& Tensor::requires_grad_(bool on) {
   check_defined("requires_grad_");
+  if (on && !is_floating(dtype()))
+    fail("requires_grad_", "only Float32 and Float64 tensors can require grad, got an {} tensor {} "
+         "(integers are not differentiable)", dtype_name(dtype()), shape_str(shape()));
   if (impl_->grad_fn)
     fail("requires_grad_", "only leaf tensors can change requires_grad; this one was made by '{}' "
          "(use detach() to get a leaf)", printable(impl_->grad_fn->name()));
@@ -241,15 +244,14 @@ Tensor& Tensor::copy_(const Tensor& src) {
   if (src.shape() != shape())
     fail("copy_", "shapes differ: destination {} and source {}", shape_str(shape()), shape_str(src.shape()));
   check_in_place("copy_", *this);
-  dispatch(src.dtype(), [&](auto src_zero) {
+  dispatch_all(src.dtype(), [&](auto src_zero) {
     using S = decltype(src_zero);
-    dispatch(dtype(), [&](auto dst_zero) {
+    dispatch_all(dtype(), [&](auto dst_zero) {
       using D = decltype(dst_zero);
       const S* s = src.data<S>();
       D* d = data<D>();
       if (static_cast<const void*>(s) == static_cast<const void*>(d)) return;
-      const std::int64_t n = numel();
-      for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
+      detail::convert_values("copy_", s, d, numel());
     });
   });
   mark_modified();
@@ -259,10 +261,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
   check_in_place("fill_", *this);
-  dispatch(dtype(), [&](auto zero) {
+  dispatch_all(dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* d = data<T>();
-    std::fill(d, d + numel(), static_cast<T>(value));
+    std::fill(d, d + numel(), detail::from_double<T>("fill_", value));
   });
   mark_modified();
   return *this;
@@ -270,6 +272,7 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_defined("add_");
+  check_floating("add_", *this);
   if (!other.defined()) fail("add_", "the other tensor is {}", undefined_description(other));
   if (other.shape() != shape())
     fail("add_", "shapes differ: {} and {}", shape_str(shape()), shape_str(other.shape()));
@@ -293,6 +296,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(double value) {
   check_defined("mul_");
+  check_floating("mul_", *this);
   check_in_place("mul_", *this);
   dispatch(dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -305,71 +309,15 @@ Tensor& Tensor::mul_(double value) {
 Tensor& Tensor::set_data(const Tensor& other) {
   check_defined("set_data");
   if (!other.defined()) fail("set_data", "the source is {}", undefined_description(other));
+  if (impl_->requires_grad && !is_floating(other.dtype()))
+    fail("set_data", "this tensor requires grad, so its data cannot become {} (shape {}): integers are not "
+         "differentiable", dtype_name(other.dtype()), shape_str(other.shape()));
   impl_->shape = other.shape();
   impl_->dtype = other.dtype();
   impl_->storage = other.impl()->storage;
   impl_->grad.reset();
   impl_->grad_accumulator.reset();
   return *this;
-}
-
-// ---- factories ----
-
-Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype) {
-  const std::int64_t numel = checked_numel("tensor", shape);
-  if (static_cast<std::int64_t>(values.size()) != numel)
-    fail("tensor", "{} values given for shape {} ({} elements)", values.size(), shape_str(shape), numel);
-  Tensor t = Tensor::empty(shape, dtype, "tensor");
-  dispatch(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    T* d = t.data<T>();
-    for (std::size_t i = 0; i < values.size(); ++i) d[i] = static_cast<T>(values[i]);
-  });
-  return t;
-}
-
-Tensor tensor(const std::vector<double>& values, std::initializer_list<std::int64_t> shape, Dtype dtype) {
-  return tensor(values, Shape(shape), dtype);
-}
-
-namespace {
-// A tensor of `shape` with every element `value`, made for the factory `op`.
-Tensor filled(std::string_view op, const Shape& shape, double value, Dtype dtype) {
-  Tensor t = Tensor::empty(shape, dtype, op);
-  dispatch(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    T* d = t.data<T>();
-    std::fill(d, d + t.numel(), static_cast<T>(value));
-  });
-  return t;
-}
-}  // namespace
-
-Tensor scalar_tensor(double value, Dtype dtype) { return filled("scalar_tensor", {}, value, dtype); }
-Tensor full(const Shape& shape, double value, Dtype dtype) { return filled("full", shape, value, dtype); }
-Tensor zeros(const Shape& shape, Dtype dtype) { return filled("zeros", shape, 0.0, dtype); }
-Tensor ones(const Shape& shape, Dtype dtype) { return filled("ones", shape, 1.0, dtype); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
-
-Tensor arange(double end, Dtype dtype) { return arange(0.0, end, 1.0, dtype); }
-
-Tensor arange(double start, double end, double step, Dtype dtype) {
-  if (step == 0.0 || !std::isfinite(step)) fail("arange", "step must be finite and nonzero, got {}", step);
-  if (!std::isfinite(start) || !std::isfinite(end)) fail("arange", "bounds must be finite, got {} and {}", start, end);
-  const double count = std::max(0.0, std::ceil((end - start) / step));
-  // 2^63 is the first double past the largest count; an infinite count (end - start overflowed) is past it too.
-  if (!(count < 0x1p63))
-    fail("arange", "[{}, {}) in steps of {} holds {} values, more than a 64-bit count can hold", start, end, step,
-         count);
-  const auto n = static_cast<std::int64_t>(count);
-  Tensor t = Tensor::empty({n}, dtype, "arange");
-  dispatch(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    T* d = t.data<T>();
-    for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(start + static_cast<double>(i) * step);
-  });
-  return t;
 }
 
 }  // namespace autograd

@@ -40,6 +40,11 @@ LoadPlan plan_parameter_load(const NamedTensors& params, const NamedTensors& sto
     if (t.shape() != p.shape()) {
       problems.push_back(fmt::format("'{}{}' has shape {} in the file but the parameter is {}", prefix, name,
                                      ag::shape_str(t.shape()), ag::shape_str(p.shape())));
+    } else if (t.dtype() != p.dtype() && ag::is_floating(t.dtype()) != ag::is_floating(p.dtype())) {
+      problems.push_back(fmt::format("'{}{}' is {} in the file but the parameter is {}: integer and floating-point "
+                                     "tensors do not convert into each other on load (not even with convert_dtype)",
+                                     prefix, name, detail::safetensors_dtype(t.dtype()),
+                                     detail::safetensors_dtype(p.dtype())));
     } else if (t.dtype() != p.dtype() && !options.convert_dtype) {
       problems.push_back(fmt::format("'{}{}' is {} in the file but the parameter is {}", prefix, name,
                                      detail::safetensors_dtype(t.dtype()), detail::safetensors_dtype(p.dtype())));

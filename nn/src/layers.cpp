@@ -17,6 +17,9 @@ Embedding::Embedding(const EmbeddingOptions& options, ag::Generator& gen) : Modu
   if (options.num_embeddings <= 0 || options.embedding_dim <= 0)
     ag::fail("Embedding", "num_embeddings and embedding_dim must be positive, got {} and {}", options.num_embeddings,
              options.embedding_dim);
+  if (!ag::is_floating(options.dtype))
+    ag::fail("Embedding", "dtype must be Float32 or Float64 (the weight's; indices may be Int64), got {}",
+             ag::dtype_name(options.dtype));
   weight_.bind(
       register_parameter("weight", ag::randn({options.num_embeddings, options.embedding_dim}, options.dtype, gen)));
 }
@@ -37,6 +40,8 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
   for (auto d : options.normalized_shape)
     if (d <= 0) ag::fail("LayerNorm", "normalized_shape {} must be positive", ag::shape_str(options.normalized_shape));
   if (!(options.eps >= 0.0)) ag::fail("LayerNorm", "eps must be >= 0, got {}", options.eps);
+  if (!ag::is_floating(options.dtype))
+    ag::fail("LayerNorm", "dtype must be Float32 or Float64, got {}", ag::dtype_name(options.dtype));
   if (options.elementwise_affine) {
     weight_.bind(register_parameter("weight", ag::ones(options.normalized_shape, options.dtype)));
     if (options.bias) bias_.bind(register_parameter("bias", ag::zeros(options.normalized_shape, options.dtype)));

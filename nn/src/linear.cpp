@@ -16,6 +16,8 @@ Linear::Linear(const LinearOptions& options, ag::Generator& gen) : Module("Linea
   if (options.in_features <= 0 || options.out_features <= 0)
     ag::fail("Linear", "in_features and out_features must be positive, got {} and {}", options.in_features,
              options.out_features);
+  if (!ag::is_floating(options.dtype))
+    ag::fail("Linear", "dtype must be Float32 or Float64, got {}", ag::dtype_name(options.dtype));
   const std::int64_t bytes = static_cast<std::int64_t>(ag::dtype_size(options.dtype));
   if (options.in_features > std::numeric_limits<std::int64_t>::max() / bytes / options.out_features)
     ag::fail("Linear", "weight of shape [{}, {}] is too large: its size does not fit in 64 bits", options.in_features,

@@ -10,6 +10,9 @@ ag::Tensor mse_loss(const ag::Tensor& input, const ag::Tensor& target, Reduction
              ag::shape_str(target.shape()));
   if (input.dtype() != target.dtype())
     ag::fail(op, "dtypes differ: {} and {}", ag::dtype_name(input.dtype()), ag::dtype_name(target.dtype()));
+  if (!ag::is_floating(input.dtype()))
+    ag::fail(op, "needs Float32 or Float64 tensors, got {} (shape {})", ag::dtype_name(input.dtype()),
+             ag::shape_str(input.shape()));
   ag::Tensor squared = ag::square(ag::sub(input, target));
   switch (reduction) {
     case Reduction::None:

@@ -54,6 +54,9 @@ ag::Tensor Module::register_parameter(std::string name, ag::Tensor t, bool requi
   if (!t.defined()) ag::fail("register_parameter", "parameter {} is undefined", quote_name(name));
   for (const auto& [n, p] : params_)
     if (n == name) ag::fail("register_parameter", "parameter {} is already registered", quote_name(name));
+  if (requires_grad && !ag::is_floating(t.dtype()))
+    ag::fail("register_parameter", "parameter {} is {} {}: a parameter that requires grad must be Float32 or "
+             "Float64", quote_name(name), ag::dtype_name(t.dtype()), ag::shape_str(t.shape()));
   if (!t.is_leaf()) t = t.detach();
   t.requires_grad_(requires_grad);
   params_.emplace_back(std::move(name), t);
@@ -156,6 +159,8 @@ void Module::train(bool on) {
 }
 
 Module& Module::to(ag::Dtype dtype) {
+  if (!ag::is_floating(dtype))
+    ag::fail("Module::to", "parameters must be Float32 or Float64, got {}", ag::dtype_name(dtype));
   ag::NoGradGuard no_grad;
   for (auto& p : parameters())
     if (p.dtype() != dtype) p.set_data(p.detach().to(dtype));

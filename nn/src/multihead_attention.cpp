@@ -43,25 +43,26 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
     ag::fail(kOp, "embed_dim {} is not divisible by num_heads {}", o.embed_dim, o.num_heads);
   if (o.kdim < 0 || o.vdim < 0) ag::fail(kOp, "kdim and vdim must be >= 0 (0 = embed_dim), got {} and {}", o.kdim, o.vdim);
   if (!(o.dropout >= 0.0 && o.dropout < 1.0)) ag::fail(kOp, "dropout must be in [0, 1), got {}", o.dropout);
+  if (!ag::is_floating(o.dtype)) ag::fail(kOp, "dtype must be Float32 or Float64, got {}", ag::dtype_name(o.dtype));
   if (options_.kdim == 0) options_.kdim = o.embed_dim;
   if (options_.vdim == 0) options_.vdim = o.embed_dim;
   const std::int64_t E = o.embed_dim;
   check_size("W_Q", {E, E}, o.dtype);
   check_size("W_K", {options_.kdim, E}, o.dtype);
   check_size("W_V", {options_.vdim, E}, o.dtype);
-  W_Q_ = register_parameter("W_Q", ag::zeros({E, E}, o.dtype));
-  W_K_ = register_parameter("W_K", ag::zeros({options_.kdim, E}, o.dtype));
-  W_V_ = register_parameter("W_V", ag::zeros({options_.vdim, E}, o.dtype));
-  W_O_ = register_parameter("W_O", ag::zeros({E, E}, o.dtype));
+  W_Q_.bind(register_parameter("W_Q", ag::zeros({E, E}, o.dtype)));
+  W_K_.bind(register_parameter("W_K", ag::zeros({options_.kdim, E}, o.dtype)));
+  W_V_.bind(register_parameter("W_V", ag::zeros({options_.vdim, E}, o.dtype)));
+  W_O_.bind(register_parameter("W_O", ag::zeros({E, E}, o.dtype)));
   if (o.bias) {
-    b_Q_ = register_parameter("b_Q", ag::zeros({E}, o.dtype));
-    b_K_ = register_parameter("b_K", ag::zeros({E}, o.dtype));
-    b_V_ = register_parameter("b_V", ag::zeros({E}, o.dtype));
-    b_O_ = register_parameter("b_O", ag::zeros({E}, o.dtype));
+    b_Q_.bind(register_parameter("b_Q", ag::zeros({E}, o.dtype)));
+    b_K_.bind(register_parameter("b_K", ag::zeros({E}, o.dtype)));
+    b_V_.bind(register_parameter("b_V", ag::zeros({E}, o.dtype)));
+    b_O_.bind(register_parameter("b_O", ag::zeros({E}, o.dtype)));
   }
   if (o.add_bias_kv) {
-    bias_k_ = register_parameter("bias_k", ag::zeros({E}, o.dtype));
-    bias_v_ = register_parameter("bias_v", ag::zeros({E}, o.dtype));
+    bias_k_.bind(register_parameter("bias_k", ag::zeros({E}, o.dtype)));
+    bias_v_.bind(register_parameter("bias_v", ag::zeros({E}, o.dtype)));
   }
   reset_parameters(gen);
   dropout_gen_.manual_seed(gen.next_u64());

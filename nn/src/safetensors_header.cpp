@@ -130,11 +130,12 @@ ag::Dtype read_dtype(const json& v, std::string_view source, const std::string& 
   const auto& name = v.get_ref<const std::string&>();
   if (name == "F32") return ag::Dtype::Float32;
   if (name == "F64") return ag::Dtype::Float64;
+  if (name == "I64") return ag::Dtype::Int64;
   static const std::set<std::string, std::less<>> known = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
                                                            "F4", "F6_E2M3", "F6_E3M2", "I16", "U16", "F16",
-                                                           "BF16", "I32", "U32", "I64", "U64", "C64"};
+                                                           "BF16", "I32", "U32", "U64", "C64"};
   if (known.count(name))
-    throw CheckpointError(fmt::format("{}: {} has dtype {}; headgrad reads F32 and F64 only", source, what, name));
+    throw CheckpointError(fmt::format("{}: {} has dtype {}; headgrad reads F32 and F64 only, plus I64 for integer tensors", source, what, name));
   corrupt(source, "{} has an unknown dtype \"{}\"", what, name);
 }
 
@@ -204,7 +205,9 @@ std::string json_text(const json& v, const char* what) {
 
 }  // namespace
 
-std::string_view safetensors_dtype(ag::Dtype d) { return d == ag::Dtype::Float32 ? "F32" : "F64"; }
+std::string_view safetensors_dtype(ag::Dtype d) {
+  return d == ag::Dtype::Float32 ? "F32" : d == ag::Dtype::Float64 ? "F64" : "I64";
+}
 
 Header parse_header(std::string_view text, std::string_view source) {
   if (text.empty() || text[0] != '{') corrupt(source, "it does not start with '{{'");

@@ -63,6 +63,13 @@ std::vector<PlannedCopy> plan_torch_load(const std::vector<TorchTensor>& layout,
                                      ag::shape_str(t.shape()), part_names(entry), ag::shape_str(entry.shape)));
       continue;
     }
+    if (t.dtype() != want && ag::is_floating(t.dtype()) != ag::is_floating(want)) {
+      problems.push_back(fmt::format("'{}' is {} in the file but the parameters ({}) are {}: integer and "
+                                     "floating-point tensors do not convert into each other on load", entry.key,
+                                     detail::safetensors_dtype(t.dtype()), part_names(entry),
+                                     detail::safetensors_dtype(want)));
+      continue;
+    }
     if (t.dtype() != want && !options.convert_dtype) {
       problems.push_back(fmt::format("'{}' is {} in the file but the parameters ({}) are {}", entry.key,
                                      detail::safetensors_dtype(t.dtype()), part_names(entry),

@@ -8,6 +8,9 @@
 // span more than a factor 1000, or one is above 1e8 or below 1e-4 in magnitude; the suffixes wrap
 // onto a new line when they would pass column 80. One difference: a float tensor whose values
 // are all integers prints 1.0000 where PyTorch prints "1.".
+// An Int64 tensor prints its integers exactly, right-aligned, no decimal point, never scientific:
+//   tensor([[  3,  -1],
+//           [ 10, 250]], dtype=Int64, shape=[2, 2])
 #include <cstdint>
 #include <optional>
 #include <string>

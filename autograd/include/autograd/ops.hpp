@@ -5,6 +5,13 @@
 //
 // Binary ops broadcast like NumPy; their gradients are summed back to each input's shape.
 // Mixing Float32 and Float64 tensors in one op is an error (convert with .to()).
+//
+// Int64 tensors (indices, class targets; see dtype.hpp) are taken by the ops that move, pick or
+// compare values: the factories, to(), clone, the shape ops, cat/stack/split, index_select,
+// gather, the comparisons, sum, max and argmax, and as indices, masks and conditions. The ops
+// that compute with values (arithmetic, the unary functions, mean, matmul, linear, softmax,
+// layer_norm, dropout, attention, cross_entropy's logits, embedding's weight) need Float32 or
+// Float64 and say so, naming themselves.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -66,7 +73,27 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 // cond, a and b broadcast together; result = cond != 0 ? a : b.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 
+// ---- comparisons — src/ops/compare.cpp ----
+// Broadcasting; the result is an Int64 tensor of 1 where the comparison holds and 0 elsewhere
+// (PyTorch returns bool: here 0/1 Int64, which masked_fill and where take as a mask and sum
+// counts). Any dtypes: one dtype compares in it, Int64 against a float compares in Float64.
+// Not differentiable (the result is outside the graph). NaN compares unequal to everything.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
+
 // ---- reductions — src/ops/reduce.cpp ----
+// sum, max and argmax take Int64 tensors too (an Int64 sum or max is Int64, with no gradient);
+// mean needs Float32 or Float64.
 Tensor sum(const Tensor& x);  // all elements -> shape []
 Tensor sum(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim = false);
 Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim = false);
@@ -75,7 +102,8 @@ Tensor mean(const Tensor& x, const std::vector<std::int64_t>& dims, bool keepdim
 Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim = false);
 Tensor max(const Tensor& x);  // gradient split evenly among tied maxima
 Tensor max(const Tensor& x, std::int64_t dim, bool keepdim = false);  // gradient to the first maximum
-Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim = false);  // indices as values; no gradient
+// Int64 indices (as PyTorch), of the first maximum; no gradient.
+Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim = false);
 
 // ---- linear algebra — src/ops/matmul.cpp ----
 // 1-D·1-D, 2-D·2-D, and batched N-D with broadcast batch dims (PyTorch's torch.matmul).
@@ -110,9 +138,15 @@ TensorList chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim = 0);
 // ---- indexing — src/ops/indexing.cpp ----
 // Rows (or slices along dim) picked by index; gradient scattered (added) back.
 Tensor index_select(const Tensor& x, std::int64_t dim, const std::vector<std::int64_t>& index);
-Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index);  // integral values
+// Index tensors (here, in gather, embedding and cross_entropy's targets) are Int64, or Float32 /
+// Float64 holding integral values; an index outside [0, size) is an error naming it and the size.
+Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index);  // 0-d or 1-D index
 // Embedding lookup: weight (V, D), indices of any shape -> indices.shape + [D].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
+// torch.gather: out[i][j][k] = x[index[i][j][k]][j][k] for dim 0 (likewise for the other dims).
+// index has x's rank and, in every dim but `dim`, a size no larger than x's; the result has
+// index's shape. Differentiable in x (to any order); gradient scattered (added) back.
+Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index);
 
 // ---- softmax — src/ops/softmax.cpp (numerically stable: max subtracted) ----
 Tensor softmax(const Tensor& x, std::int64_t dim);

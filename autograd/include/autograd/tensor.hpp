@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -113,16 +114,22 @@ class Tensor {
   template <class T>
   MatrixMap<T> as_matrix() const;
 
-  std::vector<double> to_vector() const;
+  std::vector<double> to_vector() const;  // Int64 values above 2^53 in magnitude are rounded
   double item() const;  // one-element tensors only
+  // The one element as T, which must match dtype() (checked): item<std::int64_t>() is exact.
+  template <class T>
+  T item() const;
 
-  Tensor to(Dtype dtype) const;  // differentiable; returns *this when dtype already matches
+  // Differentiable between Float32 and Float64; returns *this when dtype already matches.
+  // Float to Int64 truncates toward zero (as PyTorch); a NaN, infinite or out-of-range value is
+  // std::invalid_argument naming it. The Int64 result is outside the graph.
+  Tensor to(Dtype dtype) const;
   Tensor detach() const;         // same storage, no graph
   Tensor clone() const;          // new storage, differentiable
 
   // ---- autograd ----
   bool requires_grad() const { return impl_ && (impl_->requires_grad || impl_->grad_fn); }  // leaf flag, or grad_fn
-  Tensor& requires_grad_(bool on = true);
+  Tensor& requires_grad_(bool on = true);  // Float32 and Float64 only (an Int64 tensor is an error)
   bool is_leaf() const;
   // Undefined until a backward reached this tensor; that undefined tensor remembers whose
   // .grad() it is, so an error on it names the tensor and says why there is no gradient.
@@ -146,11 +153,11 @@ class Tensor {
   const std::string& name() const;
 
   // ---- in place (bump the version counter) ----
-  Tensor& copy_(const Tensor& src);  // same shape; dtype converted
-  Tensor& fill_(double value);
+  Tensor& copy_(const Tensor& src);  // same shape; dtype converted (as to() converts)
+  Tensor& fill_(double value);       // into Int64: truncated toward zero, as to()
   Tensor& zero_() { return fill_(0.0); }
-  Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape
-  Tensor& mul_(double value);
+  Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape; Float32 and Float64 only
+  Tensor& mul_(double value);                             // Float32 and Float64 only
   // Replaces this tensor's data, shape and dtype by other's (sharing other's storage), keeping
   // the handle: every copy of this handle sees the change (PyTorch's `t.data = other`).
   // Clears .grad. Not recorded in any graph.
@@ -182,6 +189,13 @@ T* Tensor::data() const {
 }
 
 template <class T>
+T Tensor::item() const {
+  const T* p = data<T>();
+  if (numel() != 1) fail("item", "needs a tensor with one element, got shape {}", shape_str(shape()));
+  return p[0];
+}
+
+template <class T>
 MatrixMap<T> Tensor::as_matrix() const {
   if (dim() != 2) fail("as_matrix", "needs a 2-D tensor, got shape {}", shape_str(shape()));
   return MatrixMap<T>(data<T>(), shape()[0], shape()[1]);
@@ -200,10 +214,21 @@ std::string quoted(std::string_view s);
 std::string undefined_description(const Tensor& t);
 
 // ---- factories ----
-// values are row-major; their count must equal the product of shape.
+// values are row-major; their count must equal the product of shape. Into Int64 each value is
+// truncated toward zero, as to() converts.
 Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype = Dtype::Float32);
 Tensor tensor(const std::vector<double>& values, std::initializer_list<std::int64_t> shape,
               Dtype dtype = Dtype::Float32);
+// An Int64 tensor holding values exactly (indices, class targets):
+//   std::vector<std::int64_t> ids = {3, 1, 4};  Tensor t = tensor(ids, {3});
+// (A template only so that a braced list of numbers, tensor({1, 2}, {2}), still means the
+// double overload above.)
+Tensor tensor_int64(const std::vector<std::int64_t>& values, const Shape& shape);
+template <class V>
+  requires std::is_same_v<V, std::vector<std::int64_t>>
+Tensor tensor(const V& values, const Shape& shape) {
+  return tensor_int64(values, shape);
+}
 Tensor scalar_tensor(double value, Dtype dtype = Dtype::Float32);  // shape []
 Tensor zeros(const Shape& shape, Dtype dtype = Dtype::Float32);
 Tensor ones(const Shape& shape, Dtype dtype = Dtype::Float32);

@@ -40,4 +40,22 @@ inline void check_defined(std::string_view op, const Tensor& t, std::string_view
     fail(op, "{} is {}", what, undefined_description(t));
 }
 
+// "op: needs a Float32 or Float64 tensor, got Int64 (shape [3])" (or "op: <what> needs ...")
+// when t holds integers: the ops that compute with values (rather than move or compare them)
+// call this before dispatch. t must be defined.
+inline void check_floating(std::string_view op, const Tensor& t, std::string_view what = {}) {
+  if (!is_floating(t.dtype())) [[unlikely]] {
+    if (what.empty())
+      fail(op, "needs a Float32 or Float64 tensor, got {} (shape {})", dtype_name(t.dtype()), shape_str(t.shape()));
+    fail(op, "{} needs a Float32 or Float64 tensor, got {} (shape {})", what, dtype_name(t.dtype()),
+         shape_str(t.shape()));
+  }
+}
+
+// check_defined and check_floating together: the usual first line of a floating-point op.
+inline void check_float_input(std::string_view op, const Tensor& t, std::string_view what = "the input") {
+  check_defined(op, t, what);
+  check_floating(op, t, what == "the input" ? std::string_view{} : what);
+}
+
 }  // namespace autograd

@@ -53,6 +53,7 @@ constexpr std::int64_t kTarget = 0, kLse = 1, kLoss = 2, kColumns = 3;
 
 Rows check_logits(const Tensor& logits, const CrossEntropyOptions& options) {
   check_defined(kOp, logits, "logits");
+  check_floating(kOp, logits, "logits");
   if (logits.dim() < 1) fail(kOp, "logits need a class dimension, got shape {}", shape_str(logits.shape()));
   if (!(options.label_smoothing >= 0.0 && options.label_smoothing <= 1.0))
     fail(kOp, "label_smoothing must be in [0, 1], got {}", options.label_smoothing);
@@ -242,6 +243,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
   const Rows rows = check_logits(logits, options);
   const Tensor table = Tensor::empty({rows.n, kColumns}, Dtype::Float64);
   std::int64_t counted = 0;
+  if (targets.dtype() == Dtype::Int64) {
+    const std::int64_t* t = targets.data<std::int64_t>();
+    counted = fill_targets(rows, [&](std::int64_t n) { return t[n]; }, options, table.data<double>());
+    return cross_entropy_rows(logits, rows, table, counted, options);
+  }
   dispatch(targets.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* t = targets.data<T>();

@@ -27,6 +27,7 @@ Tensor times_mask(const Tensor& a, const Tensor& mask) {
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   check_defined("dropout", x);
+  check_floating("dropout", x);
   if (!(p >= 0.0 && p <= 1.0)) fail("dropout", "p must be in [0, 1], got {}", p);
   if (!training || p == 0.0) return x;
 

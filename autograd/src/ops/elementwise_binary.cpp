@@ -23,12 +23,17 @@ void check_defined_args(std::string_view op, const Tensor& a, const Tensor& b) {
 // Both defined, same dtype; returns the broadcast shape (or throws naming both shapes).
 Shape check_binary(std::string_view op, const Tensor& a, const Tensor& b) {
   check_defined_args(op, a, b);
+  check_floating(op, a, "first argument");
+  check_floating(op, b, "second argument");
   if (a.dtype() != b.dtype()) fail(op, "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
   if (a.shape() == b.shape()) return a.shape();  // the common case: nothing to broadcast
   return broadcast_shapes(op, a.shape(), b.shape());
 }
 
-void check_defined_arg(std::string_view op, const Tensor& x) { check_defined(op, x, "argument"); }
+void check_defined_arg(std::string_view op, const Tensor& x) {
+  check_defined(op, x, "argument");
+  check_floating(op, x, "argument");
+}
 
 // The gradient of input i, or an undefined tensor when nobody needs it.
 template <class F>
@@ -36,7 +41,8 @@ Tensor grad_if(const Node& node, std::size_t i, F&& f) {
   return node.needs_input_grad(i) ? f() : Tensor();
 }
 
-// A mask or condition in the dtype of the data it selects (masks carry no gradient).
+// A mask or condition (any dtype: an Int64 one from a comparison, or 0/1 floats) in the dtype
+// of the data it selects (masks carry no gradient).
 Tensor as_selector(const Tensor& m, Dtype dtype) { return m.dtype() == dtype ? m.detach() : m.detach().to(dtype); }
 
 // 1 where pick(a, b) holds, else 0, over the broadcast shape: a constant mask (no graph).
@@ -322,6 +328,7 @@ Tensor operator-(const Tensor& a) { return neg(a); }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_defined_args("masked_fill", x, mask);
+  check_floating("masked_fill", x, "the input");
   if (broadcast_shapes("masked_fill", x.shape(), mask.shape()) != x.shape())
     fail("masked_fill", "mask of shape {} cannot be broadcast to the input's shape {}", shape_str(mask.shape()),
          shape_str(x.shape()));

@@ -1,4 +1,4 @@
-// Indexing: index_select along any dim and embedding lookup. The gradient is scattered back
+// Indexing: index_select along any dim and embedding lookup (gather is in gather.cpp). The gradient is scattered back
 // with +=, so an index that appears twice collects both gradients.
 #include <algorithm>
 #include <cmath>
@@ -10,65 +10,12 @@
 #include "autograd/ops.hpp"
 #include "buffer_pool.hpp"
 #include "ops/common.hpp"
+#include "ops/indexing.hpp"
 #include "ops/views.hpp"
 
 namespace autograd {
 
 namespace {
-
-// A list of indices in a buffer from the tensor buffer cache: a fixed-shape loop reuses it
-// (no allocation once warm). Move-only; the backward rule owns it.
-class Indices {
- public:
-  Indices(std::string_view op, std::size_t n)
-      : n_(n), bytes_(buffer_bytes(op, n)), data_(static_cast<std::int64_t*>(detail::buffer_alloc(bytes_))) {}
-  Indices(std::string_view op, const std::vector<std::int64_t>& values) : Indices(op, values.size()) {
-    std::copy(values.begin(), values.end(), data_);
-  }
-  Indices(Indices&& o) noexcept : n_(o.n_), bytes_(o.bytes_), data_(std::exchange(o.data_, nullptr)) {}
-  Indices(const Indices&) = delete;
-  Indices& operator=(const Indices&) = delete;
-  Indices& operator=(Indices&&) = delete;
-  ~Indices() {
-    if (data_ != nullptr) detail::buffer_free(data_, bytes_);
-  }
-  Indices copy(std::string_view op) const {
-    Indices out(op, n_);
-    std::copy(data_, data_ + n_, out.data_);
-    return out;
-  }
-  std::size_t size() const { return n_; }
-  std::int64_t operator[](std::size_t i) const { return data_[i]; }
-  std::int64_t& operator[](std::size_t i) { return data_[i]; }
-
- private:
-  // n indices rounded up to the buffers' 64-byte granule (at least one).
-  static std::size_t buffer_bytes(std::string_view op, std::size_t n) {
-    const auto count = static_cast<std::int64_t>(std::max<std::size_t>(n, 1));
-    const std::int64_t bytes = checked_mul(op, count, static_cast<std::int64_t>(sizeof(std::int64_t)));
-    return static_cast<std::size_t>(checked_add(op, bytes, 63) / 64 * 64);
-  }
-  std::size_t n_, bytes_;
-  std::int64_t* data_;
-};
-
-// The values of an index tensor as integers; each must be a whole number.
-Indices to_indices(std::string_view op, const Tensor& index) {
-  check_defined(op, index, "the index");
-  Indices out(op, static_cast<std::size_t>(index.numel()));
-  dispatch(index.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* values = index.data<T>();
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      const double v = static_cast<double>(values[i]);
-      if (!std::isfinite(v) || v != std::floor(v) || std::fabs(v) > 9.0e15)
-        fail(op, "indices must hold integral values, got {} at position {} of index shape {}", v, i,
-             shape_str(index.shape()));
-      out[i] = static_cast<std::int64_t>(v);
-    }
-  });
-  return out;
-}
 
 // dx[o, index[k], :] += dy[o, k, :] into dx (zeros of in_shape), the gradient of a gather.
 Tensor scatter_add_values(const Tensor& dy, const Shape& in_shape, std::int64_t d, const Indices& index) {
@@ -111,7 +58,7 @@ Tensor gather_along(std::string_view op, const Tensor& x, std::int64_t d, Indice
   const auto count = static_cast<std::int64_t>(index.size());
   Tensor y = Tensor::empty(out_shape, x.dtype(), op);
   if (y.numel() > 0) {
-    dispatch(x.dtype(), [&](auto zero) {
+    dispatch_all(x.dtype(), [&](auto zero) {
       using T = decltype(zero);
       const T* src = x.data<T>();
       T* dst = y.data<T>();
@@ -170,6 +117,7 @@ Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   check_defined("embedding", weight, "the weight");
+  check_floating("embedding", weight, "the weight");
   if (weight.dim() != 2) fail("embedding", "weight must be 2-D (V, D), got shape {}", shape_str(weight.shape()));
   Indices index = to_indices("embedding", indices);
   Shape out_shape = indices.shape();

@@ -28,7 +28,7 @@ Tensor slice_copy(const Tensor& x, std::int64_t dim, std::int64_t start, std::in
   const std::int64_t size = in[static_cast<std::size_t>(dim)];
   const std::int64_t inner = product(in, static_cast<std::size_t>(dim) + 1, in.size());
   if (y.numel() == 0) return y;
-  dispatch(x.dtype(), [&](auto zero) {
+  dispatch_all(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* src = x.data<T>();
     T* dst = y.data<T>();
@@ -94,7 +94,7 @@ Tensor cat_copy(std::string_view op, const TensorList& xs, std::int64_t dim, con
   const std::int64_t outer = product(out_shape, 0, static_cast<std::size_t>(dim));
   const std::int64_t inner = product(out_shape, static_cast<std::size_t>(dim) + 1, out_shape.size());
   const std::int64_t out_block = out_shape[static_cast<std::size_t>(dim)] * inner;
-  dispatch(dtype, [&](auto zero) {
+  dispatch_all(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* dst = y.data<T>();
     std::int64_t offset = 0;

@@ -16,6 +16,8 @@ namespace {
 void check_linear(const Tensor& x, const Tensor& w, const Tensor& b, std::string_view op = "linear") {
   check_defined(op, x, "input");
   check_defined(op, w, "weight");
+  check_floating(op, x, "input");
+  check_floating(op, w, "weight");
   if (w.dim() != 2) fail(op, "weight must be 2-D (in, out), got shape {}", shape_str(w.shape()));
   if (x.dim() < 1 || x.size(-1) != w.size(0))
     fail(op, "input of shape {} does not end in the weight's in = {} (weight {})", shape_str(x.shape()),

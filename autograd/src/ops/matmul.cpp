@@ -179,6 +179,8 @@ GradList composed_grads(const Tensor& dc, const SavedTensor& saved_a, const Save
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check_defined("matmul", a, "the first argument");
   check_defined("matmul", b, "the second argument");
+  check_floating("matmul", a, "the first argument");
+  check_floating("matmul", b, "the second argument");
   if (a.dtype() != b.dtype())
     fail("matmul", "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
   auto plan = std::make_shared<const MatmulPlan>(make_plan(a.shape(), b.shape()));

@@ -128,9 +128,10 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, boo
   for (std::size_t i = 0; i < mask.size(); ++i)
     if (mask[i]) count *= x.shape()[i];
   const double scale = mean ? 1.0 / static_cast<double>(count) : 1.0;  // mean of nothing: NaN, as in PyTorch
+  if (mean) check_floating(op, x);  // an Int64 sum stays Int64 (as PyTorch's); a mean has no integer result
   Tensor y = Tensor::empty(reduced_shape(x.shape(), mask, keepdim), x.dtype());
   ReduceWalk walk(x.shape(), mask);
-  dispatch(x.dtype(), [&](auto zero) {
+  dispatch_all(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if (mean && count == 0) {
       std::fill(y.data<T>(), y.data<T>() + y.numel(), std::numeric_limits<T>::quiet_NaN());
@@ -193,7 +194,7 @@ DimMax dim_max(std::string_view op, const Tensor& x, std::int64_t dim, bool keep
   if (rank > 0) mask[static_cast<std::size_t>(d)] = true;
   r.values = Tensor::empty(reduced_shape(x.shape(), mask, keepdim), x.dtype());
   r.index = std::make_shared<std::vector<std::int64_t>>(static_cast<std::size_t>(r.outer * r.inner), 0);
-  dispatch(x.dtype(), [&](auto zero) {
+  dispatch_all(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* in = x.data<T>();
     T* best = r.values.data<T>();
@@ -284,6 +285,11 @@ Tensor max(const Tensor& x) {
   check_input("max", x);
   if (x.numel() == 0) fail("max", "cannot take the max of an empty tensor of shape {}", shape_str(x.shape()));
   Tensor y = Tensor::empty({}, x.dtype());
+  if (x.dtype() == Dtype::Int64) {  // no NaN to propagate, no gradient
+    const std::int64_t* xs = x.data<std::int64_t>();
+    *y.data<std::int64_t>() = *std::max_element(xs, xs + x.numel());
+    return y;
+  }
   double m = 0;
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -344,12 +350,8 @@ Tensor max(const Tensor& x, std::int64_t dim, bool keepdim) {
 
 Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim) {
   DimMax r = dim_max("argmax", x, dim, keepdim);
-  Tensor out = Tensor::empty(r.values.shape(), x.dtype());
-  dispatch(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    T* o = out.data<T>();
-    for (std::size_t i = 0; i < r.index->size(); ++i) o[i] = static_cast<T>((*r.index)[i]);
-  });
+  Tensor out = Tensor::empty(r.values.shape(), Dtype::Int64);
+  std::copy(r.index->begin(), r.index->end(), out.data<std::int64_t>());
   return out;
 }
 

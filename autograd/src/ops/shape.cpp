@@ -155,7 +155,7 @@ Tensor permute_copy(const Tensor& x, const std::vector<std::int64_t>& perm) {
     src_strides[i] = in_strides[static_cast<std::size_t>(perm[i])];
   }
   Tensor y = Tensor::empty(out_shape, x.dtype());
-  dispatch(x.dtype(), [&](auto zero) {
+  dispatch_all(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     gather_strided<T>(x.data<T>(), y.data<T>(), out_shape, src_strides);
   });
@@ -287,7 +287,7 @@ Tensor expand(const Tensor& x, const Shape& shape) {
     src_strides[i] = have == want ? in_strides[i - lead] : 0;
   }
   Tensor y = Tensor::empty(out_shape, x.dtype(), "expand");
-  dispatch(x.dtype(), [&](auto zero) {
+  dispatch_all(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     gather_strided<T>(x.data<T>(), y.data<T>(), out_shape, src_strides);
   });

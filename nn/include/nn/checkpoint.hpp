@@ -7,9 +7,10 @@
 //             "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
 //
 // Offsets count from the first byte after the header; the tensors tile the data exactly (no
-// gaps, no overlaps), little-endian, row-major. headgrad writes "F32" and "F64"; it writes the
-// tensors sorted by dtype (F64 first) and then by name and pads the header to 8 bytes, exactly as
-// Python's safetensors does, so the same tensors give the same bytes.
+// gaps, no overlaps), little-endian, row-major. headgrad reads and writes "F32", "F64" and "I64"
+// (Int64, exactly); it writes the tensors sorted by dtype size (F64 and I64 first) and then by
+// name and pads the header to 8 bytes, exactly as Python's safetensors does, so the same tensors
+// give the same bytes.
 //
 //   nn::save_parameters(model, "model.safetensors");      // Python: safetensors.torch.load_file(...)
 //   nn::load_parameters(model, "model.safetensors");
@@ -78,7 +79,8 @@ struct LoadOptions {
   // Strict: the file holds exactly the module's parameters. Otherwise missing and extra names
   // are allowed (shapes and dtypes of the names in common must still match).
   bool strict = true;
-  // Convert a tensor whose dtype differs from its parameter's; otherwise that is an error.
+  // Convert a tensor whose dtype differs from its parameter's; otherwise that is an error. An I64
+  // entry never loads into a float parameter (nor a float entry into an Int64 one).
   bool convert_dtype = false;
 };
 

@@ -40,7 +40,8 @@ class Embedding : public Module {
   // "weight" (num_embeddings x embedding_dim) drawn from N(0, 1), as in PyTorch.
   Embedding(const EmbeddingOptions& options, ag::Generator& gen);
 
-  // indices of any shape holding integral values in [0, num_embeddings) -> indices.shape + [D].
+  // indices of any shape, Int64 (or a float tensor holding integral values), in
+  // [0, num_embeddings) -> indices.shape + [D].
   ag::Tensor forward(const ag::Tensor& indices) const;
   ag::Tensor operator()(const ag::Tensor& indices) const { return forward(indices); }
 

@@ -105,6 +105,18 @@ class MultiHeadAttention : public Module {
   const ag::Tensor& b_O() const { return b_O_; }
   const ag::Tensor& bias_k() const { return bias_k_; }  // undefined without add_bias_kv
   const ag::Tensor& bias_v() const { return bias_v_; }
+  // The parameters' handles on a non-const module (nn::Parameter, nn/module.hpp): in-place
+  // writes through them change the layer, `{ ag::NoGradGuard g; mha.W_Q().copy_(w); }`.
+  Parameter& W_Q() { return W_Q_; }
+  Parameter& W_K() { return W_K_; }
+  Parameter& W_V() { return W_V_; }
+  Parameter& W_O() { return W_O_; }
+  Parameter& b_Q() { return b_Q_; }
+  Parameter& b_K() { return b_K_; }
+  Parameter& b_V() { return b_V_; }
+  Parameter& b_O() { return b_O_; }
+  Parameter& bias_k() { return bias_k_; }
+  Parameter& bias_v() { return bias_v_; }
   // The parameters as functional::multi_head_attention_forward takes them (handles, not copies).
   functional::MultiHeadAttentionWeights functional_weights() const;
 
@@ -112,9 +124,9 @@ class MultiHeadAttention : public Module {
 
  private:
   MultiHeadAttentionOptions options_;
-  ag::Tensor W_Q_, W_K_, W_V_, W_O_;
-  ag::Tensor b_Q_, b_K_, b_V_, b_O_;
-  ag::Tensor bias_k_, bias_v_;
+  Parameter W_Q_, W_K_, W_V_, W_O_;
+  Parameter b_Q_, b_K_, b_V_, b_O_;
+  Parameter bias_k_, bias_v_;
   ag::Generator dropout_gen_;
   AttentionStudy study_;
   bool has_study_ = false;
