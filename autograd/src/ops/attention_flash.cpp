@@ -26,9 +26,9 @@ namespace {
 // One thread's scratch, kept between calls (a warm step allocates nothing).
 template <class T>
 struct ForwardScratch {
-  std::vector<T> scores;  // [block_q, block_k]
-  std::vector<T> acc;     // [block_q, d_v]: Σ_j exp(S_ij − m_i)·V_j so far
-  std::vector<T> m, l;    // running maximum and sum per row
+  Scratch<T> scores;  // [block_q, block_k]
+  Scratch<T> acc;     // [block_q, d_v]: Σ_j exp(S_ij − m_i)·V_j so far
+  Scratch<T> m, l;    // running maximum and sum per row
 };
 
 // Folds one tile of scores (in Sc, [rows, cols]) into the running state: Sc becomes

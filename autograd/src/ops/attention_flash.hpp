@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
+
+#include <Eigen/Core>
 
 #include "ops/attention_flash_tiles.hpp"
 #include "ops/attention_kernels.hpp"
@@ -52,6 +55,11 @@ template <class T>
 void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal);
 
 // ---- shared by the forward and the backward ----
+
+// Scratch of one thread. Aligned as tensors are: Eigen's vectorised sums start on an aligned
+// element, so the order of their additions follows the address, and two threads must add alike.
+template <class T>
+using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
 
 // Rows [r0, r1) x columns [c0, c1) of slice (b, h)'s scores.
 struct Tile {

@@ -17,8 +17,8 @@ namespace {
 
 template <class T>
 struct BackwardScratch {
-  std::vector<T> p;   // [block_q, block_k]: P
-  std::vector<T> ds;  // [block_q, block_k]: dP, then dS
+  Scratch<T> p;   // [block_q, block_k]: P
+  Scratch<T> ds;  // [block_q, block_k]: dP, then dS
 };
 
 // P and dS of one tile into s.p and s.ds, [rows, cols] with row stride cols.
@@ -54,8 +54,8 @@ void ds_tile(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T sca
 
 // D_i = Σ_c dO_ic·O_ic for every (b, h, i).
 template <class T>
-std::vector<T> row_dots(const Dims& d, const FlashBackwardData<T>& x) {
-  std::vector<T> D(static_cast<std::size_t>(d.slices() * d.T));
+Scratch<T> row_dots(const Dims& d, const FlashBackwardData<T>& x) {
+  Scratch<T> D(static_cast<std::size_t>(d.slices() * d.T));
   parallel_for(d.slices(), d.parallel(), [&](std::int64_t bh) {
     const std::int64_t b = bh / d.H, h = bh % d.H;
     for (std::int64_t i = 0; i < d.T; ++i) {
@@ -139,7 +139,7 @@ struct QueryItems {
 template <class T>
 void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal) {
   const FlashTiles tiles = flash_tiles();
-  const std::vector<T> D = row_dots(d, x);
+  const Scratch<T> D = row_dots(d, x);
   const std::int64_t nq = blocks_of(d.T, tiles.block_q), nk = blocks_of(d.S, tiles.block_k);
   if (x.dk != nullptr || x.dv != nullptr) {
     parallel_region(d.parallel(), [&] {
