@@ -5,7 +5,8 @@
 //   query pass, one per (b, h, query block):          dQ += scale·dS·K,  dM += dS
 // Each item adds its tiles in a fixed order, so the results have the same bits at any thread
 // count. The query pass with a mask gradient groups the items that add into the same mask
-// elements (those along the mask's broadcast dims) into one item.
+// elements (those along the mask's broadcast dims) into one item. With enough slices one pass
+// does it all: one item per (b, h), adding dQ as the key pass goes (see one_pass).
 #include <cmath>
 #include <vector>
 
@@ -70,29 +71,6 @@ void zero_rows(auto* p, std::int64_t rows, std::int64_t cols, std::int64_t strid
   for (std::int64_t i = 0; i < rows; ++i) std::fill(p + i * stride, p + i * stride + cols, 0);
 }
 
-// Key block [c0, c1) of slice (b, h): dV and dK, summed over the query blocks that see it.
-template <class T>
-void key_item(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
-              Tile t, std::int64_t block_q, BackwardScratch<T>& s) {
-  const std::int64_t cols = t.cols();
-  T* dV = x.dv != nullptr ? x.dv + d.v.at(t.b, t.h) + t.c0 * d.v.sr : nullptr;
-  T* dK = x.dk != nullptr ? x.dk + d.k.at(t.b, t.h) + t.c0 * d.k.sr : nullptr;
-  if (dV != nullptr) zero_rows(dV, cols, d.d_v, d.v.sr);
-  if (dK != nullptr) zero_rows(dK, cols, d.d_k, d.k.sr);
-  // causal: query blocks entirely above key c0 see none of this block
-  for (t.r0 = causal ? t.c0 / block_q * block_q : 0; t.r0 < d.T; t.r0 += block_q) {
-    t.r1 = std::min(d.T, t.r0 + block_q);
-    ds_tile(d, x, ms, scale, causal, D, t, s);
-    const T* dO = x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr;
-    //   => dV += Pᵀ·dO                                [cols, rows] x [rows, d_v] -> [cols, d_v]
-    if (dV != nullptr) gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, dO, d.out.sr, T(1), dV, d.v.sr);
-    //   => dK += scale·dSᵀ·Q                          [cols, rows] x [rows, d_k] -> [cols, d_k]
-    if (dK != nullptr)
-      gemm<T>(true, false, cols, d.d_k, t.rows(), scale, s.ds.data(), cols, x.q + d.q.at(t.b, t.h) + t.r0 * d.q.sr,
-              d.q.sr, T(1), dK, d.k.sr);
-  }
-}
-
 // dS of one tile into the mask-shaped dM: dM[broadcast position of (b, h, i, j)] += dS_ij.
 template <class T>
 void add_to_mask(const Dims& d, MaskStrides ms, const Tile& t, const T* ds, T* dmask) {
@@ -127,6 +105,37 @@ void query_item(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T 
   }
 }
 
+// Key block [c0, c1) of slice (b, h): dV and dK, summed over the query blocks that see it; with
+// `with_query` also each query block's dQ += scale·dS·K and dM += dS for this key block.
+template <class T>
+void key_item(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
+              Tile t, std::int64_t block_q, bool with_query, BackwardScratch<T>& s) {
+  const std::int64_t cols = t.cols();
+  T* dV = x.dv != nullptr ? x.dv + d.v.at(t.b, t.h) + t.c0 * d.v.sr : nullptr;
+  T* dK = x.dk != nullptr ? x.dk + d.k.at(t.b, t.h) + t.c0 * d.k.sr : nullptr;
+  T* dQ = with_query && x.dq != nullptr ? x.dq + d.q.at(t.b, t.h) : nullptr;
+  if (dV != nullptr) zero_rows(dV, cols, d.d_v, d.v.sr);
+  if (dK != nullptr) zero_rows(dK, cols, d.d_k, d.k.sr);
+  // causal: query blocks entirely above key c0 see none of this block
+  for (t.r0 = causal ? t.c0 / block_q * block_q : 0; t.r0 < d.T; t.r0 += block_q) {
+    t.r1 = std::min(d.T, t.r0 + block_q);
+    ds_tile(d, x, ms, scale, causal, D, t, s);
+    const T* dO = x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr;
+    //   => dV += Pᵀ·dO                                [cols, rows] x [rows, d_v] -> [cols, d_v]
+    if (dV != nullptr) gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, dO, d.out.sr, T(1), dV, d.v.sr);
+    //   => dK += scale·dSᵀ·Q                          [cols, rows] x [rows, d_k] -> [cols, d_k]
+    if (dK != nullptr)
+      gemm<T>(true, false, cols, d.d_k, t.rows(), scale, s.ds.data(), cols, x.q + d.q.at(t.b, t.h) + t.r0 * d.q.sr,
+              d.q.sr, T(1), dK, d.k.sr);
+    if (!with_query) continue;
+    //   => dQ += scale·dS·K                           [rows, cols] x [cols, d_k] -> [rows, d_k]
+    if (dQ != nullptr)
+      gemm<T>(false, false, t.rows(), d.d_k, cols, scale, s.ds.data(), cols, x.k + d.k.at(t.b, t.h) + t.c0 * d.k.sr,
+              d.k.sr, T(1), dQ + t.r0 * d.q.sr, d.q.sr);
+    if (x.dmask != nullptr) add_to_mask(d, ms, t, s.ds.data(), x.dmask);
+  }
+}
+
 // The query pass's items: one per (b, h, query block), except that along a dim the mask's
 // gradient is summed over (a broadcast dim of the mask) one item takes all of them, in order.
 struct QueryItems {
@@ -134,25 +143,43 @@ struct QueryItems {
   std::int64_t count() const { return nb * nh * nq; }
 };
 
-}  // namespace
+// Slices at least this many: one backward pass per slice (5 products per tile), else two passes
+// (7 products per tile) that share out every slice's key and query blocks.
+constexpr std::int64_t kOnePassSlices = 4;
 
+// One pass per slice: work items (b, h), each running its key blocks in order with dQ (and dM)
+// added as they come, in the order the query pass adds them (the same bits). Taken when there
+// are slices enough to share among the threads and no two slices add into one mask element.
+bool one_pass(const Dims& d, MaskStrides ms, bool mask_grad) {
+  return d.slices() >= kOnePassSlices && (!mask_grad || ((ms.sb != 0 || d.B == 1) && (ms.sh != 0 || d.H == 1)));
+}
+
+// The key pass (with_query: the single pass), one item per (b, h, key block) or per (b, h).
 template <class T>
-void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal) {
+void key_pass(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
+              bool with_query) {
   const FlashTiles tiles = flash_tiles();
-  const Scratch<T> D = row_dots(d, x);
-  const std::int64_t nq = blocks_of(d.T, tiles.block_q), nk = blocks_of(d.S, tiles.block_k);
-  if (x.dk != nullptr || x.dv != nullptr) {
-    parallel_region(d.parallel(), [&] {
-      thread_local BackwardScratch<T> scratch;
+  const std::int64_t nk = blocks_of(d.S, tiles.block_k), per_item = with_query ? nk : 1;
+  parallel_region(d.parallel(), [&] {
+    thread_local BackwardScratch<T> scratch;
 #pragma omp for schedule(dynamic)
-      for (std::int64_t item = 0; item < d.slices() * nk; ++item) {
-        const std::int64_t bh = item / nk, c0 = (item % nk) * tiles.block_k;
-        key_item(d, x, ms, scale, causal, D.data(), Tile{bh / d.H, bh % d.H, 0, 0, c0, std::min(d.S, c0 + tiles.block_k)},
-                 tiles.block_q, scratch);
+    for (std::int64_t item = 0; item < d.slices() * nk / per_item; ++item) {
+      const std::int64_t bh = item * per_item / nk, b = bh / d.H, h = bh % d.H;
+      if (with_query && x.dq != nullptr) zero_rows(x.dq + d.q.at(b, h), d.T, d.d_k, d.q.sr);
+      for (std::int64_t kb = item * per_item % nk; kb < item * per_item % nk + per_item; ++kb) {
+        const std::int64_t c0 = kb * tiles.block_k;
+        key_item(d, x, ms, scale, causal, D, Tile{b, h, 0, 0, c0, std::min(d.S, c0 + tiles.block_k)}, tiles.block_q,
+                 with_query, scratch);
       }
-    });
-  }
-  if (x.dq == nullptr && x.dmask == nullptr) return;
+    }
+  });
+}
+
+// The query pass: dQ and dM.
+template <class T>
+void query_pass(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D) {
+  const FlashTiles tiles = flash_tiles();
+  const std::int64_t nq = blocks_of(d.T, tiles.block_q);
   const bool m = x.dmask != nullptr;
   const QueryItems qi{m && ms.sb == 0 ? 1 : d.B, m && ms.sh == 0 ? 1 : d.H, m && ms.st == 0 ? 1 : nq};
   parallel_region(d.parallel(), [&] {
@@ -164,11 +191,25 @@ void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms
         for (std::int64_t h = qi.nh == 1 ? 0 : ih; h < (qi.nh == 1 ? d.H : ih + 1); ++h)
           for (std::int64_t q = qi.nq == 1 ? 0 : iq; q < (qi.nq == 1 ? nq : iq + 1); ++q) {
             const std::int64_t r0 = q * tiles.block_q;
-            query_item(d, x, ms, scale, causal, D.data(), Tile{b, h, r0, std::min(d.T, r0 + tiles.block_q), 0, 0},
+            query_item(d, x, ms, scale, causal, D, Tile{b, h, r0, std::min(d.T, r0 + tiles.block_q), 0, 0},
                        tiles.block_k, scratch);
           }
     }
   });
+}
+
+}  // namespace
+
+template <class T>
+void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal) {
+  const Scratch<T> D = row_dots(d, x);
+  const bool need_query = x.dq != nullptr || x.dmask != nullptr;
+  if (d.S > 0 && need_query && one_pass(d, ms, x.dmask != nullptr)) {
+    key_pass(d, x, ms, scale, causal, D.data(), true);
+    return;
+  }
+  if (x.dk != nullptr || x.dv != nullptr) key_pass(d, x, ms, scale, causal, D.data(), false);
+  if (need_query) query_pass(d, x, ms, scale, causal, D.data());
 }
 
 template void flash_backward<float>(const Dims&, const FlashBackwardData<float>&, MaskStrides, float, bool);
