@@ -126,7 +126,8 @@ BOOST_AUTO_TEST_CASE(fully_blocked_rows_are_zero) {
   const Run tiled = run(c, in, readout(c, 14), false);
   const std::vector<double> out = tiled.output.to_vector();
   for (std::int64_t h = 0; h < 2; ++h)
-    for (std::int64_t j = 0; j < 3; ++j) BOOST_TEST(out[static_cast<std::size_t>(((1 * 2 + h) * 7 + 2) * 3 + j)] == 0.0);
+    for (std::int64_t j = 0; j < 3; ++j)  // output (1, h, 2, j) of (2, 2, 7, 3)
+      BOOST_TEST(out[static_cast<std::size_t>(((1 * 2 + h) * 7 + 2) * 3 + j)] == 0.0);
 }
 
 BOOST_AUTO_TEST_CASE(other_tile_shapes) {
@@ -185,7 +186,8 @@ BOOST_AUTO_TEST_CASE(errors_are_those_of_the_untiled_op) {
   const Tensor qkv = ag::zeros({1, 3, 10}, F64);
   both_fail_alike([&](bool w) { ag::scaled_dot_product_attention_packed(qkv, 2, {}, false, 0, 0, nullptr, w); });
   const Tensor ql = ag::zeros({1, 3, 4}, F64), kl = ag::zeros({1, 5, 6}, F64);
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention_heads_last(ql, kl, kl, 2, {}, false, 0, 0, nullptr, w); });
+  both_fail_alike(
+      [&](bool w) { ag::scaled_dot_product_attention_heads_last(ql, kl, kl, 2, {}, false, 0, 0, nullptr, w); });
 }
 
 BOOST_AUTO_TEST_CASE(multihead_attention_without_weights_runs_tiled) {

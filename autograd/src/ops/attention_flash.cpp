@@ -71,8 +71,9 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, 
     const bool blocked = score_tile(d, x.q, x.k, x.mask, ms, scale, causal, t, s.scores.data());
     online_softmax(s, rows, t.cols(), d.d_v, blocked);
     //   acc += exp(S − m)·V                           [rows, cols] x [cols, d_v] -> [rows, d_v]
-    gemm<T>(false, false, rows, d.d_v, t.cols(), T(1), s.scores.data(), t.cols(), x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr,
-            d.v.sr, T(1), s.acc.data(), std::max<std::int64_t>(d.d_v, 1));
+    const T* V = x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr;
+    gemm<T>(false, false, rows, d.d_v, t.cols(), T(1), s.scores.data(), t.cols(), V, d.v.sr, T(1), s.acc.data(),
+            std::max<std::int64_t>(d.d_v, 1));
   }
   // O = acc / l; lse = m + log l. A fully blocked row (l = 0) gets O = 0 and lse = +inf, so that
   // exp(S − lse) = 0 recomputes its zero weights in backward.

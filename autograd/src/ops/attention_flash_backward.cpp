@@ -5,10 +5,12 @@
 //   query pass, one per (b, h, query block):          dQ += scale·dS·K,  dM += dS
 // Each item adds its tiles in a fixed order, so the results have the same bits at any thread
 // count. The query pass with a mask gradient groups the items that add into the same mask
-// elements (those along the mask's broadcast dims) into one item. With enough slices one pass
-// does it all: one item per (b, h), adding dQ as the key pass goes (see one_pass).
+// elements (those along the mask's broadcast dims) into one item. With a slice for each thread
+// one pass does it all: one item per (b, h), adding dQ as the key pass goes (see one_pass).
 #include <cmath>
 #include <vector>
+
+#include <omp.h>
 
 #include "ops/attention_flash.hpp"
 
@@ -122,7 +124,8 @@ void key_item(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T sc
     ds_tile(d, x, ms, scale, causal, D, t, s);
     const T* dO = x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr;
     //   => dV += Pᵀ·dO                                [cols, rows] x [rows, d_v] -> [cols, d_v]
-    if (dV != nullptr) gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, dO, d.out.sr, T(1), dV, d.v.sr);
+    if (dV != nullptr)
+      gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, dO, d.out.sr, T(1), dV, d.v.sr);
     //   => dK += scale·dSᵀ·Q                          [cols, rows] x [rows, d_k] -> [cols, d_k]
     if (dK != nullptr)
       gemm<T>(true, false, cols, d.d_k, t.rows(), scale, s.ds.data(), cols, x.q + d.q.at(t.b, t.h) + t.r0 * d.q.sr,
@@ -143,15 +146,17 @@ struct QueryItems {
   std::int64_t count() const { return nb * nh * nq; }
 };
 
-// Slices at least this many: one backward pass per slice (5 products per tile), else two passes
-// (7 products per tile) that share out every slice's key and query blocks.
-constexpr std::int64_t kOnePassSlices = 4;
 
 // One pass per slice: work items (b, h), each running its key blocks in order with dQ (and dM)
-// added as they come, in the order the query pass adds them (the same bits). Taken when there
-// are slices enough to share among the threads and no two slices add into one mask element.
+// added as they come, in the order the query pass adds them, so both schemes give the same bits
+// and the choice may follow the thread count: one pass (five products per tile) when there are
+// slices enough for the threads, else two (seven) that share out every slice's blocks. Not when
+// two slices would add into one mask element, nor for a mask constant over each slice (its
+// element would take the tiles in another order).
 bool one_pass(const Dims& d, MaskStrides ms, bool mask_grad) {
-  return d.slices() >= kOnePassSlices && (!mask_grad || ((ms.sb != 0 || d.B == 1) && (ms.sh != 0 || d.H == 1)));
+  const bool enough = d.slices() >= (d.parallel() ? omp_get_max_threads() : 1);
+  const bool own_mask = (ms.sb != 0 || d.B == 1) && (ms.sh != 0 || d.H == 1) && (ms.st != 0 || ms.ss != 0);
+  return enough && (!mask_grad || own_mask);
 }
 
 // The key pass (with_query: the single pass), one item per (b, h, key block) or per (b, h).
