@@ -99,17 +99,19 @@ CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::in
 
 // Every head at once, on the core the call asked for. The fused ops read head h from columns
 // h·d_k .. (h+1)·d_k - 1 of q, k, v in place and write the concat directly: no split into
-// (B, H, L, d_k) copies, no merge.
+// (B, H, L, d_k) copies, no merge. Without need_weights the fused ops run their tiled core,
+// whose memory grows linearly in T, and return no weights.
 CoreResult attend(const Projected& p, const detail::Masks& m, const MultiHeadAttentionConfig& c, bool composed,
-                  AttentionStudy* study) {
+                  bool need_weights, AttentionStudy* study) {
   ag::Generator& gen = c.dropout_generator != nullptr ? *c.dropout_generator : ag::default_generator();
   const std::int64_t H = c.num_heads;
   if (composed) return compose_attention(p, m.additive, H, c.dropout_p, gen, Points{c.hooks}, study);
   const ag::SdpaResult r =
       p.qkv.defined()
-          ? ag::scaled_dot_product_attention_packed(p.qkv, H, m.additive, m.causal_flag, 0.0, c.dropout_p, &gen)
+          ? ag::scaled_dot_product_attention_packed(p.qkv, H, m.additive, m.causal_flag, 0.0, c.dropout_p, &gen,
+                                                    need_weights)
           : ag::scaled_dot_product_attention_heads_last(p.q, p.k, p.v, H, m.additive, m.causal_flag, 0.0,
-                                                        c.dropout_p, &gen);
+                                                        c.dropout_p, &gen, need_weights);
   return {r.output, r.weights};
 }
 
@@ -159,7 +161,8 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
   // ---- project, attend, mix with W_O ----
   const Projected p = project(query3, key3, value3, weights, g, config.add_zero_attn, packed);
   AttentionStudy study;
-  const CoreResult core = attend(p, masks, config, composed, config.study != nullptr ? &study : nullptr);
+  const CoreResult core =
+      attend(p, masks, config, composed, options.need_weights, config.study != nullptr ? &study : nullptr);
   const ag::Tensor out = Points{config.hooks}("out", ag::linear(core.concat, weights.W_O, weights.b_O));  // (B, T, E)
   if (config.study != nullptr) {
     retain_grads(study);

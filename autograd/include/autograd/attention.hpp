@@ -34,13 +34,21 @@ struct SdpaResult {
 // the weights, or both. All three ops are differentiable to any order (create_graph): the
 // backward that builds a graph is the kernel's formula in ag ops, reusing the saved weights;
 // the dropout mask is a constant.
+// need_weights = false: the weights are not asked for, and `weights` comes back undefined. The
+//   op then runs a tiled core (FlashAttention-2 style, docs/attention_backward.md §10): blocks
+//   of queries against blocks of keys with an online softmax, keeping for backward only q, k,
+//   v, the mask, the output and one log-sum-exp per query row, so memory grows linearly in T
+//   (not as T·S); backward recomputes the weights tile by tile. Causal tiles above the diagonal
+//   are skipped. Results agree with need_weights = true to rounding, and have the same bits at
+//   any thread count. With dropout_p > 0, or when T·S is small, the untiled kernel runs instead
+//   (its weights are then simply not returned).
 // Throws std::invalid_argument naming the op and the shapes for: undefined or non-4-D q, k, v;
 // dtype mismatch; B/H, sequence-length or head-dim disagreement; a mask that does not
 // broadcast; is_causal with T != S; a non-finite scale; dropout_p outside [0, 1].
 SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& attn_mask = Tensor(), bool is_causal = false,
                                         double scale = 0.0, double dropout_p = 0.0,
-                                        Generator* gen = nullptr);
+                                        Generator* gen = nullptr, bool need_weights = true);
 
 // The same op on heads-last storage, the layout of a multi-head layer's projections: q
 // (B, T, H·d_k), k (B, S, H·d_k), v (B, S, H·d_v), head h in columns h·d .. (h+1)·d − 1 of each
@@ -50,7 +58,8 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
 SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor& k, const Tensor& v,
                                                    std::int64_t num_heads, const Tensor& attn_mask = Tensor(),
                                                    bool is_causal = false, double scale = 0.0,
-                                                   double dropout_p = 0.0, Generator* gen = nullptr);
+                                                   double dropout_p = 0.0, Generator* gen = nullptr,
+                                                   bool need_weights = true);
 
 // Self-attention on one packed projection: qkv (B, T, 3·H·d), each row [q | k | v] with head h
 // of each in its columns h·d .. (h+1)·d − 1 (the output of one linear by [W_Q | W_K | W_V]).
@@ -60,6 +69,6 @@ SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor
 SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t num_heads,
                                                const Tensor& attn_mask = Tensor(), bool is_causal = false,
                                                double scale = 0.0, double dropout_p = 0.0,
-                                               Generator* gen = nullptr);
+                                               Generator* gen = nullptr, bool need_weights = true);
 
 }  // namespace autograd

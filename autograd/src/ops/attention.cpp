@@ -1,5 +1,6 @@
 // Fused scaled dot-product attention: the three entry points (heads-first, heads-last, packed),
-// their argument checks, and the graph node whose backward runs the hand-derived kernels of
+// their argument checks, the choice of core (the tiled one of attention_flash*.cpp when the
+// weights are not asked for), and the graph node whose backward runs the hand-derived kernels of
 // attention_kernels.cpp (derived step by step in docs/attention_backward.md).
 #include "autograd/attention.hpp"
 
@@ -9,12 +10,20 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/attention_composed.hpp"
+#include "ops/attention_flash_tiles.hpp"
 #include "ops/attention_kernels.hpp"
 #include "ops/common.hpp"
 
 namespace autograd {
 
 namespace {
+
+using sdpa::ComposedGrads;
+using sdpa::ComposedInputs;
+using sdpa::Operands;
+using sdpa::composed_backward;
+using sdpa::node_inputs;
 
 constexpr std::string_view kOp = "scaled_dot_product_attention";
 
@@ -63,25 +72,6 @@ void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const 
 
 // ---- the op ----
 
-// What the op reads: q, k and v, or (packed) one tensor holding all three, whose column blocks
-// the layouts in sdpa::Dims pick; and the additive mask, if any.
-struct Operands {
-  Tensor q, k, v;  // packed: q is the qkv tensor, k and v are undefined
-  Tensor mask;
-  bool packed() const { return !k.defined(); }
-};
-
-// The graph node's inputs: q, k, v (packed: the one qkv tensor), then the mask if there is one.
-GradList node_inputs(const Operands& in) {
-  GradList inputs{in.q};
-  if (!in.packed()) {
-    inputs.push_back(in.k);
-    inputs.push_back(in.v);
-  }
-  if (in.mask.defined()) inputs.push_back(in.mask);
-  return inputs;
-}
-
 // Dropout factors Z (0 or 1/(1-p)), drawn in one thread, in row-major (B, H, T, S) order: the
 // same generator state gives the same mask whatever the thread count.
 Tensor dropout_factors(const sdpa::Dims& d, Dtype dtype, double dropout_p, Generator* gen) {
@@ -94,78 +84,6 @@ Tensor dropout_factors(const sdpa::Dims& d, Dtype dtype, double dropout_p, Gener
     for (std::int64_t i = 0; i < keep.numel(); ++i) z[i] = g.uniform() < dropout_p ? T(0) : T(kept_scale);
   });
   return keep;
-}
-
-// ---- the backward composed of autograd ops (while a graph of the backward is being built) ----
-
-// Views of one operand (B, H, L, d) laid out as the op's input: (B, H, L, d) itself, or
-// (B, L, H·d) with head h in columns h·d .. (h+1)·d - 1. Each is one copy at most.
-// heads: (B, H, L, d).
-Tensor heads(const Tensor& x, std::int64_t H) {
-  if (x.dim() == 4) return x;
-  return transpose(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), 1, 2);
-}
-
-// heads_t: (B, H, d, L), each head's matrix transposed.
-Tensor heads_t(const Tensor& x, std::int64_t H) {
-  if (x.dim() == 4) return transpose(x, -2, -1);
-  return permute(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), {0, 2, 3, 1});
-}
-
-// (B, H, L, d) back to the layout of `like`.
-Tensor from_heads(const Tensor& x, const Tensor& like) {
-  if (like.dim() == 4) return x;
-  return reshape(transpose(x, 1, 2), {x.size(0), x.size(2), x.size(1) * x.size(3)});
-}
-
-// (B, H, d, L) back to the layout of `like` (transposing each head's matrix).
-Tensor from_heads_t(const Tensor& x, const Tensor& like) {
-  if (like.dim() == 4) return transpose(x, -2, -1);
-  return reshape(permute(x, {0, 3, 1, 2}), {x.size(0), x.size(3), x.size(1) * x.size(2)});
-}
-
-// What the composed backward reads, every tensor connected to the graph: q, k, v (laid out as the
-// op's inputs; packed: the three column blocks of qkv), the weights P (the node's own output, so
-// that their derivative runs through this node again), the dropout factors Z (constants, or
-// undefined), and the gradients that reached the output and the weights (undefined: zero).
-struct ComposedInputs {
-  Tensor q, k, v, p, z, dout, dweights;
-};
-
-struct ComposedGrads {
-  Tensor dq, dk, dv, dscores;  // in the layouts of q, k, v; dscores (B, H, T, S)
-};
-
-// The gradients of the forward written with differentiable ops, so that they can be
-// differentiated again (to any order):
-//   dV = (P ⊙ Z)ᵀ·dO,  dP = (dO·Vᵀ) ⊙ Z + dW,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),
-//   dQ = scale·dS·K,  dK = scale·dSᵀ·Q,  dM = dS.
-// dV and dK are formed transposed (dVᵀ = dOᵀ·(P ⊙ Z), dKᵀ = scale·Qᵀ·dS), so that no [T, S]
-// matrix is transposed. P is 0 on blocked entries and fully blocked rows (causal ones included),
-// so dS is 0 there; no score is recomputed, so no -inf enters.
-ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H, double scale, bool want_dv, bool want_ds) {
-  ComposedGrads out;
-  Tensor dp;  // dL/dP
-  if (in.dout.defined()) {
-    if (want_dv) {
-      const Tensor pd = in.z.defined() ? mul(in.p, in.z) : in.p;
-      out.dv = from_heads_t(matmul(heads_t(in.dout, H), pd), in.v);
-    }
-    if (want_ds) {
-      dp = matmul(heads(in.dout, H), heads_t(in.v, H));
-      if (in.z.defined()) dp = mul(dp, in.z);
-    }
-  } else if (want_dv) {
-    // Only the weights got a gradient: dV is 0, as the kernel gives it, but part of the graph
-    // (the gradient of the weights may carry one). v is finite wherever the output is.
-    out.dv = mul(in.v, 0.0);
-  }
-  if (want_ds && in.dweights.defined()) dp = dp.defined() ? add(dp, in.dweights) : in.dweights;
-  if (!dp.defined()) return out;
-  out.dscores = mul(in.p, sub(dp, sum(mul(dp, in.p), -1, true)));
-  out.dq = from_heads(mul(matmul(out.dscores, heads(in.k, H)), scale), in.q);
-  out.dk = from_heads_t(mul(matmul(heads_t(in.q, H), out.dscores), scale), in.k);
-  return out;
 }
 
 // The backward rule. Saved: q, k, v (packed: the one tensor), the weights P and the dropout
@@ -247,10 +165,17 @@ struct AttentionBackward {
 
 // Every entry point, once the arguments are checked: d says where each slice lives, out_shape is
 // the output's shape (its layout is d.out).
+// Without weights, the tiled core takes every call but those with dropout (the untiled kernel
+// draws its factors) and those too small for tiling to pay (sdpa::FlashTiles).
+bool use_tiled(const sdpa::Dims& d, bool need_weights, double dropout_p) {
+  return !need_weights && dropout_p == 0.0 && d.T * d.S >= sdpa::flash_tiles().min_tiled_scores;
+}
+
 SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_shape, const Operands& in,
-                  bool is_causal, double scale, double dropout_p, Generator* gen) {
+                  bool is_causal, double scale, double dropout_p, Generator* gen, bool need_weights) {
   // scale 0 means 1/sqrt(d_k); with d_k = 0 every product is 0 and the scale does not matter.
   if (scale == 0.0) scale = d.d_k > 0 ? 1.0 / std::sqrt(static_cast<double>(d.d_k)) : 1.0;
+  if (use_tiled(d, need_weights, dropout_p)) return sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale);
   const Dtype dtype = in.q.dtype();
   const Tensor& k = in.packed() ? in.q : in.k;
   const Tensor& v = in.packed() ? in.q : in.v;
@@ -269,7 +194,7 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
 
   GradList inputs = node_inputs(in);
   const std::span<const Tensor> input_span(inputs.begin(), inputs.size());
-  if (!needs_grad(input_span)) return {output, weights};
+  if (!needs_grad(input_span)) return {output, need_weights ? weights : Tensor()};
   const std::array<Tensor, 2> outputs{output, weights};
   record(op, input_span, outputs,
          AttentionBackward{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(weights),
@@ -278,24 +203,26 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
   // An output nobody used (usually `weights`) reaches the rule undefined, read as zero: no
   // [B, H, T, S] tensor of zeros is made and added.
   output.grad_fn()->materialize_grads = false;
-  return {output, weights};
+  return {output, need_weights ? weights : Tensor()};
 }
 
 }  // namespace
 
 SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                        bool is_causal, double scale, double dropout_p, Generator* gen) {
+                                        bool is_causal, double scale, double dropout_p, Generator* gen,
+                                        bool need_weights) {
   check_qkv(kOp, q, k, v, 4, "(B, H, seq, head_dim)");
   check_logical(kOp, q.shape(), k.shape(), v.shape(), q.dtype(), attn_mask, is_causal, scale, dropout_p);
   const std::int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2), d_k = q.size(3), d_v = v.size(3);
   const sdpa::Dims d{B, H, T, S, d_k, d_v, sdpa::heads_first(H, T, d_k), sdpa::heads_first(H, S, d_k),
                      sdpa::heads_first(H, S, d_v), sdpa::heads_first(H, T, d_v)};
-  return attend(kOp, d, {B, H, T, d_v}, {q, k, v, attn_mask}, is_causal, scale, dropout_p, gen);
+  return attend(kOp, d, {B, H, T, d_v}, {q, k, v, attn_mask}, is_causal, scale, dropout_p, gen, need_weights);
 }
 
 SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor& k, const Tensor& v,
                                                    std::int64_t num_heads, const Tensor& attn_mask, bool is_causal,
-                                                   double scale, double dropout_p, Generator* gen) {
+                                                   double scale, double dropout_p, Generator* gen,
+                                                   bool need_weights) {
   constexpr std::string_view op = "scaled_dot_product_attention_heads_last";
   check_qkv(op, q, k, v, 3, "(B, seq, heads * head_dim)");
   const std::int64_t H = num_heads;
@@ -310,11 +237,12 @@ SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor
                 attn_mask, is_causal, scale, dropout_p);
   const sdpa::Dims d{B, H, T, S, d_k, d_v, sdpa::heads_last(H, T, d_k), sdpa::heads_last(H, S, d_k),
                      sdpa::heads_last(H, S, d_v), sdpa::heads_last(H, T, d_v)};
-  return attend(op, d, {B, T, H * d_v}, {q, k, v, attn_mask}, is_causal, scale, dropout_p, gen);
+  return attend(op, d, {B, T, H * d_v}, {q, k, v, attn_mask}, is_causal, scale, dropout_p, gen, need_weights);
 }
 
 SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t num_heads, const Tensor& attn_mask,
-                                               bool is_causal, double scale, double dropout_p, Generator* gen) {
+                                               bool is_causal, double scale, double dropout_p, Generator* gen,
+                                               bool need_weights) {
   constexpr std::string_view op = "scaled_dot_product_attention_packed";
   check_defined(op, qkv, "qkv");
   if (qkv.dim() != 3) fail(op, "qkv must be 3-D (B, seq, 3 * heads * head_dim); got {}", shape_str(qkv.shape()));
@@ -327,7 +255,8 @@ SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t n
                 dropout_p);
   const sdpa::Dims d{B, H, T, T, dh, dh, sdpa::packed(H, T, dh, 0), sdpa::packed(H, T, dh, 1),
                      sdpa::packed(H, T, dh, 2), sdpa::heads_last(H, T, dh)};
-  return attend(op, d, {B, T, H * dh}, {qkv, Tensor(), Tensor(), attn_mask}, is_causal, scale, dropout_p, gen);
+  return attend(op, d, {B, T, H * dh}, {qkv, Tensor(), Tensor(), attn_mask}, is_causal, scale, dropout_p, gen,
+                need_weights);
 }
 
 }  // namespace autograd

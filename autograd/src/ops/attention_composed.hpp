@@ -1,0 +1,112 @@
+#pragma once
+// What the fused attention ops share (internal, not installed): the operands of the graph node,
+// the backward composed of autograd ops that runs while a graph of the backward is being built
+// (create_graph), and the tiled core's entry. attention.cpp (the untiled node) and
+// attention_flash_node.cpp (the tiled one) both use it.
+#include <string_view>
+
+#include "autograd/attention.hpp"
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+#include "autograd/tensor.hpp"
+#include "ops/attention_kernels.hpp"
+
+namespace autograd::sdpa {
+
+// What the op reads: q, k and v, or (packed) one tensor holding all three, whose column blocks
+// the layouts in sdpa::Dims pick; and the additive mask, if any.
+struct Operands {
+  Tensor q, k, v;  // packed: q is the qkv tensor, k and v are undefined
+  Tensor mask;
+  bool packed() const { return !k.defined(); }
+};
+
+// The graph node's inputs: q, k, v (packed: the one qkv tensor), then the mask if there is one.
+inline GradList node_inputs(const Operands& in) {
+  GradList inputs{in.q};
+  if (!in.packed()) {
+    inputs.push_back(in.k);
+    inputs.push_back(in.v);
+  }
+  if (in.mask.defined()) inputs.push_back(in.mask);
+  return inputs;
+}
+
+
+
+// Views of one operand (B, H, L, d) laid out as the op's input: (B, H, L, d) itself, or
+// (B, L, H·d) with head h in columns h·d .. (h+1)·d - 1. Each is one copy at most.
+// heads: (B, H, L, d).
+inline Tensor heads(const Tensor& x, std::int64_t H) {
+  if (x.dim() == 4) return x;
+  return transpose(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), 1, 2);
+}
+
+// heads_t: (B, H, d, L), each head's matrix transposed.
+inline Tensor heads_t(const Tensor& x, std::int64_t H) {
+  if (x.dim() == 4) return transpose(x, -2, -1);
+  return permute(reshape(x, {x.size(0), x.size(1), H, x.size(2) / H}), {0, 2, 3, 1});
+}
+
+// (B, H, L, d) back to the layout of `like`.
+inline Tensor from_heads(const Tensor& x, const Tensor& like) {
+  if (like.dim() == 4) return x;
+  return reshape(transpose(x, 1, 2), {x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+// (B, H, d, L) back to the layout of `like` (transposing each head's matrix).
+inline Tensor from_heads_t(const Tensor& x, const Tensor& like) {
+  if (like.dim() == 4) return transpose(x, -2, -1);
+  return reshape(permute(x, {0, 3, 1, 2}), {x.size(0), x.size(3), x.size(1) * x.size(2)});
+}
+
+// What the composed backward reads, every tensor connected to the graph: q, k, v (laid out as the
+// op's inputs; packed: the three column blocks of qkv), the weights P (the node's own output, so
+// that their derivative runs through this node again), the dropout factors Z (constants, or
+// undefined), and the gradients that reached the output and the weights (undefined: zero).
+struct ComposedInputs {
+  Tensor q, k, v, p, z, dout, dweights;
+};
+
+struct ComposedGrads {
+  Tensor dq, dk, dv, dscores;  // in the layouts of q, k, v; dscores (B, H, T, S)
+};
+
+// The gradients of the forward written with differentiable ops, so that they can be
+// differentiated again (to any order):
+//   dV = (P ⊙ Z)ᵀ·dO,  dP = (dO·Vᵀ) ⊙ Z + dW,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),
+//   dQ = scale·dS·K,  dK = scale·dSᵀ·Q,  dM = dS.
+// dV and dK are formed transposed (dVᵀ = dOᵀ·(P ⊙ Z), dKᵀ = scale·Qᵀ·dS), so that no [T, S]
+// matrix is transposed. P is 0 on blocked entries and fully blocked rows (causal ones included),
+// so dS is 0 there; no score is recomputed, so no -inf enters.
+inline ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H, double scale, bool want_dv, bool want_ds) {
+  ComposedGrads out;
+  Tensor dp;  // dL/dP
+  if (in.dout.defined()) {
+    if (want_dv) {
+      const Tensor pd = in.z.defined() ? mul(in.p, in.z) : in.p;
+      out.dv = from_heads_t(matmul(heads_t(in.dout, H), pd), in.v);
+    }
+    if (want_ds) {
+      dp = matmul(heads(in.dout, H), heads_t(in.v, H));
+      if (in.z.defined()) dp = mul(dp, in.z);
+    }
+  } else if (want_dv) {
+    // Only the weights got a gradient: dV is 0, as the kernel gives it, but part of the graph
+    // (the gradient of the weights may carry one). v is finite wherever the output is.
+    out.dv = mul(in.v, 0.0);
+  }
+  if (want_ds && in.dweights.defined()) dp = dp.defined() ? add(dp, in.dweights) : in.dweights;
+  if (!dp.defined()) return out;
+  out.dscores = mul(in.p, sub(dp, sum(mul(dp, in.p), -1, true)));
+  out.dq = from_heads(mul(matmul(out.dscores, heads(in.k, H)), scale), in.q);
+  out.dk = from_heads_t(mul(matmul(heads_t(in.q, H), out.dscores), scale), in.k);
+  return out;
+}
+
+// The op on the tiled core (need_weights = false, no dropout; arguments checked, scale
+// resolved): the output, weights undefined. attention_flash_node.cpp.
+SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_shape, const Operands& in,
+                        bool is_causal, double scale);
+
+}  // namespace autograd::sdpa

@@ -1,0 +1,115 @@
+// The tiled attention forward: for each block of query rows, the key blocks one after another,
+// with an online softmax (a running maximum and sum per row; the partial output rescaled when
+// the maximum grows). Memory: one tile of scores and one block of partial outputs per thread.
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "ops/attention_flash.hpp"
+
+namespace autograd::sdpa {
+
+FlashTiles& flash_tiles() {
+  static FlashTiles tiles;
+  return tiles;
+}
+
+namespace {
+std::atomic<std::int64_t> calls{0};
+}  // namespace
+
+std::int64_t tiled_calls() { return calls.load(std::memory_order_relaxed); }
+void count_tiled_call() { calls.fetch_add(1, std::memory_order_relaxed); }
+
+namespace {
+
+// One thread's scratch, kept between calls (a warm step allocates nothing).
+template <class T>
+struct ForwardScratch {
+  Scratch<T> scores;  // [block_q, block_k]
+  Scratch<T> acc;     // [block_q, d_v]: Σ_j exp(S_ij − m_i)·V_j so far
+  Scratch<T> m, l;    // running maximum and sum per row
+};
+
+// Folds one tile of scores (in Sc, [rows, cols]) into the running state: Sc becomes
+// exp(S − m_new) (exactly 0 where S = -inf; a row with nothing seen yet stays all 0), l and the
+// partial output are rescaled by exp(m_old − m_new).
+template <class T>
+void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, std::int64_t d_v, bool blocked) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for (std::int64_t i = 0; i < rows; ++i) {
+    ArrayView<T> row(s.scores.data() + i * cols, cols);
+    const T m_new = std::max(s.m[i], cols > 0 ? row.maxCoeff() : neg_inf);
+    if (m_new == neg_inf) {  // every key so far blocked
+      row.setZero();
+      continue;
+    }
+    if (blocked) {
+      row = (row == neg_inf).select(T(0), (row - m_new).exp());
+    } else {
+      row = (row - m_new).exp();
+    }
+    const T alpha = std::exp(s.m[i] - m_new);  // 0 when m_old = -inf
+    s.l[i] = s.l[i] * alpha + row.sum();
+    if (alpha != T(1)) ArrayView<T>(s.acc.data() + i * d_v, d_v) *= alpha;
+    s.m[i] = m_new;
+  }
+}
+
+// Query block [r0, r1) of slice (b, h): its output rows and log-sum-exps.
+template <class T>
+void forward_block(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, T scale, bool causal, Tile t,
+                   std::int64_t block_k, ForwardScratch<T>& s) {
+  const std::int64_t rows = t.rows(), lo = d.out.sr;
+  s.scores.resize(static_cast<std::size_t>(rows * block_k));
+  s.acc.assign(static_cast<std::size_t>(rows * d.d_v), T(0));
+  s.m.assign(static_cast<std::size_t>(rows), -std::numeric_limits<T>::infinity());
+  s.l.assign(static_cast<std::size_t>(rows), T(0));
+  const std::int64_t seen = keys_seen(d, t.r1, causal);  // key blocks above the diagonal skipped
+  for (t.c0 = 0; t.c0 < seen; t.c0 += block_k) {
+    t.c1 = std::min(d.S, t.c0 + block_k);
+    const bool blocked = score_tile(d, x.q, x.k, x.mask, ms, scale, causal, t, s.scores.data());
+    online_softmax(s, rows, t.cols(), d.d_v, blocked);
+    //   acc += exp(S − m)·V                           [rows, cols] x [cols, d_v] -> [rows, d_v]
+    const T* V = x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr;
+    gemm<T>(false, false, rows, d.d_v, t.cols(), T(1), s.scores.data(), t.cols(), V, d.v.sr, T(1), s.acc.data(),
+            std::max<std::int64_t>(d.d_v, 1));
+  }
+  // O = acc / l; lse = m + log l. A fully blocked row (l = 0) gets O = 0 and lse = +inf, so that
+  // exp(S − lse) = 0 recomputes its zero weights in backward.
+  T* O = x.out + d.out.at(t.b, t.h) + t.r0 * lo;
+  T* lse = x.lse + (t.b * d.H + t.h) * d.T + t.r0;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    ArrayView<T> o(O + i * lo, d.d_v);
+    if (s.l[i] > T(0)) {
+      o = ConstArrayView<T>(s.acc.data() + i * d.d_v, d.d_v) / s.l[i];
+      lse[i] = s.m[i] + std::log(s.l[i]);
+    } else {
+      o.setZero();
+      lse[i] = std::numeric_limits<T>::infinity();
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void flash_forward(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, T scale, bool causal) {
+  const FlashTiles tiles = flash_tiles();
+  const std::int64_t blocks = blocks_of(d.T, tiles.block_q), items = d.slices() * blocks;
+  parallel_region(d.parallel(), [&] {
+    thread_local ForwardScratch<T> scratch;
+    // Work items (b, h, query block): each one thread's alone, so the thread count changes nothing.
+#pragma omp for schedule(dynamic)
+    for (std::int64_t item = 0; item < items; ++item) {
+      const std::int64_t bh = item / blocks, r0 = (item % blocks) * tiles.block_q;
+      const Tile t{bh / d.H, bh % d.H, r0, std::min(d.T, r0 + tiles.block_q), 0, 0};
+      forward_block(d, x, ms, scale, causal, t, tiles.block_k, scratch);
+    }
+  });
+}
+
+template void flash_forward<float>(const Dims&, const FlashForwardData<float>&, MaskStrides, float, bool);
+template void flash_forward<double>(const Dims&, const FlashForwardData<double>&, MaskStrides, double, bool);
+
+}  // namespace autograd::sdpa

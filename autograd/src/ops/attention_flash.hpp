@@ -1,0 +1,106 @@
+#pragma once
+// The tiled attention core (internal, not installed): FlashAttention-2 style forward and
+// backward over tiles of query rows x key columns, in memory linear in T. Only the output and
+// one log-sum-exp per query row are kept for backward; the weights are recomputed tile by tile.
+// attention_flash.cpp holds the forward, attention_flash_backward.cpp the backward,
+// attention_flash_node.cpp the graph node; docs/attention_backward.md §10 derives it.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "ops/attention_flash_tiles.hpp"
+#include "ops/attention_kernels.hpp"
+#include "ops/gemm.hpp"
+
+namespace autograd::sdpa {
+
+// What the forward reads and writes. mask may be null.
+template <class T>
+struct FlashForwardData {
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* mask;  // the additive mask, read through MaskStrides
+  T* out;         // laid out as Dims::out
+  T* lse;         // (B, H, T): log Σ_j exp(S_ij); +inf for a row whose keys are all blocked
+};
+
+// What the backward reads and writes. Any of dq, dk, dv, dmask may be null (not needed); dmask
+// has the mask's own (contiguous) shape and receives dL/dS summed over the mask's broadcast dims.
+template <class T>
+struct FlashBackwardData {
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* mask;
+  const T* out;
+  const T* lse;
+  const T* dout;  // never null
+  T* dq;
+  T* dk;
+  T* dv;
+  T* dmask;
+};
+
+// For each slice, the output O = softmax_rows(scale·Q·Kᵀ + M)·V (causal: row i sees keys 0..i)
+// and the row log-sum-exps of the scores.
+template <class T>
+void flash_forward(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, T scale, bool causal);
+
+// The gradients of flash_forward. Bit-identical at any thread count.
+template <class T>
+void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal);
+
+// ---- shared by the forward and the backward ----
+
+// Scratch of one thread. Aligned as tensors are: Eigen's vectorised sums start on an aligned
+// element, so the order of their additions follows the address, and two threads must add alike.
+template <class T>
+using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
+
+// Rows [r0, r1) x columns [c0, c1) of slice (b, h)'s scores.
+struct Tile {
+  std::int64_t b, h, r0, r1, c0, c1;
+  std::int64_t rows() const { return r1 - r0; }
+  std::int64_t cols() const { return c1 - c0; }
+};
+
+inline std::int64_t blocks_of(std::int64_t n, std::int64_t step) { return (n + step - 1) / step; }
+
+// The key columns query block [r0, r1) sees: all S, or 0..r1-1 when causal.
+inline std::int64_t keys_seen(const Dims& d, std::int64_t r1, bool causal) { return causal ? std::min(r1, d.S) : d.S; }
+
+// Sc = scale·Q_r·K_cᵀ + M_rc, [rows, cols] with row stride cols; causal entries j > i are -inf.
+// Returns whether an entry may be -inf (a mask, or a tile crossing the diagonal).
+template <class T>
+bool score_tile(const Dims& d, const T* q, const T* k, const T* mask, MaskStrides ms, T scale, bool causal,
+                const Tile& t, T* Sc) {
+  const std::int64_t rows = t.rows(), cols = t.cols();
+  //   S = scale·Q·Kᵀ                                  [rows, d_k] x [d_k, cols] -> [rows, cols]
+  gemm<T>(false, true, rows, cols, d.d_k, scale, q + d.q.at(t.b, t.h) + t.r0 * d.q.sr, d.q.sr,
+          k + d.k.at(t.b, t.h) + t.c0 * d.k.sr, d.k.sr, T(0), Sc, std::max<std::int64_t>(cols, 1));
+  if (mask != nullptr) {  //   S += M
+    const T* mb = mask + t.b * ms.sb + t.h * ms.sh + t.c0 * ms.ss;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const T* mrow = mb + (t.r0 + i) * ms.st;
+      T* srow = Sc + i * cols;
+      if (ms.ss != 0) {
+        for (std::int64_t j = 0; j < cols; ++j) srow[j] += mrow[j];
+      } else {
+        for (std::int64_t j = 0; j < cols; ++j) srow[j] += mrow[0];
+      }
+    }
+  }
+  const bool crosses = causal && t.c1 - 1 > t.r0;  // some column j > some row i
+  if (crosses) {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = std::max<std::int64_t>(t.r0 + i + 1 - t.c0, 0); j < cols; ++j) Sc[i * cols + j] = neg_inf;
+  }
+  return mask != nullptr || crosses;
+}
+
+}  // namespace autograd::sdpa
