@@ -6,12 +6,15 @@
 #define BOOST_TEST_MODULE isa_dispatch
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -140,6 +143,49 @@ void check_products(const std::string& isa) {
   }
 }
 
+// gelu (exact) and its derivative of float values, in long double from std::erf and std::exp.
+long double gelu_ref(long double x) { return 0.5L * x * (1 + std::erf(x / std::sqrt(2.0L))); }
+long double gelu_slope_ref(long double x) {
+  return 0.5L * (1 + std::erf(x / std::sqrt(2.0L))) + x * std::exp(-0.5L * x * x) / std::sqrt(2 * 3.14159265358979323846L);
+}
+
+// x, and dx for the seed g, of gelu at `values` through `isa`.
+std::pair<std::vector<double>, std::vector<double>> run_gelu(const std::string& isa, const ag::Tensor& x0,
+                                                             const ag::Tensor& g, bool tanh_approximation = false) {
+  IsaScope scope(isa);
+  ag::Tensor x = x0.detach().requires_grad_();
+  ag::Tensor y = ag::gelu(x, tanh_approximation);
+  y.backward(g);
+  return {y.to_vector(), x.grad().to_vector()};
+}
+
+// The worst error of gelu's value and slope over the bound 4·u·|x| (value) and 4·u·|g|·(1 + |x|)
+// (gradient): Eigen's float erf is within a few ulps of 1, and the rest a handful of roundings
+// (measured: at most 0.55 of it).
+double worst_gelu_excess(const std::vector<double>& xs, const std::vector<double>& gs,
+                         const std::pair<std::vector<double>, std::vector<double>>& got) {
+  const double u = unit_roundoff(ag::Dtype::Float32), tiny = std::numeric_limits<float>::min();
+  double worst = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const long double x = xs[i];
+    const double ey = static_cast<double>(std::fabs(got.first[i] - gelu_ref(x)));
+    const double ed = static_cast<double>(std::fabs(got.second[i] - gs[i] * gelu_slope_ref(x)));
+    worst = std::max(worst, ey / (4 * u * std::fabs(xs[i]) + tiny));
+    worst = std::max(worst, ed / (4 * u * std::fabs(gs[i]) * (1 + std::fabs(xs[i])) + tiny));
+  }
+  return worst;
+}
+
+// Values across gelu's range: around 0, the erf clamp at |x/√2| = 4, far out, ±0 and a tail
+// (an odd count, so no vector width divides it).
+ag::Tensor gelu_inputs() {
+  std::vector<double> v;
+  for (int i = -200; i <= 200; ++i) v.push_back(i * 0.05);
+  for (double x : {5.6, 5.7, -5.6, -5.7, 30.0, -30.0, 0.0, -0.0, 1e-20, -1e-20}) v.push_back(x);
+  v.push_back(0.3);
+  return ag::tensor(v, {static_cast<std::int64_t>(v.size())}, ag::Dtype::Float32);
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(isa_dispatch)
@@ -183,6 +229,63 @@ BOOST_AUTO_TEST_CASE(negative_control_the_bound_catches_wrong_products) {
     std::vector<double> shifted = ag::matmul(a, b).to_vector();
     for (std::size_t i = 0; i + 1 < shifted.size(); ++i) shifted[i] = shifted[i + 1];
     BOOST_TEST(worst_excess(shifted, ref) > 1.0);
+  }
+}
+
+// The two vector variants run the same operations on every element of a product, so they agree
+// to the bit, and every variant gives the same bits on every call and at 1 and 2 threads (sizes
+// large enough to be cut into pieces and shared among the threads).
+BOOST_AUTO_TEST_CASE(variants_are_deterministic_and_the_vector_ones_agree_to_the_bit) {
+  const std::vector<std::string> isas = available_isas();
+  std::vector<std::vector<double>> per_isa;
+  for (ag::Dtype dtype : {ag::Dtype::Float32, ag::Dtype::Float64}) {
+    for (const Size& s : {Size{32, 16, 32}, Size{17, 9, 24}, Size{300, 200, 64}, Size{64, 1024, 48}}) {
+      const ag::Tensor a = random({s.m, s.k}, dtype, 11), b = random({s.k, s.n}, dtype, 12);
+      const ag::Tensor g = random({s.m, s.n}, dtype, 13);
+      std::vector<ProductResults> results;
+      for (const std::string& isa : isas) {
+        IsaScope scope(isa);
+        const ProductResults once = run_product(a, b, g);
+        test_support::ThreadCount two(2);
+        const ProductResults again = run_product(a, b, g);
+        BOOST_TEST((once.c == again.c && once.da == again.da && once.db == again.db), isa << " 1 vs 2 threads");
+        results.push_back(once);
+      }
+      for (std::size_t i = 1; i < isas.size(); ++i)
+        if (isas[i - 1] != "generic")
+          BOOST_TEST((results[i].c == results[i - 1].c && results[i].da == results[i - 1].da &&
+                      results[i].db == results[i - 1].db), isas[i - 1] << " vs " << isas[i]);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_variant_computes_the_exact_gelu_and_its_slope_within_the_bound) {
+  const ag::Tensor x = gelu_inputs(), g = random(x.shape(), ag::Dtype::Float32, 21);
+  const std::vector<double> xs = x.to_vector(), gs = g.to_vector();
+  for (const std::string& isa : available_isas()) {
+    const auto got = run_gelu(isa, x, g);
+    BOOST_TEST_MESSAGE(isa << ": worst error / bound " << worst_gelu_excess(xs, gs, got));
+    BOOST_TEST(worst_gelu_excess(xs, gs, got) <= 1.0, isa);
+    BOOST_TEST(got.first == run_gelu(isa, x, g).first, isa << ": same bits again");
+    // the odd ones out: NaN stays NaN, ±inf gives the limits
+    IsaScope scope(isa);
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    const std::vector<double> y = ag::gelu(ag::tensor({nan, inf, -inf}, {3}, ag::Dtype::Float32)).to_vector();
+    BOOST_TEST(std::isnan(y[0]));
+    BOOST_TEST(y[1] == inf);
+  }
+  // negative control: the tanh approximation is off the exact gelu by far more than the bound
+  BOOST_TEST(worst_gelu_excess(xs, gs, run_gelu("generic", x, g, true)) > 10.0);
+}
+
+// Large enough to be shared among the threads: the same bits at 1 and 2 threads, per variant.
+BOOST_AUTO_TEST_CASE(gelu_has_the_same_bits_at_every_thread_count) {
+  const ag::Tensor x = random({70001}, ag::Dtype::Float32, 31), g = random({70001}, ag::Dtype::Float32, 32);
+  for (const std::string& isa : available_isas()) {
+    const auto one = run_gelu(isa, x, g);
+    test_support::ThreadCount two(2);
+    const auto both = run_gelu(isa, x, g);
+    BOOST_TEST((one.first == both.first && one.second == both.second), isa);
   }
 }
 
