@@ -186,6 +186,26 @@ ag::Tensor gelu_inputs() {
   return ag::tensor(v, {static_cast<std::int64_t>(v.size())}, ag::Dtype::Float32);
 }
 
+// The worst error of a float32 softmax over its rows of n (the last dim) against long double,
+// over the bound (|x − max| + n + 8)·u·y: exp's argument is rounded (relative error |x − m|·u
+// in the result), exp and the division a few ulps, the sum n roundings at most.
+double worst_softmax_excess(const std::vector<double>& x, const std::vector<double>& y, std::int64_t n) {
+  const double u = unit_roundoff(ag::Dtype::Float32), tiny = std::numeric_limits<float>::denorm_min();
+  double worst = 0;
+  for (std::size_t r = 0; r * n < x.size(); ++r) {
+    const double* xr = x.data() + r * n;
+    const long double m = *std::max_element(xr, xr + n);
+    long double sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) sum += std::exp(xr[j] - m);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const long double want = std::exp(xr[j] - m) / sum;
+      const double bound = static_cast<double>((std::fabs(xr[j] - m) + n + 8) * u * want) + tiny;
+      worst = std::max(worst, static_cast<double>(std::fabs(y[r * n + j] - want)) / bound);
+    }
+  }
+  return worst;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(isa_dispatch)
@@ -209,6 +229,32 @@ BOOST_AUTO_TEST_CASE(kernel_isa_names_the_best_variant_and_rejects_unknown_ones)
   test_support::check_throws<std::invalid_argument>([] { ag::set_kernel_isa("avx9"); },
                                                     {"set_kernel_isa", "'avx9'", "avx512, avx2, generic"});
   BOOST_TEST(ag::kernel_isa() == best);  // a rejected name changes nothing
+}
+
+// HEADGRAD_ISA chooses the variant at the first use, and a bad value throws from there, naming
+// the variable. Run as a child process of this test program with the variable set (the choice is
+// made once per process); the parent checks that each child passes.
+BOOST_AUTO_TEST_CASE(headgrad_isa_environment_variable) {
+  const char* env = std::getenv("HEADGRAD_ISA");
+  if (env != nullptr) {  // the child
+    const std::string want(env);
+    if (want == "avx9") {
+      test_support::check_throws<std::invalid_argument>([] { (void)ag::kernel_isa(); }, {"HEADGRAD_ISA", "'avx9'"});
+      test_support::check_throws<std::invalid_argument>(
+          [] { (void)ag::matmul(ag::ones({16, 16}), ag::ones({16, 16})); }, {"HEADGRAD_ISA", "'avx9'"});
+    } else {
+      BOOST_TEST(ag::kernel_isa() == want);
+    }
+    return;
+  }
+  const std::string self = boost::unit_test::framework::master_test_suite().argv[0];
+  std::vector<std::string> values = available_isas();
+  values.emplace_back("avx9");
+  for (const std::string& v : values) {
+    const std::string cmd = "HEADGRAD_ISA=" + v + " '" + self +
+                            "' --run_test=isa_dispatch/headgrad_isa_environment_variable > /dev/null 2>&1";
+    BOOST_TEST(std::system(cmd.c_str()) == 0, cmd);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(every_variant_computes_products_within_the_rounding_bound) {
@@ -286,6 +332,32 @@ BOOST_AUTO_TEST_CASE(gelu_has_the_same_bits_at_every_thread_count) {
     test_support::ThreadCount two(2);
     const auto both = run_gelu(isa, x, g);
     BOOST_TEST((one.first == both.first && one.second == both.second), isa);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_variant_computes_softmax_rows_within_the_bound) {
+  for (const std::string& isa : available_isas()) {
+    IsaScope scope(isa);
+    for (std::int64_t n : {1, 3, 8, 17, 33, 100}) {
+      const ag::Tensor x = ag::mul(random({5, n}, ag::Dtype::Float32, 40 + n), 4.0);
+      const std::vector<double> xs = x.to_vector(), ys = ag::softmax(x, -1).to_vector();
+      BOOST_TEST(worst_softmax_excess(xs, ys, n) <= 1.0, isa << " n = " << n);
+      BOOST_TEST(ys == ag::softmax(x, -1).to_vector(), isa << " n = " << n << ": same bits again");
+      // negative control: the softmax of the row with its last element moved by 1e-4 is caught
+      std::vector<double> moved = xs;
+      moved.back() += 1e-4;
+      const auto ym = ag::softmax(ag::tensor(moved, {5, n}, ag::Dtype::Float32), -1).to_vector();
+      if (n > 1) BOOST_TEST(worst_softmax_excess(xs, ym, n) > 1.0, isa << " n = " << n);
+    }
+    // blocked entries (−inf) get exactly 0, a fully blocked row is all 0, a NaN fills its row
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    const std::vector<double> y = ag::softmax(ag::tensor({0.5, -inf, 1.5, -inf, -inf, -inf, -inf, -inf, 1.0, nan, 2.0, 3.0},
+                                                         {3, 4}, ag::Dtype::Float32), -1).to_vector();
+    BOOST_TEST(y[1] == 0.0);
+    BOOST_TEST(y[3] == 0.0);
+    BOOST_TEST(std::fabs(y[0] - static_cast<double>(1 / (1 + std::exp(1.0L)))) < 1e-7);
+    for (int j = 4; j < 8; ++j) BOOST_TEST(y[j] == 0.0);
+    for (int j = 8; j < 12; ++j) BOOST_TEST(std::isnan(y[j]));
   }
 }
 

@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+
+#include <omp.h>
 
 #include "autograd/isa.hpp"
 #include "autograd/shape.hpp"
@@ -71,7 +74,20 @@ Isa active() {
   if (known >= 0) [[likely]]
     return static_cast<Isa>(known);
   const char* env = std::getenv("HEADGRAD_ISA");
-  const Isa chosen = env != nullptr && *env != '\0' ? checked("HEADGRAD_ISA", env) : best_supported();
+  Isa chosen = best_supported();
+  if (env != nullptr && *env != '\0') {
+    // An exception must not leave an OpenMP region (it would end the process): inside one, a bad
+    // value is left for the next call outside, on the calling thread, to report.
+    if (omp_in_parallel()) {
+      try {
+        chosen = checked("HEADGRAD_ISA", env);
+      } catch (const std::invalid_argument&) {
+        return chosen;
+      }
+    } else {
+      chosen = checked("HEADGRAD_ISA", env);
+    }
+  }
   g_active.store(static_cast<int>(chosen), std::memory_order_relaxed);
   return chosen;
 }

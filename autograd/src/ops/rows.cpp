@@ -29,4 +29,16 @@ bool gelu_backward(const float* dy, const float* x, float* dx, std::int64_t n) {
   }
 }
 
+bool exp_shifted(const float* x, float* y, std::int64_t n, float m, float& sum) {
+  switch (isa::active()) {
+#if HEADGRAD_ISA_AVX512
+    case isa::Isa::Avx512: sum = exp_shifted_avx512(x, y, n, m); return true;
+#endif
+#if HEADGRAD_ISA_AVX2
+    case isa::Isa::Avx2: sum = exp_shifted_avx2(x, y, n, m); return true;
+#endif
+    default: return false;
+  }
+}
+
 }  // namespace autograd::rows

@@ -26,6 +26,14 @@ struct F256 {
   static R load_first(const float* p, int m) { return _mm256_maskload_ps(p, first(m)); }
   static void store_first(float* p, R x, int m) { _mm256_maskstore_ps(p, first(m), x); }
   static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
+  static R zero_where_equal(R a, R b, R x) { return _mm256_andnot_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ), x); }
+  static R first_or(R a, R b, int m) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first(m))); }
+  static float sum(R a) {
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+  }
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
   static R div(R a, R b) { return _mm256_div_ps(a, b); }
   static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
@@ -47,6 +55,8 @@ void gelu_avx2(const float* x, float* y, std::int64_t n) { gelu_run<F256>(x, y, 
 void gelu_backward_avx2(const float* dy, const float* x, float* dx, std::int64_t n) {
   gelu_backward_run<F256>(dy, x, dx, n);
 }
+
+float exp_shifted_avx2(const float* x, float* y, std::int64_t n, float m) { return exp_shifted_run<F256>(x, y, n, m); }
 
 }  // namespace autograd::rows
 #endif

@@ -23,6 +23,10 @@ struct F512 {
   static R load_first(const float* p, int m) { return _mm512_maskz_loadu_ps(first(m), p); }
   static void store_first(float* p, R x, int m) { _mm512_mask_storeu_ps(p, first(m), x); }
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
+  static R zero_where_equal(R a, R b, R x) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ), x); }
+  static R first_or(R a, R b, int m) { return _mm512_mask_mov_ps(b, first(m), a); }
+  static float sum(R a) { return _mm512_reduce_add_ps(a); }
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R div(R a, R b) { return _mm512_div_ps(a, b); }
   static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
@@ -44,6 +48,8 @@ void gelu_avx512(const float* x, float* y, std::int64_t n) { gelu_run<F512>(x, y
 void gelu_backward_avx512(const float* dy, const float* x, float* dx, std::int64_t n) {
   gelu_backward_run<F512>(dy, x, dx, n);
 }
+
+float exp_shifted_avx512(const float* x, float* y, std::int64_t n, float m) { return exp_shifted_run<F512>(x, y, n, m); }
 
 }  // namespace autograd::rows
 #endif

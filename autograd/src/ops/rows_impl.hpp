@@ -3,7 +3,9 @@
 // included only by rows_avx512.cpp and rows_avx2.cpp. Everything here is in an unnamed namespace,
 // so each of those files has its own copy compiled with its own flags (see isa.hpp). W provides
 // R, n, set1, load, store, load_first / store_first (the first m lanes), add, sub, mul, div,
-// fma(a, b, c) = a·b + c, min, max, floor and ldexp(y, m) = y·2^m for integral m in [-128, 128].
+// fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m for integral m in [-128, 128],
+// zero_where_equal(a, b, x) (x, 0 in the lanes where a = b), first_or(a, b, m) (a's first m lanes,
+// then b's) and sum (across the lanes).
 #include <cstdint>
 
 #include "ops/rows.hpp"
@@ -88,6 +90,27 @@ void gelu_backward_run(const float* dy, const float* x, float* dx, std::int64_t 
     const int m = static_cast<int>(n - i);
     W::store_first(dx + i, gelu_slope_of<W>(W::load_first(dy + i, m), W::load_first(x + i, m)), m);
   }
+}
+
+// y = exp(x − m) (0 where x = −inf), n elements; Σ y in W::n lanes, then W::sum across them.
+template <class W>
+float exp_shifted_run(const float* x, float* y, std::int64_t n, float m) {
+  using R = typename W::R;
+  const R shift = W::set1(m), neg_inf = W::set1(-__builtin_inff());
+  R acc = W::set1(0.f);
+  auto one = [&](R v) {
+    const R e = W::zero_where_equal(v, neg_inf, exp<W>(W::sub(v, shift)));
+    acc = W::add(acc, e);
+    return e;
+  };
+  std::int64_t i = 0;
+  for (; i + W::n <= n; i += W::n) W::store(y + i, one(W::load(x + i)));
+  if (i < n) {
+    const int k = static_cast<int>(n - i);
+    // lanes past the end read as −inf: they add 0 to the sum
+    W::store_first(y + i, one(W::first_or(W::load_first(x + i, k), neg_inf, k)), k);
+  }
+  return W::sum(acc);
 }
 
 }  // namespace
