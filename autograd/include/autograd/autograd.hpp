@@ -8,6 +8,7 @@
 #include "autograd/function.hpp"
 #include "autograd/grad_mode.hpp"
 #include "autograd/gradcheck.hpp"
+#include "autograd/isa.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "autograd/random.hpp"

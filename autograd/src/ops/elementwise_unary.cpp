@@ -1,5 +1,8 @@
 // Unary elementwise ops. Each forward is one vectorised Eigen array expression over the whole
-// buffer (split across threads when large); each backward is one more.
+// buffer (split across threads when large); each backward is one more. The exact gelu of float32
+// tensors runs instruction-set kernels instead (ops/rows.hpp), unless the generic variant is in
+// use: its erf and exp are most of a transformer MLP's elementwise work, and a portable build's
+// Eigen code has only SSE2.
 #include <cmath>
 #include <string_view>
 
@@ -8,7 +11,9 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/isa.hpp"
 #include "ops/kernels.hpp"
+#include "ops/rows.hpp"
 
 namespace autograd {
 
@@ -66,6 +71,31 @@ Tensor gelu_tanh_slope(const Tensor& x) {
   const Tensor t = tanh(mul(add(x, mul(mul(x2, x), kGeluCubic)), kSqrt2OverPi));
   const Tensor du = mul(add(mul(x2, 3 * kGeluCubic), 1.0), kSqrt2OverPi);
   return add(mul(add(t, 1.0), 0.5), mul(mul(mul(x, 0.5), rsub(square(t), 1.0)), du));
+}
+
+// The exact gelu and its derivative (dx = dy·(Φ(x) + x·φ(x))) of float32 tensors through the
+// instruction-set kernels (ops/rows.hpp), the same expressions as the Eigen ones below: an
+// undefined tensor when they do not apply (another dtype or shape, or the generic variant).
+Tensor gelu_kernel(const Tensor& x) {
+  if (x.dtype() != Dtype::Float32 || isa::active() == isa::Isa::Generic) return Tensor();
+  Tensor y = Tensor::empty(x.shape(), Dtype::Float32);
+  const float* xs = x.data<float>();
+  float* ys = y.data<float>();
+  kernels::parallel_chunks(x.numel(), [&](std::int64_t b, std::int64_t e) { rows::gelu(xs + b, ys + b, e - b); });
+  return y;
+}
+
+Tensor gelu_backward_kernel(const Tensor& dy, const Tensor& x) {
+  if (x.dtype() != Dtype::Float32 || dy.dtype() != Dtype::Float32 || dy.shape() != x.shape() ||
+      isa::active() == isa::Isa::Generic)
+    return Tensor();
+  Tensor dx = Tensor::empty(x.shape(), Dtype::Float32);
+  const float *dys = dy.data<float>(), *xs = x.data<float>();
+  float* dxs = dx.data<float>();
+  kernels::parallel_chunks(x.numel(), [&](std::int64_t b, std::int64_t e) {
+    rows::gelu_backward(dys + b, xs + b, dxs + b, e - b);
+  });
+  return dx;
 }
 
 }  // namespace
@@ -192,19 +222,26 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
                   }, [](const Tensor& dy, const Tensor& v) { return mul(dy, gelu_tanh_slope(v)); }));
   }
   // y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
-  Tensor y = kernels::map1(x, [](const auto& v) {
-    using T = scalar_t<decltype(v)>;
-    return T(0.5) * v * (T(1) + (v * T(kSqrt1_2)).erf());
-  });
+  Tensor y = gelu_kernel(x);
+  if (!y.defined()) {
+    y = kernels::map1(x, [](const auto& v) {
+      using T = scalar_t<decltype(v)>;
+      return T(0.5) * v * (T(1) + (v * T(kSqrt1_2)).erf());
+    });
+  }
   if (!needs_grad(x)) return y;
   // dy/dx = Φ(x) + x·φ(x),  φ(x) = e^(-x²/2) / √(2π)
-  return record("gelu", {x}, y, backward_with("gelu", x, [](const auto& dy, const auto& v) {
-                  using T = scalar_t<decltype(dy)>;
-                  return dy * (T(0.5) * (T(1) + (v * T(kSqrt1_2)).erf()) +
-                               v * T(kInvSqrt2Pi) * (T(-0.5) * v.square()).exp());
-                }, [](const Tensor& dy, const Tensor& v) {
-                  return mul(dy, add(normal_cdf(v), mul(v, normal_pdf(v))));
-                }));
+  auto generic = backward_with("gelu", x, [](const auto& dy, const auto& v) {
+    using T = scalar_t<decltype(dy)>;
+    return dy * (T(0.5) * (T(1) + (v * T(kSqrt1_2)).erf()) + v * T(kInvSqrt2Pi) * (T(-0.5) * v.square()).exp());
+  }, [](const Tensor& dy, const Tensor& v) { return mul(dy, add(normal_cdf(v), mul(v, normal_pdf(v)))); });
+  return record("gelu", {x}, y, [saved_x = SavedTensor(x), generic](const TensorList& g, const Node& node) {
+    if (!is_grad_enabled()) {
+      Tensor dx = gelu_backward_kernel(g[0], saved_x.get("gelu"));
+      if (dx.defined()) return GradList{dx};
+    }
+    return generic(g, node);
+  });
 }
 
 Tensor clamp(const Tensor& x, double min, double max) {

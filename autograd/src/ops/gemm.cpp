@@ -7,12 +7,11 @@
 #include <vector>
 
 #include <Eigen/Core>
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
 #include <omp.h>
 
 #include "autograd/tensor.hpp"
+#include "ops/gemm_small.hpp"
+#include "ops/isa.hpp"
 #include "ops/parallel.hpp"
 
 #ifdef HEADGRAD_HAVE_BLAS
@@ -55,90 +54,28 @@ void eigen_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std:
   else run(a.transpose(), b.transpose());
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-// Small products (the per-head products of small attention shapes, 32x32x16 and the like) with a
-// kernel of our own: C is computed in blocks of 2-4 rows by up to 4 vectors of columns, every
-// accumulator in a register, each element of op(A) broadcast against a row of op(B) (laid out
-// [K, N] first when B is transposed). It skips Eigen's packing and blocking, which cost more than
-// the arithmetic at these sizes: 2-4x faster than Eigen for 32x16x32, 32x32x16 and 32x32x128
-// (one thread, the benchmark machine), and it computes every element of C the same way whatever
-// the rest of the product, so results do not depend on how a caller cuts a product.
-// Used when N is a whole number of vectors; with B transposed only from 16 rows of C up (the
-// transposition of B is paid once for all rows; for 8 rows Eigen was faster).
-constexpr bool kHaveSmallKernel = true;
-
-// One AVX register of T: n lanes, and the operations the kernel uses.
+// Small products (the per-head products of small attention shapes, 32x32x16 and the like) go to
+// a register-blocked kernel of our own (gemm_small.hpp), in the variant of the instruction set
+// in use (ops/isa.hpp: AVX-512 or AVX2 + FMA, chosen at run time in every build; none in the
+// generic one, which leaves them to Eigen). It skips Eigen's packing and blocking: 2-4x faster
+// than Eigen for 32x16x32, 32x32x16 and 32x32x128 (one thread, AVX2, the benchmark machine),
+// and it computes every element of C the same way whatever the rest of the product, so results
+// do not depend on how a caller cuts a product. Both variants take the same products and give
+// the same bits. Used when N is a whole number of 32 bytes; with B transposed only from 16 rows
+// of C up (the transposition of B is paid once for all rows; for 8 rows Eigen was faster).
 template <class T>
-struct V;
-template <>
-struct V<float> {
-  using R = __m256;
-  static constexpr int n = 8;
-  static R zero() { return _mm256_setzero_ps(); }
-  static R set1(float x) { return _mm256_set1_ps(x); }
-  static R load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, R x) { _mm256_storeu_ps(p, x); }
-  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
-  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
-};
-template <>
-struct V<double> {
-  using R = __m256d;
-  static constexpr int n = 4;
-  static R zero() { return _mm256_setzero_pd(); }
-  static R set1(double x) { return _mm256_set1_pd(x); }
-  static R load(const double* p) { return _mm256_loadu_pd(p); }
-  static void store(double* p, R x) { _mm256_storeu_pd(p, x); }
-  static R fma(R a, R b, R c) { return _mm256_fmadd_pd(a, b, c); }
-  static R mul(R a, R b) { return _mm256_mul_pd(a, b); }
-};
-
-// C[i0 .. i0+R-1, j0 .. j0+NV·lanes-1] = alpha·op(A)·op(B) + beta·C on that block; Bp is op(B)
-// laid out [K, N] with rows ldbp apart. Each element: a sum over k in order, then alpha, then beta.
-template <class T, int R, int NV>
-inline void block(bool ta, std::int64_t i0, std::int64_t j0, std::int64_t K, T alpha, const T* A, std::int64_t lda,
-                  const T* Bp, std::int64_t ldbp, T beta, T* C, std::int64_t ldc) {
-  using W = V<T>;
-  typename W::R acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = W::zero();
-  for (std::int64_t k = 0; k < K; ++k) {
-    const T* b = Bp + k * ldbp + j0;
-    typename W::R bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = W::load(b + v * W::n);
-    for (int r = 0; r < R; ++r) {
-      const T a = ta ? A[k * lda + i0 + r] : A[(i0 + r) * lda + k];
-      const typename W::R av = W::set1(a);
-      for (int v = 0; v < NV; ++v) acc[r][v] = W::fma(av, bv[v], acc[r][v]);
-    }
-  }
-  const typename W::R al = W::set1(alpha), be = W::set1(beta);
-  for (int r = 0; r < R; ++r) {
-    T* c = C + (i0 + r) * ldc + j0;
-    for (int v = 0; v < NV; ++v) {
-      typename W::R x = W::mul(al, acc[r][v]);
-      if (beta != T(0)) x = W::fma(be, W::load(c + v * W::n), x);
-      W::store(c + v * W::n, x);
-    }
-  }
+bool small_kernel_fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K) {
+  constexpr std::int64_t lanes = 32 / sizeof(T);
+  return N % lanes == 0 && (!trans_b || M >= 16) && M * N * K < (std::int64_t{1} << 17);
 }
 
-// Columns j0 .. j0+NV·lanes-1 of C, all rows: R rows at a time so that R·NV = 8 accumulators
-// (two FMA pipes of four cycles' latency), then the remaining rows one at a time.
-template <class T, int NV>
-inline void column_block(bool ta, std::int64_t M, std::int64_t j0, std::int64_t K, T alpha, const T* A, std::int64_t lda,
-                         const T* Bp, std::int64_t ldbp, T beta, T* C, std::int64_t ldc) {
-  constexpr int R = NV <= 2 ? 4 : 2;  // 8 accumulators
-  std::int64_t i = 0;
-  for (; i + R <= M; i += R) block<T, R, NV>(ta, i, j0, K, alpha, A, lda, Bp, ldbp, beta, C, ldc);
-  for (; i < M; ++i) block<T, 1, NV>(ta, i, j0, K, alpha, A, lda, Bp, ldbp, beta, C, ldc);
-}
-
-// C = alpha·op(A)·op(B) + beta·C, N a multiple of the vector width.
+// C = alpha·op(A)·op(B) + beta·C through the small kernel when the instruction set has one and
+// the product fits it (K > 0, alpha != 0); false (nothing done) otherwise.
 template <class T>
-void small_gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
-                std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
-  constexpr int L = V<T>::n;
+bool small_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+                   std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  const isa::Isa variant = isa::active();
+  if (variant == isa::Isa::Generic || K <= 0 || alpha == T(0) || !small_kernel_fits<T>(tb, M, N, K)) return false;
   const T* Bp = B;
   std::int64_t ldbp = ldb;
   thread_local std::vector<T> packed;  // per thread, kept between calls (no allocation once warm)
@@ -149,29 +86,20 @@ void small_gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K
     Bp = packed.data();
     ldbp = N;
   }
-  std::int64_t j = 0;
-  for (; j + 4 * L <= N; j += 4 * L) column_block<T, 4>(ta, M, j, K, alpha, A, lda, Bp, ldbp, beta, C, ldc);
-  switch ((N - j) / L) {
-    case 3: column_block<T, 3>(ta, M, j, K, alpha, A, lda, Bp, ldbp, beta, C, ldc); break;
-    case 2: column_block<T, 2>(ta, M, j, K, alpha, A, lda, Bp, ldbp, beta, C, ldc); break;
-    case 1: column_block<T, 1>(ta, M, j, K, alpha, A, lda, Bp, ldbp, beta, C, ldc); break;
-    default: break;
+  const small_gemm::Args<T> args{ta, M, N, K, alpha, A, lda, Bp, ldbp, beta, C, ldc};
+#if HEADGRAD_ISA_AVX512
+  if (variant == isa::Isa::Avx512) {
+    small_gemm::run_avx512(args);
+    return true;
   }
-}
-
-// Where the kernel takes a product (below the BLAS's range, see kBlasMinWork).
-template <class T>
-bool small_kernel_fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K) {
-  return N % V<T>::n == 0 && (!trans_b || M >= 16) && M * N * K < (std::int64_t{1} << 17);
-}
-#else
-constexpr bool kHaveSmallKernel = false;
-template <class T>
-bool small_kernel_fits(bool, std::int64_t, std::int64_t, std::int64_t) { return false; }
-template <class T>
-void small_gemm(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, const T*, std::int64_t,
-                T, T*, std::int64_t) {}
 #endif
+#if HEADGRAD_ISA_AVX2
+  small_gemm::run_avx2(args);
+  return true;
+#else
+  return false;
+#endif
+}
 
 #ifdef HEADGRAD_HAVE_BLAS
 // When the BLAS takes a product. Measured on the benchmark machine (AMD EPYC Zen 3, AVX2+FMA,
@@ -346,10 +274,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
     cut_product<T>(blas_call<T>, true, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  if (kHaveSmallKernel && K > 0 && alpha != T(0) && small_kernel_fits<T>(trans_b, M, N, K)) {
-    small_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
+  if (small_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
   cut_product<T>(eigen_gemm<T>, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

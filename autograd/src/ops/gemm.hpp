@@ -8,8 +8,9 @@
 // of a larger matrix is used in place. beta = 0 overwrites C (whatever it held, NaN included).
 //
 // Large products go to the BLAS found at configure time (OpenBLAS, HEADGRAD_BLAS), small ones
-// (below about 1e5 multiply-adds, see gemm.cpp for the measured threshold) to a small AVX2
-// kernel of our own when N is a whole number of vectors, else to Eigen. Threads
+// (below about 1e5 multiply-adds, see gemm.cpp for the measured threshold) to a small kernel of
+// our own (AVX-512 or AVX2, chosen at run time: ops/isa.hpp) when N is a whole number of 32
+// bytes, else to Eigen. Threads
 // (ag::set_num_threads, i.e. OpenMP's count): a large product is cut into pieces by its shape
 // alone (rows or columns of C, or the summed dimension K when C is small and K long, the partial
 // sums added in a fixed order), each piece one single-threaded BLAS or Eigen call (their own

@@ -1,0 +1,22 @@
+#pragma once
+// Which instruction set the engine's own vector kernels use (the small matrix-product kernel and
+// the row kernels). They are compiled for AVX-512, AVX2 + FMA and plain C++ in every x86 build,
+// portable ones (-DHEADGRAD_NATIVE=OFF) included, and the best one the CPU supports is chosen at
+// the first use. Large matrix products go to OpenBLAS, which chooses its own.
+//
+// The environment variable HEADGRAD_ISA (avx512, avx2 or generic), read at the first use, asks
+// for a lower one than the CPU supports; an unknown name, or one the CPU or build lacks, throws
+// std::invalid_argument from the first operation that uses the kernels.
+#include <string_view>
+
+namespace autograd {
+
+// "avx512", "avx2" or "generic".
+std::string_view kernel_isa();
+
+// Use the kernels of `isa` ("avx512", "avx2" or "generic") from now on: for tests and benchmarks
+// that compare the variants in one process. Throws std::invalid_argument for an unknown name or
+// an instruction set this CPU or build lacks. Not to be called while other threads run ops.
+void set_kernel_isa(std::string_view isa);
+
+}  // namespace autograd

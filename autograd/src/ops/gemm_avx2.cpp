@@ -1,0 +1,49 @@
+// The small matrix-product kernel for AVX2 + FMA (gemm_small_impl.hpp), compiled with those
+// flags (and without AVX-512) whatever the build's own (autograd/CMakeLists.txt); run only when
+// the CPU has them. Includes nothing that defines inline code shared with other files (see
+// isa.hpp).
+#include <cstdint>
+
+#if HEADGRAD_ISA_AVX2
+#include <immintrin.h>
+
+#include "ops/gemm_small_impl.hpp"
+
+namespace autograd::small_gemm {
+namespace {
+
+// 8 floats or 4 doubles a register; the caller hands whole vectors of columns only.
+struct F256 {
+  using R = __m256;
+  static constexpr int n = 8, acc = 8;
+  static constexpr bool masked = false;
+  static R zero() { return _mm256_setzero_ps(); }
+  static R set1(float x) { return _mm256_set1_ps(x); }
+  static R load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, R x) { _mm256_storeu_ps(p, x); }
+  static R load_first(const float* p, int) { return load(p); }
+  static void store_first(float* p, R x, int) { store(p, x); }
+  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
+};
+struct D256 {
+  using R = __m256d;
+  static constexpr int n = 4, acc = 8;
+  static constexpr bool masked = false;
+  static R zero() { return _mm256_setzero_pd(); }
+  static R set1(double x) { return _mm256_set1_pd(x); }
+  static R load(const double* p) { return _mm256_loadu_pd(p); }
+  static void store(double* p, R x) { _mm256_storeu_pd(p, x); }
+  static R load_first(const double* p, int) { return load(p); }
+  static void store_first(double* p, R x, int) { store(p, x); }
+  static R fma(R a, R b, R c) { return _mm256_fmadd_pd(a, b, c); }
+  static R mul(R a, R b) { return _mm256_mul_pd(a, b); }
+};
+
+}  // namespace
+
+void run_avx2(const Args<float>& a) { run<F256>(a); }
+void run_avx2(const Args<double>& a) { run<D256>(a); }
+
+}  // namespace autograd::small_gemm
+#endif

@@ -1,0 +1,48 @@
+// The small matrix-product kernel for AVX-512 (gemm_small_impl.hpp), compiled with AVX-512
+// flags whatever the build's own (autograd/CMakeLists.txt); run only when the CPU has AVX-512.
+// Includes nothing that defines inline code shared with other files (see isa.hpp).
+#include <cstdint>
+
+#if HEADGRAD_ISA_AVX512
+#include <immintrin.h>
+
+#include "ops/gemm_small_impl.hpp"
+
+namespace autograd::small_gemm {
+namespace {
+
+// 16 floats or 8 doubles a register; a partial vector through a lane mask.
+struct F512 {
+  using R = __m512;
+  static constexpr int n = 16, acc = 16;
+  static constexpr bool masked = true;
+  static R zero() { return _mm512_setzero_ps(); }
+  static R set1(float x) { return _mm512_set1_ps(x); }
+  static R load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
+  static R load_first(const float* p, int m) { return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << m) - 1), p); }
+  static void store_first(float* p, R x, int m) { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << m) - 1), x); }
+  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
+};
+struct D512 {
+  using R = __m512d;
+  static constexpr int n = 8, acc = 16;
+  static constexpr bool masked = true;
+  static R zero() { return _mm512_setzero_pd(); }
+  static R set1(double x) { return _mm512_set1_pd(x); }
+  static R load(const double* p) { return _mm512_loadu_pd(p); }
+  static void store(double* p, R x) { _mm512_storeu_pd(p, x); }
+  static R load_first(const double* p, int m) { return _mm512_maskz_loadu_pd(static_cast<__mmask8>((1u << m) - 1), p); }
+  static void store_first(double* p, R x, int m) { _mm512_mask_storeu_pd(p, static_cast<__mmask8>((1u << m) - 1), x); }
+  static R fma(R a, R b, R c) { return _mm512_fmadd_pd(a, b, c); }
+  static R mul(R a, R b) { return _mm512_mul_pd(a, b); }
+};
+
+}  // namespace
+
+void run_avx512(const Args<float>& a) { run<F512>(a); }
+void run_avx512(const Args<double>& a) { run<D512>(a); }
+
+}  // namespace autograd::small_gemm
+#endif

@@ -1,0 +1,27 @@
+#pragma once
+// The instruction set of the vector kernels compiled in several variants (internal, not
+// installed; the public side is autograd/isa.hpp).
+//
+// Each variant lives in its own source file compiled with its own -m flags (gemm_avx512.cpp,
+// gemm_avx2.cpp, rows_avx512.cpp, rows_avx2.cpp). Those files include nothing but <cstdint>,
+// <immintrin.h> and headers of plain declarations, and all their code has internal linkage
+// except the entry points, whose names carry the instruction set. The reason: an inline
+// function or template (Eigen's, the standard library's) instantiated in files compiled with
+// different -m flags gets one mangled name, and the linker keeps just one of the copies, so an
+// AVX-512 copy could end up running on a CPU without AVX-512.
+#include <cstdint>
+
+namespace autograd::isa {
+
+enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2 };
+
+// The variant in use: the best the CPU supports (and the build compiled), or lower when
+// HEADGRAD_ISA or set_kernel_isa asked for it. Cheap (one relaxed atomic load once known).
+Isa active();
+
+// The best variant this CPU supports among those compiled in.
+Isa best_supported();
+
+const char* name(Isa isa);
+
+}  // namespace autograd::isa

@@ -1,0 +1,31 @@
+#pragma once
+// Elementwise float32 kernels in instruction-set variants (internal, not installed): the exact
+// gelu and its derivative, whose erf and exp cost the most of the elementwise work of a
+// transformer's MLP, and the exponentials of a softmax row. Plain declarations only: rows_avx512.cpp and rows_avx2.cpp, compiled with
+// their own -m flags, include this (see isa.hpp for why they share no inline code).
+//
+// erf and exp are Eigen 3.4's float approximations (the rational erf of SpecialFunctions, the
+// Cephes exp), evaluated with the same operations in the same order, so each variant agrees with
+// Eigen's vectorised code to an ulp or two, and all its lanes and tails compute alike.
+#include <cstdint>
+
+namespace autograd::rows {
+
+// y = x/2 · (1 + erf(x/√2)), n elements.
+void gelu_avx512(const float* x, float* y, std::int64_t n);
+void gelu_avx2(const float* x, float* y, std::int64_t n);
+// dx = dy · (Φ(x) + x·φ(x)),  Φ(x) = (1 + erf(x/√2))/2,  φ(x) = e^(-x²/2)/√(2π), n elements.
+void gelu_backward_avx512(const float* dy, const float* x, float* dx, std::int64_t n);
+void gelu_backward_avx2(const float* dy, const float* x, float* dx, std::int64_t n);
+
+// y = exp(x − m), exactly 0 where x = −inf, n elements; returns Σ y (summed in vector lanes,
+// then across them): the exponentials of a softmax row whose maximum is m.
+float exp_shifted_avx512(const float* x, float* y, std::int64_t n, float m);
+float exp_shifted_avx2(const float* x, float* y, std::int64_t n, float m);
+
+// The same through the variant in use; false (nothing done) for the generic one.
+bool gelu(const float* x, float* y, std::int64_t n);
+bool gelu_backward(const float* dy, const float* x, float* dx, std::int64_t n);
+bool exp_shifted(const float* x, float* y, std::int64_t n, float m, float& sum);
+
+}  // namespace autograd::rows

@@ -1,0 +1,117 @@
+#pragma once
+// The bodies of the elementwise kernels of rows.hpp, written once over a vector type W and
+// included only by rows_avx512.cpp and rows_avx2.cpp. Everything here is in an unnamed namespace,
+// so each of those files has its own copy compiled with its own flags (see isa.hpp). W provides
+// R, n, set1, load, store, load_first / store_first (the first m lanes), add, sub, mul, div,
+// fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m for integral m in [-128, 128],
+// zero_where_equal(a, b, x) (x, 0 in the lanes where a = b), first_or(a, b, m) (a's first m lanes,
+// then b's) and sum (across the lanes).
+#include <cstdint>
+
+#include "ops/rows.hpp"
+
+namespace autograd::rows {
+namespace {
+
+// Eigen 3.4's generic_fast_erf_float: x clamped to [-4, 4], a 13/8-degree rational function.
+template <class W>
+inline __attribute__((always_inline)) typename W::R erf(typename W::R a) {
+  using R = typename W::R;
+  const R x = W::max(W::min(a, W::set1(4.f)), W::set1(-4.f));
+  const R x2 = W::mul(x, x);
+  R p = W::fma(x2, W::set1(-2.72614225801306e-10f), W::set1(2.77068142495902e-08f));
+  p = W::fma(x2, p, W::set1(-2.10102402082508e-06f));
+  p = W::fma(x2, p, W::set1(-5.69250639462346e-05f));
+  p = W::fma(x2, p, W::set1(-7.34990630326855e-04f));
+  p = W::fma(x2, p, W::set1(-2.95459980854025e-03f));
+  p = W::fma(x2, p, W::set1(-1.60960333262415e-02f));
+  p = W::mul(x, p);
+  R q = W::fma(x2, W::set1(-1.45660718464996e-05f), W::set1(-2.13374055278905e-04f));
+  q = W::fma(x2, q, W::set1(-1.68282697438203e-03f));
+  q = W::fma(x2, q, W::set1(-7.37332916720468e-03f));
+  q = W::fma(x2, q, W::set1(-1.42647390514189e-02f));
+  return W::div(p, q);
+}
+
+// Eigen 3.4's pexp_float (Cephes): exp(x) = 2^m·exp(r), m = floor(x·log2(e) + 1/2), a degree-6
+// polynomial for exp(r); x clamped to ±88.723, +inf and NaN passed through.
+template <class W>
+inline __attribute__((always_inline)) typename W::R exp(typename W::R a) {
+  using R = typename W::R;
+  const R x = W::max(W::min(a, W::set1(88.723f)), W::set1(-88.723f));
+  const R m = W::floor(W::fma(x, W::set1(1.44269504088896341f), W::set1(0.5f)));
+  R r = W::fma(m, W::set1(-0.693359375f), x);
+  r = W::fma(m, W::set1(2.12194440e-4f), r);
+  const R r2 = W::mul(r, r), r3 = W::mul(r2, r);
+  R y = W::fma(W::set1(1.9875691500E-4f), r, W::set1(1.3981999507E-3f));
+  R y1 = W::fma(W::set1(4.1665795894E-2f), r, W::set1(1.6666665459E-1f));
+  const R y2 = W::add(r, W::set1(1.0f));
+  y = W::fma(y, r, W::set1(8.3334519073E-3f));
+  y1 = W::fma(y1, r, W::set1(5.0000001201E-1f));
+  y = W::fma(y, r3, y1);
+  y = W::fma(y, r2, y2);
+  return W::max(W::ldexp(y, m), a);  // max(·, a): a = +inf gives inf, a NaN gives NaN
+}
+
+constexpr float kSqrt1_2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+
+template <class W>
+inline __attribute__((always_inline)) typename W::R gelu_of(typename W::R v) {
+  // (1/2·x)·(1 + erf(x·√½)), in the order of the generic expression
+  const typename W::R one = W::set1(1.f);
+  return W::mul(W::mul(W::set1(0.5f), v), W::add(one, erf<W>(W::mul(v, W::set1(kSqrt1_2)))));
+}
+
+template <class W>
+inline __attribute__((always_inline)) typename W::R gelu_slope_of(typename W::R dy, typename W::R v) {
+  // dy·(1/2·(1 + erf(x·√½)) + (x·(1/√(2π)))·exp(-1/2·x²))
+  using R = typename W::R;
+  const R cdf = W::mul(W::set1(0.5f), W::add(W::set1(1.f), erf<W>(W::mul(v, W::set1(kSqrt1_2)))));
+  const R pdf = W::mul(W::mul(v, W::set1(kInvSqrt2Pi)), exp<W>(W::mul(W::set1(-0.5f), W::mul(v, v))));
+  return W::mul(dy, W::add(cdf, pdf));
+}
+
+template <class W>
+void gelu_run(const float* x, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + W::n <= n; i += W::n) W::store(y + i, gelu_of<W>(W::load(x + i)));
+  if (i < n) {
+    const int m = static_cast<int>(n - i);
+    W::store_first(y + i, gelu_of<W>(W::load_first(x + i, m)), m);
+  }
+}
+
+template <class W>
+void gelu_backward_run(const float* dy, const float* x, float* dx, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + W::n <= n; i += W::n) W::store(dx + i, gelu_slope_of<W>(W::load(dy + i), W::load(x + i)));
+  if (i < n) {
+    const int m = static_cast<int>(n - i);
+    W::store_first(dx + i, gelu_slope_of<W>(W::load_first(dy + i, m), W::load_first(x + i, m)), m);
+  }
+}
+
+// y = exp(x − m) (0 where x = −inf), n elements; Σ y in W::n lanes, then W::sum across them.
+template <class W>
+float exp_shifted_run(const float* x, float* y, std::int64_t n, float m) {
+  using R = typename W::R;
+  const R shift = W::set1(m), neg_inf = W::set1(-__builtin_inff());
+  R acc = W::set1(0.f);
+  auto one = [&](R v) {
+    const R e = W::zero_where_equal(v, neg_inf, exp<W>(W::sub(v, shift)));
+    acc = W::add(acc, e);
+    return e;
+  };
+  std::int64_t i = 0;
+  for (; i + W::n <= n; i += W::n) W::store(y + i, one(W::load(x + i)));
+  if (i < n) {
+    const int k = static_cast<int>(n - i);
+    // lanes past the end read as −inf: they add 0 to the sum
+    W::store_first(y + i, one(W::first_or(W::load_first(x + i, k), neg_inf, k)), k);
+  }
+  return W::sum(acc);
+}
+
+}  // namespace
+}  // namespace autograd::rows
