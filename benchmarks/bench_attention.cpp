@@ -51,7 +51,8 @@ void print_peak(const bench::PeakEstimate& peak, bool tsv) {
                peak.kernels_isa);
     return;
   }
-  fmt::print("kernels compiled for: {} (this build's flags)\n", peak.kernels_isa);
+  fmt::print("kernels: {} (ag::kernel_isa() = {}; the rest of the build: {})\n", peak.kernels_isa,
+             autograd::kernel_isa(), bench::compiled_isa());
   fmt::print("clock: {:.2f} GHz (measured: dependent integer multiplies)\n", peak.ghz);
   for (const auto& m : peak.measured)
     fmt::print("FP32 peak per core, {:<8}: {:7.1f} GFLOP/s = {:5.1f} FLOP/cycle (14 independent FMA chains)\n",

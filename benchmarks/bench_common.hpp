@@ -255,7 +255,10 @@ inline double best_clock_ghz(int trials, std::uint64_t iters) {
 
 inline PeakEstimate estimate_fp32_peak() {
   PeakEstimate p;
-  p.kernels_isa = compiled_isa();
+  // The vector kernels chosen at run time (small products, gelu, softmax rows) say which ISA they
+  // use; the rest of the build follows its compile flags.
+  const std::string run_time(autograd::kernel_isa());
+  p.kernels_isa = run_time == "avx512" ? "AVX-512" : run_time == "avx2" ? "AVX2+FMA" : compiled_isa();
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
   constexpr int kTrials = 60;

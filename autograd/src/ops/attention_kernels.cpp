@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "ops/gemm.hpp"
+#include "ops/rows.hpp"
 
 namespace autograd::sdpa {
 
@@ -69,6 +70,14 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
   // Blocked keys get weight exactly 0 (Eigen's vectorised exp clamps its argument, so exp(-inf)
   // alone would give ~1e-308). Without a mask no key is blocked (causality is the `seen` bound),
   // and the exp stays vectorised (select is not).
+  if constexpr (std::is_same_v<T, float>) {
+    T sum{};
+    if (rows::exp_shifted(row_data, row_data, seen, row_max, sum)) {  // exp(x - max), 0 where x = -inf
+      row /= sum;
+      if (seen < S) prow.tail(S - seen).setZero();
+      return;
+    }
+  }
   if (masked && (row == neg_inf).any()) {
     row = (row == neg_inf).select(T(0), (row - row_max).exp());
   } else {
