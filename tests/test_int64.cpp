@@ -288,7 +288,8 @@ BOOST_AUTO_TEST_CASE(shape_ops_move_int64_values) {
 BOOST_AUTO_TEST_CASE(floating_point_ops_reject_int64_naming_themselves) {
   const Tensor i = ints({1, 2, 3, 4}, {2, 2});
   const Tensor f = ag::ones({2, 2});
-  const std::string needs = "needs a Float32 or Float64 tensor, got Int64 (shape [2, 2])";
+  const std::string needs =
+      "needs a Float32 or Float64 tensor, got Int64 (shape [2, 2]); convert with .to(Dtype::Float32)";
   ag::Generator gen(3);
   const std::vector<std::pair<std::string, std::function<void()>>> cases = {
       {"add: first argument " + needs, [&] { ag::add(i, i); }},

@@ -21,11 +21,13 @@ inline std::int64_t to_int64(std::string_view op, double v, std::int64_t where =
   return static_cast<std::int64_t>(std::trunc(v));
 }
 
-// d[i] = s[i] converted to D, for n values.
+// d[i] = s[i] converted to D, for n values. Into Int64 every value is checked before any is
+// written, so a value that cannot convert leaves d as it was.
 template <class S, class D>
 void convert_values(std::string_view op, const S* s, D* d, std::int64_t n) {
   if constexpr (std::is_same_v<D, std::int64_t> && !std::is_same_v<S, std::int64_t>) {
-    for (std::int64_t i = 0; i < n; ++i) d[i] = to_int64(op, static_cast<double>(s[i]), i);
+    for (std::int64_t i = 0; i < n; ++i) (void)to_int64(op, static_cast<double>(s[i]), i);
+    for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<std::int64_t>(std::trunc(static_cast<double>(s[i])));
   } else {
     for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
   }

@@ -12,19 +12,25 @@ namespace autograd {
 
 namespace {
 
-// Restores the inputs' values and .grad when gradcheck ends, also on an exception.
+// Restores the checked inputs' values and .grad when gradcheck ends, also on an exception. Only
+// the checked inputs (Float64, requiring grad) are perturbed, so only they are saved; the others
+// (Int64 targets, constants) pass through untouched. Indexed by input position.
 class InputState {
  public:
-  explicit InputState(const std::vector<Tensor>& inputs) : inputs_(inputs) {
-    for (const auto& t : inputs) {
-      values_.push_back(t.to_vector());
-      grads_.push_back(t.grad());
+  InputState(const std::vector<Tensor>& inputs, const std::vector<std::size_t>& checked)
+      : inputs_(inputs), checked_(checked), values_(inputs.size()), grads_(inputs.size()) {
+    for (auto i : checked) {
+      values_[i] = inputs[i].to_vector();
+      grads_[i] = inputs[i].grad();
     }
   }
   ~InputState() {
-    for (std::size_t i = 0; i < inputs_.size(); ++i) {
-      restore_values(i);
-      inputs_[i].set_grad(grads_[i]);
+    for (auto i : checked_) {
+      try {
+        restore_values(i);
+        inputs_[i].set_grad(grads_[i]);
+      } catch (...) {  // a destructor must not throw; the checked inputs are Float64, so this cannot happen
+      }
     }
   }
   InputState(const InputState&) = delete;
@@ -39,6 +45,7 @@ class InputState {
 
  private:
   std::vector<Tensor> inputs_;
+  std::vector<std::size_t> checked_;
   std::vector<std::vector<double>> values_;
   std::vector<Tensor> grads_;
 };
@@ -223,8 +230,11 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
   for (auto i : checked) n_total += inputs[i].numel();
 
   GradcheckResult r;
+  r.atol = opt.atol;
+  r.rtol = opt.rtol;
+  r.eps = opt.eps;
   Tally tally{opt, r};
-  InputState state(inputs);
+  InputState state(inputs, checked);
   EnableGradGuard grad_on;
   Check check{fn, inputs, opt, std::move(checked), state, tally, evaluate(fn, inputs)};
   const std::int64_t m = check.y.numel();
@@ -250,6 +260,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
     r.message = r.projected
         ? fmt::format("projection {}: analytic {:.10g} vs numeric {:.10g}", r.worst_element, r.analytic, r.numeric)
         : fmt::format("{}: analytic {:.10g} vs numeric {:.10g}", worst_element_text(r), r.analytic, r.numeric);
+    r.message += "; " + tolerance_text(r);
   }
   return r;
 }
@@ -260,6 +271,12 @@ std::string worst_element_text(const GradcheckResult& r) {
                                                                      quoted(r.worst_input_name));
   return fmt::format("{} element {} {} (output element {})", input, r.worst_element, shape_str(r.worst_index),
                      r.worst_output);
+}
+
+std::string tolerance_text(const GradcheckResult& r) {
+  const double err = std::abs(r.analytic - r.numeric);
+  return fmt::format("|analytic - numeric| = {:.3e} > allowed {:.3e} = atol {:g} + rtol {:g} * |numeric| {:.3e} (eps {:g})",
+                     err, r.atol + r.rtol * std::abs(r.numeric), r.atol, r.rtol, std::abs(r.numeric), r.eps);
 }
 
 }  // namespace autograd
@@ -276,5 +293,6 @@ fmt::format_context::iterator fmt::formatter<autograd::GradcheckResult>::format(
         : fmt::format("; worst: {}, analytic {:.10g}, numeric {:.10g}", autograd::worst_element_text(r),
                       r.analytic, r.numeric);
   }
+  if (!r.ok && (r.worst_input >= 0 || r.projected)) text += "; " + autograd::tolerance_text(r);
   return fmt::formatter<std::string_view>::format(text, ctx);
 }

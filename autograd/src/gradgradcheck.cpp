@@ -88,9 +88,9 @@ GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& 
     const std::string name = r.worst_input_name.empty() ? std::string() : fmt::format(" {}", quoted(r.worst_input_name));
     r.message = fmt::format(
         "second derivative of the gradient of {} with respect to input {}{} element {} {}: analytic {:.10g} vs "
-        "numeric {:.10g}",
+        "numeric {:.10g}; {}",
         gradient_element(r.worst_output, inputs, checked), r.worst_input, name, r.worst_element,
-        shape_str(r.worst_index), r.analytic, r.numeric);
+        shape_str(r.worst_index), r.analytic, r.numeric, tolerance_text(r));
   }
   return r;
 }

@@ -139,6 +139,9 @@ bool Tensor::is_leaf() const { return impl_ && !impl_->grad_fn; }
 
 void Tensor::set_grad(const Tensor& g) const {
   check_defined("set_grad");
+  if (g.defined() && !is_floating(g.dtype()))
+    fail("set_grad", "the gradient is {} {}; gradients are Float32 or Float64 (convert with .to(Dtype::{}))",
+         shape_str(g.shape()), dtype_name(g.dtype()), is_floating(dtype()) ? dtype_name(dtype()) : "Float32");
   if (g.defined() && (g.shape() != shape() || g.dtype() != dtype()))
     fail("set_grad", "gradient {} {} does not match tensor {} {}", shape_str(g.shape()), dtype_name(g.dtype()),
          shape_str(shape()), dtype_name(dtype()));

@@ -42,7 +42,8 @@ struct GradcheckResult {
   Shape worst_index;                // multi-index of worst_element in its input
   double analytic = 0.0;
   double numeric = 0.0;
-  std::string message;              // why it failed, when it did
+  std::string message;              // why it failed, when it did, with the tolerance it broke
+  double atol = 0.0, rtol = 0.0, eps = 0.0;  // the options the check ran with
 };
 
 using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;
@@ -74,6 +75,10 @@ std::vector<Tensor> hvp(const GradcheckFn& fn, const std::vector<Tensor>& inputs
 // Where the worst element of a full-Jacobian check is, as the messages say it:
 // "input 3 'attn.W_O' element 5 [1, 2] (output element 0)" (the name only when the input has one).
 std::string worst_element_text(const GradcheckResult& r);
+
+// The test the worst element failed, with its numbers: "|analytic - numeric| = 0.1 > allowed
+// 1.1e-05 = atol 1e-08 + rtol 1e-05 * |numeric| 1.1 (eps 1e-06)".
+std::string tolerance_text(const GradcheckResult& r);
 
 }  // namespace autograd
 

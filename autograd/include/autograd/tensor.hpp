@@ -190,6 +190,9 @@ T* Tensor::data() const {
 
 template <class T>
 T Tensor::item() const {
+  if (impl_ && impl_->dtype != dtype_of<T>()) [[unlikely]]
+    fail("item", "tensor holds {} but {} was asked for; convert with .to(Dtype::{}) first, or ask for the type "
+         "that matches the tensor's dtype", dtype_name(dtype()), dtype_name(dtype_of<T>()), dtype_name(dtype_of<T>()));
   const T* p = data<T>();
   if (numel() != 1) fail("item", "needs a tensor with one element, got shape {}", shape_str(shape()));
   return p[0];

@@ -35,6 +35,9 @@ void check_qkv(std::string_view op, const Tensor& q, const Tensor& k, const Tens
   check_defined(op, q, "q");
   check_defined(op, k, "k");
   check_defined(op, v, "v");
+  check_floating(op, q, "q");
+  check_floating(op, k, "k");
+  check_floating(op, v, "v");
   for (const auto* t : {&q, &k, &v})
     if (t->dim() != rank)
       fail(op, "q, k and v must be {}-D {}; got q {}, k {}, v {}", rank, layout, shape_str(q.shape()),
@@ -245,6 +248,7 @@ SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t n
                                                bool need_weights) {
   constexpr std::string_view op = "scaled_dot_product_attention_packed";
   check_defined(op, qkv, "qkv");
+  check_floating(op, qkv, "qkv");
   if (qkv.dim() != 3) fail(op, "qkv must be 3-D (B, seq, 3 * heads * head_dim); got {}", shape_str(qkv.shape()));
   const std::int64_t H = num_heads;
   if (H <= 0) fail(op, "num_heads must be positive, got {}", H);

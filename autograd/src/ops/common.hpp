@@ -40,15 +40,17 @@ inline void check_defined(std::string_view op, const Tensor& t, std::string_view
     fail(op, "{} is {}", what, undefined_description(t));
 }
 
-// "op: needs a Float32 or Float64 tensor, got Int64 (shape [3])" (or "op: <what> needs ...")
+// "op: needs a Float32 or Float64 tensor, got Int64 (shape [3]); convert with .to(Dtype::Float32)"
+// (or "op: <what> needs ...")
 // when t holds integers: the ops that compute with values (rather than move or compare them)
 // call this before dispatch. t must be defined.
 inline void check_floating(std::string_view op, const Tensor& t, std::string_view what = {}) {
   if (!is_floating(t.dtype())) [[unlikely]] {
     if (what.empty())
-      fail(op, "needs a Float32 or Float64 tensor, got {} (shape {})", dtype_name(t.dtype()), shape_str(t.shape()));
-    fail(op, "{} needs a Float32 or Float64 tensor, got {} (shape {})", what, dtype_name(t.dtype()),
-         shape_str(t.shape()));
+      fail(op, "needs a Float32 or Float64 tensor, got {} (shape {}); convert with .to(Dtype::Float32)",
+           dtype_name(t.dtype()), shape_str(t.shape()));
+    fail(op, "{} needs a Float32 or Float64 tensor, got {} (shape {}); convert with .to(Dtype::Float32)", what,
+         dtype_name(t.dtype()), shape_str(t.shape()));
   }
 }
 

@@ -4,6 +4,7 @@
 // Not differentiable: the result is outside the graph.
 //
 // Inputs of one dtype compare in it; an Int64 and a float input compare in Float64.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <string_view>
@@ -49,12 +50,27 @@ Tensor compare_tensors(std::string_view op, const Tensor& a, const Tensor& b) {
 }
 
 // b as a 0-d tensor to compare a with: in a's dtype, except a non-integral b against an Int64 a
-// (compared in Float64, so that 2 < 2.5 holds).
-Tensor scalar_for(std::string_view op, const Tensor& a, double b) {
-  check_defined(op, a, "first argument");
-  if (a.dtype() == Dtype::Int64 && !(b == std::trunc(b) && std::fabs(b) < 0x1p63))
-    return scalar_tensor(b, Dtype::Float64);  // also NaN and ±inf
+// (compared in Float64, so that 2 < 2.5 holds). -2^63 is INT64_MIN and compares exactly.
+Tensor scalar_for(const Tensor& a, double b) {
+  if (a.dtype() == Dtype::Int64 && !(b == std::trunc(b) && b >= -0x1p63 && b < 0x1p63))
+    return scalar_tensor(b, Dtype::Float64);  // also NaN (and ±inf, |b| >= 2^63: see compare_scalar)
   return scalar_tensor(b, a.dtype());
+}
+
+// a compared with the number b. Against an Int64 a, a b at or beyond 2^63 (or below -2^63) has
+// its answer known without rounding a to Float64: every Int64 is < 2^63 and >= -2^63.
+template <Cmp C>
+Tensor compare_scalar(std::string_view op, const Tensor& a, double b) {
+  check_defined(op, a, "first argument");
+  if (a.dtype() == Dtype::Int64 && (b >= 0x1p63 || b < -0x1p63)) {
+    const bool below = b > 0;  // every element of a is below b (else above it)
+    const bool holds = C == Cmp::Ne || (below && (C == Cmp::Lt || C == Cmp::Le)) ||
+                       (!below && (C == Cmp::Gt || C == Cmp::Ge));
+    Tensor out = Tensor::empty(a.shape(), Dtype::Int64, op);
+    std::fill(out.data<std::int64_t>(), out.data<std::int64_t>() + out.numel(), holds ? 1 : 0);
+    return out;
+  }
+  return compare_tensors<C>(op, a, scalar_for(a, b));
 }
 
 }  // namespace
@@ -65,11 +81,11 @@ Tensor lt(const Tensor& a, const Tensor& b) { return compare_tensors<Cmp::Lt>("l
 Tensor le(const Tensor& a, const Tensor& b) { return compare_tensors<Cmp::Le>("le", a, b); }
 Tensor gt(const Tensor& a, const Tensor& b) { return compare_tensors<Cmp::Gt>("gt", a, b); }
 Tensor ge(const Tensor& a, const Tensor& b) { return compare_tensors<Cmp::Ge>("ge", a, b); }
-Tensor eq(const Tensor& a, double b) { return compare_tensors<Cmp::Eq>("eq", a, scalar_for("eq", a, b)); }
-Tensor ne(const Tensor& a, double b) { return compare_tensors<Cmp::Ne>("ne", a, scalar_for("ne", a, b)); }
-Tensor lt(const Tensor& a, double b) { return compare_tensors<Cmp::Lt>("lt", a, scalar_for("lt", a, b)); }
-Tensor le(const Tensor& a, double b) { return compare_tensors<Cmp::Le>("le", a, scalar_for("le", a, b)); }
-Tensor gt(const Tensor& a, double b) { return compare_tensors<Cmp::Gt>("gt", a, scalar_for("gt", a, b)); }
-Tensor ge(const Tensor& a, double b) { return compare_tensors<Cmp::Ge>("ge", a, scalar_for("ge", a, b)); }
+Tensor eq(const Tensor& a, double b) { return compare_scalar<Cmp::Eq>("eq", a, b); }
+Tensor ne(const Tensor& a, double b) { return compare_scalar<Cmp::Ne>("ne", a, b); }
+Tensor lt(const Tensor& a, double b) { return compare_scalar<Cmp::Lt>("lt", a, b); }
+Tensor le(const Tensor& a, double b) { return compare_scalar<Cmp::Le>("le", a, b); }
+Tensor gt(const Tensor& a, double b) { return compare_scalar<Cmp::Gt>("gt", a, b); }
+Tensor ge(const Tensor& a, double b) { return compare_scalar<Cmp::Ge>("ge", a, b); }
 
 }  // namespace autograd

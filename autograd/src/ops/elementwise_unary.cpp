@@ -21,7 +21,11 @@ using kernels::scalar_t;
 
 namespace {
 
-void check_defined_arg(std::string_view op, const Tensor& x) { check_defined(op, x, "argument"); }
+// x is defined and holds floats: every op here computes with the values.
+void check_defined_arg(std::string_view op, const Tensor& x) {
+  check_defined(op, x, "argument");
+  check_floating(op, x);
+}
 
 // dx = f(dy, saved) elementwise, as the whole backward of a one-input op. While a graph of the
 // backward is being built (create_graph), dx = composed(dy, saved) instead: the same gradient

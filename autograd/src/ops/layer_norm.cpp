@@ -45,6 +45,7 @@ struct Rows {
 Rows check_layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                       double eps) {
   check_defined(kOp, x);
+  check_floating(kOp, x, "the input");
   const std::size_t k = normalized_shape.size();
   if (k == 0) fail(kOp, "normalized_shape is empty");
   if (x.dim() < static_cast<std::int64_t>(k) ||
@@ -53,6 +54,7 @@ Rows check_layer_norm(const Tensor& x, const Shape& normalized_shape, const Tens
   for (const auto* p : {&weight, &bias}) {
     if (!p->defined()) continue;
     const char* what = p == &weight ? "weight" : "bias";
+    check_floating(kOp, *p, what);
     if (p->shape() != normalized_shape)
       fail(kOp, "{} {} must have normalized_shape {}", what, shape_str(p->shape()), shape_str(normalized_shape));
     if (p->dtype() != x.dtype())

@@ -11,6 +11,8 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <type_traits>
+#include <vector>
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
@@ -71,6 +73,10 @@ class ReduceWalk {
   // out = scale · (sum of in over the reduced groups); out has the kept elements, in order.
   template <class T>
   void sum(const T* in, T* out, std::int64_t out_numel, T scale) const {
+    if constexpr (std::is_same_v<T, std::int64_t>) {
+      sum_int64(in, out, out_numel);
+      return;
+    }
     std::fill(out, out + out_numel, T(0));
     const Group& g = groups_[0];
     if (!g.reduced && groups_.size() > 1 && g.size * in_stride_[0] >= kParallelCopy) {
@@ -94,12 +100,33 @@ class ReduceWalk {
     bool reduced;
   };
 
-  template <class T>
-  void sum_at(const T* in, T* out, std::size_t k) const {
+  // An Int64 sum, exact: accumulated in 128 bits (no partial sum can overflow them), then each
+  // result checked to fit in 64 bits. On one thread, since the check throws.
+  void sum_int64(const std::int64_t* in, std::int64_t* out, std::int64_t out_numel) const {
+    std::vector<__int128> acc(static_cast<std::size_t>(out_numel), 0);
+    sum_at(in, acc.data(), 0);
+    for (std::int64_t i = 0; i < out_numel; ++i) {
+      const __int128 v = acc[static_cast<std::size_t>(i)];
+      if (v > std::numeric_limits<std::int64_t>::max() || v < std::numeric_limits<std::int64_t>::min()) [[unlikely]]
+        fail("sum", "the Int64 sum overflows: result element {} of {} is outside the 64-bit range [{}, {}]; "
+             "convert with .to(Dtype::Float64) to sum approximately", i, out_numel,
+             std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
+      out[i] = static_cast<std::int64_t>(v);
+    }
+  }
+
+  // out (of type A: T, or 128-bit integers for Int64) += the sums of in below group k.
+  template <class T, class A>
+  void sum_at(const T* in, A* out, std::size_t k) const {
     const Group& g = groups_[k];
     if (k + 1 == groups_.size()) {
-      if (g.reduced) *out += ConstArrayView<T>(in, g.size).sum();
-      else ArrayView<T>(out, g.size) += ConstArrayView<T>(in, g.size);
+      if constexpr (!std::is_same_v<T, A>) {
+        for (std::int64_t i = 0; i < g.size; ++i) out[g.reduced ? 0 : i] += in[i];
+      } else if (g.reduced) {
+        *out += ConstArrayView<T>(in, g.size).sum();
+      } else {
+        ArrayView<T>(out, g.size) += ConstArrayView<T>(in, g.size);
+      }
       return;
     }
     for (std::int64_t i = 0; i < g.size; ++i)

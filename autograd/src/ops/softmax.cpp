@@ -30,6 +30,7 @@ struct Layout {
 
 Layout layout_of(std::string_view op, const Tensor& x, std::int64_t dim) {
   check_defined(op, x);
+  check_floating(op, x);
   const std::int64_t rank = x.dim();
   const std::int64_t d = normalize_dim(op, dim, rank);
   Layout l;
