@@ -29,9 +29,9 @@ struct TinyGPT : nn::Module {
     ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(d_model));
     head = register_module("head", std::make_shared<nn::Linear>(d_model, V));
   }
-  // tokens (B, T) holding integral values -> logits (B, T, V)
+  // token ids (B, T), Int64 -> logits (B, T, V)
   ag::Tensor forward(const ag::Tensor& tokens) const {
-    ag::Tensor h = (*tok)(tokens) + (*pos)(ag::arange(static_cast<double>(tokens.size(1))));
+    ag::Tensor h = (*tok)(tokens) + (*pos)(ag::arange(static_cast<double>(tokens.size(1)), ag::Dtype::Int64));
     h = block->forward(h, {.need_weights = false, .is_causal = true}).output;
     return (*head)((*ln_f)(h));
   }
@@ -39,23 +39,24 @@ struct TinyGPT : nn::Module {
 
 // Random sequences and their targets: y_t = max(x_0, ..., x_t).
 struct Batch {
-  ag::Tensor tokens;                  // (B, T)
-  std::vector<std::int64_t> targets;  // B * T, row-major
+  ag::Tensor tokens;   // (B, T) Int64 token ids
+  ag::Tensor targets;  // (B, T) Int64 class indices
 };
 
 Batch make_batch(ag::Generator& gen) {
-  std::vector<double> x(B * T);
+  std::vector<std::int64_t> x(B * T), y(B * T);
   Batch batch;
   for (std::int64_t b = 0; b < B; ++b) {
     std::int64_t running_max = 0;
     for (std::int64_t t = 0; t < T; ++t) {
       const auto token = static_cast<std::int64_t>(gen.uniform() * V);
       running_max = t == 0 ? token : std::max(running_max, token);
-      x[b * T + t] = static_cast<double>(token);
-      batch.targets.push_back(running_max);
+      x[b * T + t] = token;
+      y[b * T + t] = running_max;
     }
   }
   batch.tokens = ag::tensor(x, {B, T});
+  batch.targets = ag::tensor(y, {B, T});
   return batch;
 }
 
@@ -85,9 +86,8 @@ std::vector<double> train(int threads, bool verbose) {
   model.eval();  // no dropout here, but eval() is where it would stop
   ag::NoGradGuard no_grad;
   const Batch test = make_batch(data);
-  const std::vector<double> predicted = ag::argmax(model.forward(test.tokens), -1).to_vector();
-  std::int64_t right = 0;
-  for (std::size_t i = 0; i < predicted.size(); ++i) right += predicted[i] == static_cast<double>(test.targets[i]);
+  const ag::Tensor predicted = ag::argmax(model.forward(test.tokens), -1);  // (B, T) Int64
+  const auto right = ag::sum(ag::eq(predicted, test.targets)).item<std::int64_t>();
   if (verbose) fmt::print("{} parameters, test accuracy {:.1f} %\n", model.num_parameters(), 100.0 * right / (B * T));
   return losses;
 }

@@ -13,10 +13,17 @@ using detail::array_of;
 
 namespace {
 
-void check_defined(const char* op, const std::vector<ag::Tensor>& params) {
-  for (std::size_t i = 0; i < params.size(); ++i)
+// Every entry is defined, and every gradient present is floating (an Int64 parameter without a
+// gradient is skipped, as any parameter without one).
+void check_entries(const char* op, const std::vector<ag::Tensor>& params) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined())
       ag::fail(op, "parameter {} of {} is undefined; no gradient was changed", i, params.size());
+    const ag::Tensor g = params[i].grad();
+    if (g.defined() && !ag::is_floating(g.dtype()))
+      ag::fail(op, "the gradient of parameter {} of {} is {} {}; gradients must be Float32 or Float64; no gradient "
+               "was changed", i, params.size(), ag::dtype_name(g.dtype()), ag::shape_str(g.shape()));
+  }
 }
 
 // Whether some tensor is listed more than once. Sorts the identities in a per-thread buffer that
@@ -42,7 +49,7 @@ double clip_grad_norm_(const std::vector<ag::Tensor>& params, double max_norm, d
   const bool inf_norm = std::isinf(norm_type) && norm_type > 0;
   if (!inf_norm && !(norm_type > 0.0))
     ag::fail("clip_grad_norm_", "norm_type must be positive or infinity, got {}", norm_type);
-  check_defined("clip_grad_norm_", params);
+  check_entries("clip_grad_norm_", params);
   ag::NoGradGuard no_grad;
   // A tensor listed twice (tied weights) is one gradient: counted and scaled once.
   const bool repeats = has_repeats(params);
@@ -78,7 +85,7 @@ double clip_grad_norm_(const std::vector<ag::Tensor>& params, double max_norm, d
 
 void clip_grad_value_(const std::vector<ag::Tensor>& params, double clip_value) {
   if (!(clip_value >= 0.0)) ag::fail("clip_grad_value_", "clip_value must be >= 0, got {}", clip_value);
-  check_defined("clip_grad_value_", params);
+  check_entries("clip_grad_value_", params);
   ag::NoGradGuard no_grad;
   for (const auto& p : params) {
     ag::Tensor g = p.grad();

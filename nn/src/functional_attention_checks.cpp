@@ -145,12 +145,16 @@ Masks build_masks(const AttentionOptions& o, const Geometry& g, bool causal_flag
   ag::Tensor& mask = masks.additive;
   auto add = [&mask](const ag::Tensor& m) { mask = mask.defined() ? mask + m : m; };  // -inf + anything = -inf
   if (o.attn_mask.defined()) {  // (T, S), or (B·H, T, S) read as (B, H, T, S)
-    const ag::Tensor m = o.attn_mask.detach().to(dtype);
+    // A floating mask is added as it is; an Int64 mask (what the comparisons return) is boolean:
+    // nonzero = blocked (-inf), zero = allowed (0).
+    const ag::Tensor raw = o.attn_mask.detach();
+    const ag::Tensor m = ag::is_floating(raw.dtype()) ? raw.to(dtype)
+                                                      : ag::masked_fill(ag::zeros(raw.shape(), dtype), raw, kNegInf);
     add(m.dim() == 2 ? m : ag::reshape(m, {g.B, g.H, g.T, g.S}));
   }
   if (o.key_padding_mask.defined()) {  // (B, S) -> (B, 1, 1, S): -inf on the padding keys
     const ag::Tensor padding = ag::reshape(o.key_padding_mask.detach(), {g.B, 1, 1, g.S});
-    add(ag::masked_fill(ag::zeros(padding.shape(), padding.dtype()), padding, kNegInf).to(dtype));
+    add(ag::masked_fill(ag::zeros(padding.shape(), dtype), padding, kNegInf));
   }
   if (o.is_causal && !causal_flag) add(causal_mask(g.T, g.S, dtype));
   if (mask.defined() && g.S_total > g.S) {  // the appended keys: visible to every query

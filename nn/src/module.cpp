@@ -162,8 +162,8 @@ Module& Module::to(ag::Dtype dtype) {
   if (!ag::is_floating(dtype))
     ag::fail("Module::to", "parameters must be Float32 or Float64, got {}", ag::dtype_name(dtype));
   ag::NoGradGuard no_grad;
-  for (auto& p : parameters())
-    if (p.dtype() != dtype) p.set_data(p.detach().to(dtype));
+  for (auto& p : parameters())  // floating tensors only: Int64 ones (counters, ids) keep their values
+    if (ag::is_floating(p.dtype()) && p.dtype() != dtype) p.set_data(p.detach().to(dtype));
   return *this;
 }
 

@@ -41,6 +41,9 @@ Optimizer::Optimizer(std::string name, OptimizerParams params, double lr)
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
     if (!p.defined()) ag::fail(name_, "{} is undefined", describe(i));
+    if (!ag::is_floating(p.dtype()))
+      ag::fail(name_, "{} is {} {}; an optimizer takes Float32 or Float64 parameters only (leave Int64 ones out)",
+               describe(i), ag::dtype_name(p.dtype()), ag::shape_str(p.shape()));
     // (A frozen leaf, requires_grad = false, is allowed: it never gets a gradient, so it is skipped.)
     if (!p.is_leaf())
       ag::fail(name_, "{} {} is not a leaf (it was computed by an op); pass the tensor itself", describe(i),
@@ -79,6 +82,9 @@ void Optimizer::check_step() const {
   const auto names = slot_names();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ag::Tensor& p = params_[i];
+    if (!ag::is_floating(p.dtype()))  // converted after construction (set_data)
+      ag::fail(name_ + ".step", "{} is {}; an optimizer takes Float32 or Float64 parameters only; no parameter was "
+               "changed", describe(i), shape_and_dtype(p));
     const ag::Tensor g = p.grad();
     if (!g.defined()) continue;
     if (g.shape() != p.shape() || g.dtype() != p.dtype())

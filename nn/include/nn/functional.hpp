@@ -12,9 +12,10 @@
 // Masks (AttentionOptions):
 //   key_padding_mask (B, S), or (S) unbatched, of either dtype: nonzero = that key is padding
 //     (blocked). NaN is refused.
-//   attn_mask (T, S) or (B·num_heads, T, S) ((num_heads, T, S) unbatched), of either dtype,
-//     added to the scaled scores; -inf blocks. It holds finite numbers and -inf: NaN and +inf
-//     are refused. Row b·num_heads + h of a 3-D mask belongs to batch b, head h. It is an input,
+//   attn_mask (T, S) or (B·num_heads, T, S) ((num_heads, T, S) unbatched). A Float32/Float64
+//     mask is added to the scaled scores; -inf blocks. It holds finite numbers and -inf: NaN and
+//     +inf are refused. An Int64 mask (what ag::gt, ag::eq, ... return) is boolean, as PyTorch's
+//     bool mask: nonzero = blocked (-inf), zero = allowed. Row b·num_heads + h of a 3-D mask belongs to batch b, head h. It is an input,
 //     not a parameter: no gradient flows into it.
 //   is_causal: query i attends to keys 0..i only (needs T == S). It may be combined with the other
 //     masks. (PyTorch treats is_causal as a hint that attn_mask already is the causal mask; here it
@@ -72,7 +73,7 @@ enum class AttentionCore { Fused, Composed };
 struct AttentionOptions {
   ag::Tensor key_padding_mask = {};  // (B, S), or (S) unbatched; nonzero entry = that key is padding
   bool need_weights = true;
-  ag::Tensor attn_mask = {};  // (T, S) or (B * num_heads, T, S) float, added to the scaled scores
+  ag::Tensor attn_mask = {};  // (T, S) or (B * num_heads, T, S): float added to the scores; Int64 nonzero = blocked
   bool average_attn_weights = true;
   bool is_causal = false;  // query i attends to keys 0..i only
 };

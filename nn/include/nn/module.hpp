@@ -84,7 +84,8 @@ class Module {
   virtual void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
-  // Converts every parameter to dtype in place: handles and names stay valid.
+  // Converts every floating parameter to dtype (Float32 or Float64) in place: handles and names
+  // stay valid. Int64 parameters (counters, ids) keep their dtype and values, as in PyTorch.
   Module& to(ag::Dtype dtype);
 
   const std::string& type_name() const { return type_name_; }

@@ -12,7 +12,9 @@
 //
 // An optimizer holds handles to the parameters: step() changes the module's tensors in place
 // (under NoGradGuard, bumping their version counters). Parameters whose .grad is undefined are
-// skipped, as in PyTorch. Per-parameter state (momentum buffers, Adam's moments, step counts) is
+// skipped, as in PyTorch. Every parameter must be Float32 or Float64: an Int64 one (a counter or
+// ids registered with requires_grad = false) is refused at construction, naming it; pass the
+// floating parameters only. Per-parameter state (momentum buffers, Adam's moments, step counts) is
 // created on a parameter's first update and can be saved and restored with state_dict() /
 // load_state_dict() (and nn::save_checkpoint), so that a resumed run continues bit for bit.
 //
@@ -213,6 +215,8 @@ class LRScheduler {
 // undefined entry is std::invalid_argument, thrown before any gradient changes.
 double clip_grad_norm_(const std::vector<ag::Tensor>& params, double max_norm, double norm_type = 2.0);
 // Clamps every gradient element into [-clip_value, clip_value] (all entries checked first).
+// Both clipping functions skip parameters without a gradient (Int64 ones included) and refuse a
+// non-floating gradient, naming its index, before changing any gradient.
 void clip_grad_value_(const std::vector<ag::Tensor>& params, double clip_value);
 
 }  // namespace nn
