@@ -13,21 +13,15 @@
 
 #include <autograd/autograd.hpp>
 
+#include "int64_support.hpp"
 #include "test_support.hpp"
 
 using namespace test_support::prelude;
+using test_support::I64;
+using test_support::int_values;
+using test_support::ints;
 
 namespace {
-
-using I64 = std::vector<std::int64_t>;
-
-Tensor ints(const I64& v, const Shape& s) { return ag::tensor(v, s); }
-
-I64 int_values(const Tensor& t) {
-  BOOST_REQUIRE(t.dtype() == Dtype::Int64);
-  const std::int64_t* p = t.data<std::int64_t>();
-  return I64(p, p + t.numel());
-}
 
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();

@@ -12,15 +12,15 @@
 
 #include <autograd/autograd.hpp>
 
+#include "int64_support.hpp"
 #include "test_support.hpp"
 
 using namespace test_support::prelude;
+using test_support::I64;
+using test_support::int_values;
+using test_support::ints;
 
 namespace {
-
-using I64 = std::vector<std::int64_t>;
-
-Tensor ints(const I64& v, const Shape& s) { return ag::tensor(v, s); }
 
 // The same index values as a Float32 tensor (the old way of passing indices).
 Tensor as_float(const Tensor& index) { return index.to(Dtype::Float32); }

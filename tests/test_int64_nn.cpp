@@ -15,15 +15,15 @@
 #include <nn/nn.hpp>
 
 #include "checkpoint_support.hpp"
+#include "int64_support.hpp"
 #include "test_support.hpp"
 
 using namespace test_support::prelude;
+using test_support::I64;
+using test_support::int_values;
+using test_support::ints;
 
 namespace {
-
-using I64 = std::vector<std::int64_t>;
-
-Tensor ints(const I64& v, const Shape& s) { return ag::tensor(v, s); }
 
 // A module with one float parameter "weight" [2, 3].
 struct Holder : nn::Module {

@@ -13,16 +13,17 @@
 #include <nn/nn.hpp>
 
 #include "checkpoint_support.hpp"
+#include "int64_support.hpp"
 #include "test_support.hpp"
 
 using namespace test_support::prelude;
+using test_support::I64;
+using test_support::int_values;
+using test_support::ints;
 
 namespace {
 
-using I64 = std::vector<std::int64_t>;
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-
-Tensor ints(const I64& v, const Shape& s) { return ag::tensor(v, s); }
 
 // A float parameter "weight" and an Int64 counter "steps" (requires_grad = false).
 struct Counted : nn::Module {
