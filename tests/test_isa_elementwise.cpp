@@ -88,15 +88,16 @@ struct BinaryCase {
   ag::Tensor (*tensors)(const ag::Tensor&, const ag::Tensor&);
   ag::Tensor (*with_number)(const ag::Tensor&, double);
 };
+using ag::Tensor;
 const BinaryCase kBinary[] = {
-    {"add", [](float a, float b) { return a + b; }, [](const ag::Tensor& a, const ag::Tensor& b) { return ag::add(a, b); },
-     [](const ag::Tensor& a, double c) { return ag::add(a, c); }},
-    {"sub", [](float a, float b) { return a - b; }, [](const ag::Tensor& a, const ag::Tensor& b) { return ag::sub(a, b); },
-     [](const ag::Tensor& a, double c) { return ag::sub(a, c); }},
-    {"mul", [](float a, float b) { return a * b; }, [](const ag::Tensor& a, const ag::Tensor& b) { return ag::mul(a, b); },
-     [](const ag::Tensor& a, double c) { return ag::mul(a, c); }},
-    {"div", [](float a, float b) { return a / b; }, [](const ag::Tensor& a, const ag::Tensor& b) { return ag::div(a, b); },
-     [](const ag::Tensor& a, double c) { return ag::div(a, c); }},
+    {"add", [](float a, float b) { return a + b; }, [](const Tensor& a, const Tensor& b) { return ag::add(a, b); },
+     [](const Tensor& a, double c) { return ag::add(a, c); }},
+    {"sub", [](float a, float b) { return a - b; }, [](const Tensor& a, const Tensor& b) { return ag::sub(a, b); },
+     [](const Tensor& a, double c) { return ag::sub(a, c); }},
+    {"mul", [](float a, float b) { return a * b; }, [](const Tensor& a, const Tensor& b) { return ag::mul(a, b); },
+     [](const Tensor& a, double c) { return ag::mul(a, c); }},
+    {"div", [](float a, float b) { return a / b; }, [](const Tensor& a, const Tensor& b) { return ag::div(a, b); },
+     [](const Tensor& a, double c) { return ag::div(a, c); }},
 };
 
 // The mismatches of op(a, b) against the scalar operation, for a [rows, n] a and b of shape
@@ -108,7 +109,8 @@ std::size_t binary_mismatches(const BinaryCase& op, std::int64_t rows, std::int6
   for (int form = 0; form < 4; ++form) {
     const std::int64_t bn = form == 0 ? rows * n : form == 1 ? n : form == 2 ? rows : 1;
     const std::vector<float> b = values(bn, 5 + n, special && form == 0);
-    const ag::Shape bshape = form == 0 ? ag::Shape{rows, n} : form == 1 ? ag::Shape{n} : form == 2 ? ag::Shape{rows, 1} : ag::Shape{};
+    const ag::Shape bshape =
+        form == 0 ? ag::Shape{rows, n} : form == 1 ? ag::Shape{n} : form == 2 ? ag::Shape{rows, 1} : ag::Shape{};
     std::vector<float> want(a.size());
     for (std::int64_t i = 0; i < rows; ++i)
       for (std::int64_t j = 0; j < n; ++j) {
@@ -266,7 +268,8 @@ double worst_norm_excess(const std::vector<double>& x, const std::vector<double>
       const long double wj = affine ? w[j] : 1.0L, bj = affine ? b[j] : 0.0L;
       const long double y = xh[j] * wj + bj;
       const long double dx = r * (gh[j] - m1 - xh[j] * m2);
-      const double by = static_cast<double>(6 * kU * ((std::fabs(xr[j]) + std::fabs(mu)) * r * std::fabs(wj) + std::fabs(bj)));
+      const long double spread = (std::fabs(xr[j]) + std::fabs(mu)) * r * std::fabs(wj);
+      const double by = static_cast<double>(6 * kU * (spread + std::fabs(bj)));
       const double bdx = static_cast<double>((n + 16) * kU * r *
                                              (std::fabs(gh[j]) + a1 + (std::fabs(xh[j]) + 1) * (a2 + a1)));
       worst = std::max(worst, static_cast<double>(std::fabs(got.y[k] - y)) / (by + tiny));

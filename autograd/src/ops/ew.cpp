@@ -83,9 +83,10 @@ Tensor binary(Op op, const Shape& shape, const Tensor& a, const Tensor& b) {
   const kernels::BroadcastPlan<2> plan = kernels::make_plan<2>(shape, {&a.shape(), &b.shape()});
   const std::int64_t sa = plan.strides[0].back() == 0 ? 0 : 1, sb = plan.strides[1].back() == 0 ? 0 : 1;
   kernels::parallel_chunks(plan.numel, [&](std::int64_t begin, std::int64_t end) {
-    kernels::for_each_run(plan, begin, end, [&](std::int64_t at, const std::array<std::int64_t, 2>& in, std::int64_t len) {
-      binary(op, pa + in[0], sa, pb + in[1], sb, py + at, len);
-    });
+    kernels::for_each_run(plan, begin, end,
+                          [&](std::int64_t at, const std::array<std::int64_t, 2>& in, std::int64_t len) {
+                            binary(op, pa + in[0], sa, pb + in[1], sb, py + at, len);
+                          });
   });
   return out;
 }

@@ -104,8 +104,8 @@ void layer_norm_forward_run(const float* x, std::int64_t n, const float* w, cons
     W::store(y + i, row(W::load(x + i), w ? W::load(w + i) : mf, b ? W::load(b + i) : mf));
   if (i < n) {
     const int m = static_cast<int>(n - i);
-    W::store_first(y + i, row(W::load_first(x + i, m), w ? W::load_first(w + i, m) : mf, b ? W::load_first(b + i, m) : mf),
-                   m);
+    const R wv = w ? W::load_first(w + i, m) : mf, bv = b ? W::load_first(b + i, m) : mf;
+    W::store_first(y + i, row(W::load_first(x + i, m), wv, bv), m);
   }
 }
 
@@ -144,8 +144,10 @@ void layer_norm_backward_run(const float* x, const float* dy, std::int64_t n, co
   const R mf = W::set1(static_cast<float>(stats[0])), rf = W::set1(static_cast<float>(stats[1]));
   R s1 = W::zero(), s2 = W::zero();
   std::int64_t i = 0;
-  for (; i + W::n <= n; i += W::n) ln_grads_block<W>(x + i, dy + i, w ? w + i : w, mf, rf, dw ? dw + i : dw, db ? db + i : db, s1, s2, W::n);
-  if (i < n) ln_grads_block<W>(x + i, dy + i, w ? w + i : w, mf, rf, dw ? dw + i : dw, db ? db + i : db, s1, s2, static_cast<int>(n - i));
+  auto at = [&](const float* p) { return p ? p + i : p; };
+  auto at_out = [&](float* p) { return p ? p + i : p; };
+  for (; i + W::n <= n; i += W::n) ln_grads_block<W>(x + i, dy + i, at(w), mf, rf, at_out(dw), at_out(db), s1, s2, W::n);
+  if (i < n) ln_grads_block<W>(x + i, dy + i, at(w), mf, rf, at_out(dw), at_out(db), s1, s2, static_cast<int>(n - i));
   if (!dx) return;
   const R m1 = W::set1(W::sum(s1) / static_cast<float>(n)), m2 = W::set1(W::sum(s2) / static_cast<float>(n));
   auto grad = [&](R xv, R g, R wv) {
@@ -157,7 +159,8 @@ void layer_norm_backward_run(const float* x, const float* dy, std::int64_t n, co
     W::store(dx + i, grad(W::load(x + i), W::load(dy + i), w ? W::load(w + i) : mf));
   if (i < n) {
     const int m = static_cast<int>(n - i);
-    W::store_first(dx + i, grad(W::load_first(x + i, m), W::load_first(dy + i, m), w ? W::load_first(w + i, m) : mf), m);
+    const R wv = w ? W::load_first(w + i, m) : mf;
+    W::store_first(dx + i, grad(W::load_first(x + i, m), W::load_first(dy + i, m), wv), m);
   }
 }
 
