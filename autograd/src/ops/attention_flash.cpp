@@ -3,9 +3,11 @@
 // the maximum grows). Memory: one tile of scores and one block of partial outputs per thread.
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "ops/attention_flash.hpp"
+#include "ops/rows.hpp"
 
 namespace autograd::sdpa {
 
@@ -31,6 +33,22 @@ struct ForwardScratch {
   Scratch<T> m, l;    // running maximum and sum per row
 };
 
+// row = exp(row − m), exactly 0 where row = -inf; returns the row's new sum.
+template <class T>
+T exp_row(T* row, std::int64_t cols, T m, bool blocked) {
+  if constexpr (std::is_same_v<T, float>) {
+    float sum = 0;
+    if (rows::exp_shifted(row, row, cols, m, sum)) return sum;
+  }
+  ArrayView<T> r(row, cols);
+  if (blocked) {
+    r = (r == -std::numeric_limits<T>::infinity()).select(T(0), (r - m).exp());
+  } else {
+    r = (r - m).exp();
+  }
+  return r.sum();
+}
+
 // Folds one tile of scores (in Sc, [rows, cols]) into the running state: Sc becomes
 // exp(S − m_new) (exactly 0 where S = -inf; a row with nothing seen yet stays all 0), l and the
 // partial output are rescaled by exp(m_old − m_new).
@@ -44,13 +62,8 @@ void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, 
       row.setZero();
       continue;
     }
-    if (blocked) {
-      row = (row == neg_inf).select(T(0), (row - m_new).exp());
-    } else {
-      row = (row - m_new).exp();
-    }
     const T alpha = std::exp(s.m[i] - m_new);  // 0 when m_old = -inf
-    s.l[i] = s.l[i] * alpha + row.sum();
+    s.l[i] = s.l[i] * alpha + exp_row(row.data(), cols, m_new, blocked);
     if (alpha != T(1)) ArrayView<T>(s.acc.data() + i * d_v, d_v) *= alpha;
     s.m[i] = m_new;
   }
@@ -68,7 +81,7 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, 
   const std::int64_t seen = keys_seen(d, t.r1, causal);  // key blocks above the diagonal skipped
   for (t.c0 = 0; t.c0 < seen; t.c0 += block_k) {
     t.c1 = std::min(d.S, t.c0 + block_k);
-    const bool blocked = score_tile(d, x.q, x.k, x.mask, ms, scale, causal, t, s.scores.data());
+    const bool blocked = score_tile(d, x.q, x.kt, x.mask, ms, scale, causal, t, s.scores.data());
     online_softmax(s, rows, t.cols(), d.d_v, blocked);
     //   acc += exp(S − m)·V                           [rows, cols] x [cols, d_v] -> [rows, d_v]
     const T* V = x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr;
@@ -94,7 +107,61 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, 
 }  // namespace
 
 template <class T>
-void flash_forward(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, T scale, bool causal) {
+Scratch<T> transposed_slices(const Dims& d, const T* x, const Layout& l, std::int64_t cols) {
+  Scratch<T> out(static_cast<std::size_t>(d.slices() * cols * d.S));
+  parallel_for(d.slices(), d.parallel(), [&](std::int64_t bh) {
+    const T* src = x + l.at(bh / d.H, bh % d.H);
+    T* dst = out.data() + bh * cols * d.S;
+    constexpr std::int64_t step = 16;  // in blocks of 16 x 16, each read and written in cache
+    for (std::int64_t j0 = 0; j0 < d.S; j0 += step)
+      for (std::int64_t c0 = 0; c0 < cols; c0 += step)
+        for (std::int64_t c = c0; c < std::min(cols, c0 + step); ++c)
+          for (std::int64_t j = j0; j < std::min(d.S, j0 + step); ++j) dst[c * d.S + j] = src[j * l.sr + c];
+  });
+  return out;
+}
+
+template <class T>
+const T* contiguous_slices(const Dims& d, const T* x, Layout& l, std::int64_t L, std::int64_t cols, Scratch<T>& buf) {
+  if (is_contiguous(d, l, L, cols)) return x;
+  buf.resize(static_cast<std::size_t>(d.slices() * L * cols));
+  parallel_for(d.slices(), d.parallel(), [&](std::int64_t bh) {
+    const T* src = x + l.at(bh / d.H, bh % d.H);
+    T* dst = buf.data() + bh * L * cols;
+    for (std::int64_t i = 0; i < L; ++i) std::copy(src + i * l.sr, src + i * l.sr + cols, dst + i * cols);
+  });
+  l = heads_first(d.H, L, cols);
+  return buf.data();
+}
+
+template <class T>
+void scatter_slices(const Dims& d, const T* src, const Layout& l, std::int64_t L, std::int64_t cols, T* dst) {
+  parallel_for(d.slices(), d.parallel(), [&](std::int64_t bh) {
+    const T* from = src + bh * L * cols;
+    T* to = dst + l.at(bh / d.H, bh % d.H);
+    for (std::int64_t i = 0; i < L; ++i) std::copy(from + i * cols, from + (i + 1) * cols, to + i * l.sr);
+  });
+}
+
+template const float* contiguous_slices(const Dims&, const float*, Layout&, std::int64_t, std::int64_t,
+                                        Scratch<float>&);
+template const double* contiguous_slices(const Dims&, const double*, Layout&, std::int64_t, std::int64_t,
+                                         Scratch<double>&);
+template void scatter_slices(const Dims&, const float*, const Layout&, std::int64_t, std::int64_t, float*);
+template void scatter_slices(const Dims&, const double*, const Layout&, std::int64_t, std::int64_t, double*);
+
+template Scratch<float> transposed_slices(const Dims&, const float*, const Layout&, std::int64_t);
+template Scratch<double> transposed_slices(const Dims&, const double*, const Layout&, std::int64_t);
+
+template <class T>
+void flash_forward(const Dims& d_in, const FlashForwardData<T>& x_in, MaskStrides ms, T scale, bool causal) {
+  Dims d = d_in;
+  FlashForwardData<T> x = x_in;
+  Scratch<T> kt = transposed_slices(d, x.k, d.k, d.d_k), q, v;
+  x.kt = kt.data();
+  x.k = nullptr;
+  x.q = contiguous_slices(d_in, x_in.q, d.q, d.T, d.d_k, q);
+  x.v = contiguous_slices(d_in, x_in.v, d.v, d.S, d.d_v, v);
   const FlashTiles tiles = flash_tiles();
   const std::int64_t blocks = blocks_of(d.T, tiles.block_q), items = d.slices() * blocks;
   parallel_region(d.parallel(), [&] {

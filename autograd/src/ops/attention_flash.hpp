@@ -26,6 +26,7 @@ struct FlashForwardData {
   const T* mask;  // the additive mask, read through MaskStrides
   T* out;         // laid out as Dims::out
   T* lse;         // (B, H, T): log Σ_j exp(S_ij); +inf for a row whose keys are all blocked
+  const T* kt;    // null: flash_forward sets it to each slice's Kᵀ (see transposed_slices)
 };
 
 // What the backward reads and writes. Any of dq, dk, dv, dmask may be null (not needed); dmask
@@ -43,6 +44,8 @@ struct FlashBackwardData {
   T* dk;
   T* dv;
   T* dmask;
+  const T* kt;  // null: flash_backward sets them to each slice's Kᵀ and Vᵀ (see transposed_slices)
+  const T* vt;
 };
 
 // For each slice, the output O = softmax_rows(scale·Q·Kᵀ + M)·V (causal: row i sees keys 0..i)
@@ -61,6 +64,34 @@ void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms
 template <class T>
 using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
 
+// Each slice's matrix of k or v (layout l, `cols` columns) transposed, [cols, S] per slice, the
+// slices one after another: the tile products read Kᵀ and Vᵀ so that all of them take the
+// matrix product's fastest form (no transposed operand on the right; see score_tile).
+template <class T>
+Scratch<T> transposed_slices(const Dims& d, const T* x, const Layout& l, std::int64_t cols);
+
+// x's slices (layout l, L rows of `cols`) one after another, [B, H, L, cols]: x itself when they
+// already are, else a copy in buf; l becomes that layout. The tile products run faster on rows
+// next to each other than on rows of a packed or heads-last tensor (hundreds of floats apart).
+template <class T>
+const T* contiguous_slices(const Dims& d, const T* x, Layout& l, std::int64_t L, std::int64_t cols, Scratch<T>& buf);
+
+// Whether l is the layout contiguous_slices gives (so x needs no copy).
+inline bool is_contiguous(const Dims& d, const Layout& l, std::int64_t L, std::int64_t cols) {
+  const Layout c = heads_first(d.H, L, cols);
+  return l.base == 0 && (l.sr == c.sr || L <= 1) && (l.sh == c.sh || d.H == 1) && (l.sb == c.sb || d.B == 1);
+}
+
+// The inverse: the [B, H, L, cols] slices in src written to dst, laid out as l.
+template <class T>
+void scatter_slices(const Dims& d, const T* src, const Layout& l, std::int64_t L, std::int64_t cols, T* dst);
+
+// Slice (b, h)'s Kᵀ (or Vᵀ) in the result of transposed_slices, and its row stride.
+inline std::int64_t transposed_at(const Dims& d, std::int64_t b, std::int64_t h, std::int64_t cols) {
+  return (b * d.H + h) * cols * d.S;
+}
+inline std::int64_t transposed_stride(const Dims& d) { return std::max<std::int64_t>(d.S, 1); }
+
 // Rows [r0, r1) x columns [c0, c1) of slice (b, h)'s scores.
 struct Tile {
   std::int64_t b, h, r0, r1, c0, c1;
@@ -75,13 +106,15 @@ inline std::int64_t keys_seen(const Dims& d, std::int64_t r1, bool causal) { ret
 
 // Sc = scale·Q_r·K_cᵀ + M_rc, [rows, cols] with row stride cols; causal entries j > i are -inf.
 // Returns whether an entry may be -inf (a mask, or a tile crossing the diagonal).
+// kt: Kᵀ of every slice (transposed_slices).
 template <class T>
-bool score_tile(const Dims& d, const T* q, const T* k, const T* mask, MaskStrides ms, T scale, bool causal,
+bool score_tile(const Dims& d, const T* q, const T* kt, const T* mask, MaskStrides ms, T scale, bool causal,
                 const Tile& t, T* Sc) {
   const std::int64_t rows = t.rows(), cols = t.cols();
   //   S = scale·Q·Kᵀ                                  [rows, d_k] x [d_k, cols] -> [rows, cols]
-  gemm<T>(false, true, rows, cols, d.d_k, scale, q + d.q.at(t.b, t.h) + t.r0 * d.q.sr, d.q.sr,
-          k + d.k.at(t.b, t.h) + t.c0 * d.k.sr, d.k.sr, T(0), Sc, std::max<std::int64_t>(cols, 1));
+  gemm<T>(false, false, rows, cols, d.d_k, scale, q + d.q.at(t.b, t.h) + t.r0 * d.q.sr, d.q.sr,
+          kt + transposed_at(d, t.b, t.h, d.d_k) + t.c0, transposed_stride(d), T(0), Sc,
+          std::max<std::int64_t>(cols, 1));
   if (mask != nullptr) {  //   S += M
     const T* mb = mask + t.b * ms.sb + t.h * ms.sh + t.c0 * ms.ss;
     for (std::int64_t i = 0; i < rows; ++i) {

@@ -8,11 +8,13 @@
 // elements (those along the mask's broadcast dims) into one item. With a slice for each thread
 // one pass does it all: one item per (b, h), adding dQ as the key pass goes (see one_pass).
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
 
 #include "ops/attention_flash.hpp"
+#include "ops/rows.hpp"
 
 namespace autograd::sdpa {
 
@@ -24,6 +26,28 @@ struct BackwardScratch {
   Scratch<T> ds;  // [block_q, block_k]: dP, then dS
 };
 
+// The weights of one tile's row: the scores in `row` (cols of them) become
+// P_ij = exp(S_ij − lse_i), exactly 0 where S = -inf and on a fully blocked row (lse = +inf).
+// The one place backward forms P.
+template <class T>
+void weights_row(T* row, std::int64_t cols, T lse, bool blocked) {
+  const T inf = std::numeric_limits<T>::infinity();
+  ArrayView<T> r(row, cols);
+  if (lse == inf) {
+    r.setZero();
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    float sum = 0;  // not needed
+    if (rows::exp_shifted(row, row, cols, lse, sum)) return;
+  }
+  if (blocked) {
+    r = (r == -inf).select(T(0), (r - lse).exp());
+  } else {
+    r = (r - lse).exp();
+  }
+}
+
 // P and dS of one tile into s.p and s.ds, [rows, cols] with row stride cols.
 template <class T>
 void ds_tile(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
@@ -31,27 +55,18 @@ void ds_tile(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T sca
   const std::int64_t rows = t.rows(), cols = t.cols(), bh = t.b * d.H + t.h;
   s.p.resize(static_cast<std::size_t>(rows * cols));
   s.ds.resize(static_cast<std::size_t>(rows * cols));
-  const bool blocked = score_tile(d, x.q, x.k, x.mask, ms, scale, causal, t, s.p.data());
-  // forward: P_ij = exp(S_ij − lse_i); exactly 0 where S = -inf and on fully blocked rows
-  const T inf = std::numeric_limits<T>::infinity();
-  for (std::int64_t i = 0; i < rows; ++i) {
-    ArrayView<T> row(s.p.data() + i * cols, cols);
-    const T lse = x.lse[bh * d.T + t.r0 + i];
-    if (lse == inf) {
-      row.setZero();
-    } else if (blocked) {
-      row = (row == -inf).select(T(0), (row - lse).exp());
-    } else {
-      row = (row - lse).exp();
-    }
-  }
+  const bool blocked = score_tile(d, x.q, x.kt, x.mask, ms, scale, causal, t, s.p.data());
+  for (std::int64_t i = 0; i < rows; ++i) weights_row(s.p.data() + i * cols, cols, x.lse[bh * d.T + t.r0 + i], blocked);
   //   => dP = dO·Vᵀ                                   [rows, d_v] x [d_v, cols] -> [rows, cols]
-  gemm<T>(false, true, rows, cols, d.d_v, T(1), x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr, d.out.sr,
-          x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr, d.v.sr, T(0), s.ds.data(), std::max<std::int64_t>(cols, 1));
+  gemm<T>(false, false, rows, cols, d.d_v, T(1), x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr, d.out.sr,
+          x.vt + transposed_at(d, t.b, t.h, d.d_v) + t.c0, transposed_stride(d), T(0), s.ds.data(),
+          std::max<std::int64_t>(cols, 1));
   //   => dS = P ⊙ (dP − D)   (0 wherever P is)
   for (std::int64_t i = 0; i < rows; ++i) {
-    ArrayView<T> ds(s.ds.data() + i * cols, cols);
-    ds = ConstArrayView<T>(s.p.data() + i * cols, cols) * (ds - D[bh * d.T + t.r0 + i]);
+    const T Di = D[bh * d.T + t.r0 + i];
+    const T* p = s.p.data() + i * cols;
+    T* ds = s.ds.data() + i * cols;
+    for (std::int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - Di);
   }
 }
 
@@ -205,16 +220,56 @@ void query_pass(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T 
 
 }  // namespace
 
+// The operands of the tile products as contiguous_slices lays them out, and the gradients
+// computed in that layout until scatter writes them out.
 template <class T>
-void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal) {
-  const Scratch<T> D = row_dots(d, x);
+struct ContiguousOperands {
+  Scratch<T> kt, vt, q, k, dout, dq, dk, dv;
+
+  // x and d (its layouts) switched to the copies; x.out (read before, by row_dots) is dropped.
+  void take(const Dims& d0, const FlashBackwardData<T>& x0, Dims& d, FlashBackwardData<T>& x) {
+    kt = transposed_slices(d0, x0.k, d0.k, d0.d_k);
+    vt = transposed_slices(d0, x0.v, d0.v, d0.d_v);
+    x.kt = kt.data();
+    x.vt = vt.data();
+    x.v = x.out = nullptr;
+    x.q = contiguous_slices(d0, x0.q, d.q, d0.T, d0.d_k, q);
+    x.k = contiguous_slices(d0, x0.k, d.k, d0.S, d0.d_k, k);
+    x.dout = contiguous_slices(d0, x0.dout, d.out, d0.T, d0.d_v, dout);
+    d.v = heads_first(d0.H, d0.S, d0.d_v);  // dV's layout from here on (V itself is read as Vᵀ)
+    auto grad = [&](T* g, const Layout& l0, std::int64_t L, std::int64_t cols, Scratch<T>& buf) -> T* {
+      if (g == nullptr || is_contiguous(d0, l0, L, cols)) return g;
+      buf.resize(static_cast<std::size_t>(d0.slices() * L * cols));
+      return buf.data();
+    };
+    x.dq = grad(x0.dq, d0.q, d0.T, d0.d_k, dq);
+    x.dk = grad(x0.dk, d0.k, d0.S, d0.d_k, dk);
+    x.dv = grad(x0.dv, d0.v, d0.S, d0.d_v, dv);
+  }
+
+  // The gradients computed into copies written to their own layouts.
+  void scatter(const Dims& d0, const FlashBackwardData<T>& x0) const {
+    if (!dq.empty()) scatter_slices(d0, dq.data(), d0.q, d0.T, d0.d_k, x0.dq);
+    if (!dk.empty()) scatter_slices(d0, dk.data(), d0.k, d0.S, d0.d_k, x0.dk);
+    if (!dv.empty()) scatter_slices(d0, dv.data(), d0.v, d0.S, d0.d_v, x0.dv);
+  }
+};
+
+template <class T>
+void flash_backward(const Dims& d0, const FlashBackwardData<T>& x0, MaskStrides ms, T scale, bool causal) {
+  const Scratch<T> D = row_dots(d0, x0);
+  Dims d = d0;
+  FlashBackwardData<T> x = x0;
+  ContiguousOperands<T> c;
+  c.take(d0, x0, d, x);
   const bool need_query = x.dq != nullptr || x.dmask != nullptr;
   if (d.S > 0 && need_query && one_pass(d, ms, x.dmask != nullptr)) {
     key_pass(d, x, ms, scale, causal, D.data(), true);
-    return;
+  } else {
+    if (x.dk != nullptr || x.dv != nullptr) key_pass(d, x, ms, scale, causal, D.data(), false);
+    if (need_query) query_pass(d, x, ms, scale, causal, D.data());
   }
-  if (x.dk != nullptr || x.dv != nullptr) key_pass(d, x, ms, scale, causal, D.data(), false);
-  if (need_query) query_pass(d, x, ms, scale, causal, D.data());
+  c.scatter(d0, x0);
 }
 
 template void flash_backward<float>(const Dims&, const FlashBackwardData<float>&, MaskStrides, float, bool);
