@@ -26,7 +26,6 @@ struct FlashForwardData {
   const T* mask;  // the additive mask, read through MaskStrides
   T* out;         // laid out as Dims::out
   T* lse;         // (B, H, T): log Σ_j exp(S_ij); +inf for a row whose keys are all blocked
-  const T* kt;    // null: flash_forward sets it to each slice's Kᵀ (see transposed_slices)
 };
 
 // What the backward reads and writes. Any of dq, dk, dv, dmask may be null (not needed); dmask
@@ -44,8 +43,6 @@ struct FlashBackwardData {
   T* dk;
   T* dv;
   T* dmask;
-  const T* kt;  // null: flash_backward sets them to each slice's Kᵀ and Vᵀ (see transposed_slices)
-  const T* vt;
 };
 
 // For each slice, the output O = softmax_rows(scale·Q·Kᵀ + M)·V (causal: row i sees keys 0..i)
@@ -64,33 +61,29 @@ void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms
 template <class T>
 using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
 
-// Each slice's matrix of k or v (layout l, `cols` columns) transposed, [cols, S] per slice, the
-// slices one after another: the tile products read Kᵀ and Vᵀ so that all of them take the
-// matrix product's fastest form (no transposed operand on the right; see score_tile).
+// One slice's operands as the tile products read them: rows next to each other (the products
+// run faster on them than on the rows of a packed or heads-last tensor, hundreds of elements
+// apart), and the keys and values also transposed, so that no product has a transposed right
+// operand (the slowest form of the matrix product at these sizes):
+//   q [T, d_k], kt = Kᵀ [d_k, S] (row stride S), and in the forward v [S, d_v];
+//   in the backward also k [S, d_k], vt = Vᵀ [d_v, S] (row stride S) and dout [T, d_v].
+// Each thread has one (thread_operands), kept between calls: a warm step allocates nothing.
 template <class T>
-Scratch<T> transposed_slices(const Dims& d, const T* x, const Layout& l, std::int64_t cols);
+struct SliceOperands {
+  Scratch<T> q, k, kt, v, vt, dout;
+  std::int64_t bh = -1;
+  std::uint64_t call = 0;
 
-// x's slices (layout l, L rows of `cols`) one after another, [B, H, L, cols]: x itself when they
-// already are, else a copy in buf; l becomes that layout. The tile products run faster on rows
-// next to each other than on rows of a packed or heads-last tensor (hundreds of floats apart).
+  // Slice bh of call `call`'s operands (dout null: the forward's set), unless already held.
+  void load(const Dims& d, std::uint64_t call, std::int64_t bh, const T* q, const T* k, const T* v, const T* dout);
+  std::int64_t kt_stride(const Dims& d) const { return std::max<std::int64_t>(d.S, 1); }
+};
+
 template <class T>
-const T* contiguous_slices(const Dims& d, const T* x, Layout& l, std::int64_t L, std::int64_t cols, Scratch<T>& buf);
+SliceOperands<T>& thread_operands();
 
-// Whether l is the layout contiguous_slices gives (so x needs no copy).
-inline bool is_contiguous(const Dims& d, const Layout& l, std::int64_t L, std::int64_t cols) {
-  const Layout c = heads_first(d.H, L, cols);
-  return l.base == 0 && (l.sr == c.sr || L <= 1) && (l.sh == c.sh || d.H == 1) && (l.sb == c.sb || d.B == 1);
-}
-
-// The inverse: the [B, H, L, cols] slices in src written to dst, laid out as l.
-template <class T>
-void scatter_slices(const Dims& d, const T* src, const Layout& l, std::int64_t L, std::int64_t cols, T* dst);
-
-// Slice (b, h)'s Kᵀ (or Vᵀ) in the result of transposed_slices, and its row stride.
-inline std::int64_t transposed_at(const Dims& d, std::int64_t b, std::int64_t h, std::int64_t cols) {
-  return (b * d.H + h) * cols * d.S;
-}
-inline std::int64_t transposed_stride(const Dims& d) { return std::max<std::int64_t>(d.S, 1); }
+// A number for each forward or backward call (never 0): SliceOperands::load tells calls apart by it.
+std::uint64_t next_call();
 
 // Rows [r0, r1) x columns [c0, c1) of slice (b, h)'s scores.
 struct Tile {
@@ -106,15 +99,13 @@ inline std::int64_t keys_seen(const Dims& d, std::int64_t r1, bool causal) { ret
 
 // Sc = scale·Q_r·K_cᵀ + M_rc, [rows, cols] with row stride cols; causal entries j > i are -inf.
 // Returns whether an entry may be -inf (a mask, or a tile crossing the diagonal).
-// kt: Kᵀ of every slice (transposed_slices).
 template <class T>
-bool score_tile(const Dims& d, const T* q, const T* kt, const T* mask, MaskStrides ms, T scale, bool causal,
+bool score_tile(const Dims& d, const SliceOperands<T>& o, const T* mask, MaskStrides ms, T scale, bool causal,
                 const Tile& t, T* Sc) {
-  const std::int64_t rows = t.rows(), cols = t.cols();
+  const std::int64_t rows = t.rows(), cols = t.cols(), dk = std::max<std::int64_t>(d.d_k, 1);
   //   S = scale·Q·Kᵀ                                  [rows, d_k] x [d_k, cols] -> [rows, cols]
-  gemm<T>(false, false, rows, cols, d.d_k, scale, q + d.q.at(t.b, t.h) + t.r0 * d.q.sr, d.q.sr,
-          kt + transposed_at(d, t.b, t.h, d.d_k) + t.c0, transposed_stride(d), T(0), Sc,
-          std::max<std::int64_t>(cols, 1));
+  gemm<T>(false, false, rows, cols, d.d_k, scale, o.q.data() + t.r0 * dk, dk, o.kt.data() + t.c0, o.kt_stride(d),
+          T(0), Sc, std::max<std::int64_t>(cols, 1));
   if (mask != nullptr) {  //   S += M
     const T* mb = mask + t.b * ms.sb + t.h * ms.sh + t.c0 * ms.ss;
     for (std::int64_t i = 0; i < rows; ++i) {

@@ -56,7 +56,7 @@ struct FlashBackward {
       using T = decltype(zero);
       auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
       const FlashBackwardData<T> data{qt.data<T>(), kt.data<T>(), vt.data<T>(), ptr(mt),  ot.data<T>(), lt.data<T>(),
-                                      dout.data<T>(), ptr(dq),   ptr(dk),      ptr(dv), ptr(dmask),  nullptr,      nullptr};
+                                      dout.data<T>(), ptr(dq),   ptr(dk),      ptr(dv), ptr(dmask)};
       flash_backward<T>(d, data, ms, static_cast<T>(scale), causal);
     });
     GradList grads = packed ? GradList{dq} : GradList{dq, dk, dv};
@@ -116,7 +116,7 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     const T* mask = in.mask.defined() ? in.mask.data<T>() : nullptr;
-    const FlashForwardData<T> data{in.q.data<T>(), k.data<T>(), v.data<T>(), mask, output.data<T>(), lse.data<T>(), nullptr};
+    const FlashForwardData<T> data{in.q.data<T>(), k.data<T>(), v.data<T>(), mask, output.data<T>(), lse.data<T>()};
     flash_forward<T>(d, data, ms, static_cast<T>(scale), is_causal);
   });
   GradList inputs = node_inputs(in);
