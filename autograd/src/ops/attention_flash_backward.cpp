@@ -28,7 +28,7 @@ struct BackwardScratch {
   Scratch<T> p;       // [block_q, block_k]: P
   Scratch<T> ds;      // [block_q, block_k]: dP, then dS
   Scratch<T> dk, dv;  // [block_k, d]: a key block's dK and dV, summed here, then written out
-  Scratch<T> dq;      // [T, d_k] (or a query block's rows): dQ, summed here, then written out
+  Scratch<T> dq;      // [T, d_k]: dQ (all rows, or a query block's), summed here, then written out
 };
 
 // What every tile of one backward call reads.
@@ -136,7 +136,14 @@ void query_item(const BackwardArgs<T>& a, Tile t, std::int64_t block_k, Backward
   SliceOperands<T>& o = thread_operands<T>();
   o.load(d, a.call, t.b * d.H + t.h, a.x.q, a.x.k, a.x.v, a.x.dout);
   const std::int64_t dk = std::max<std::int64_t>(d.d_k, 1);
-  T* dQ = a.x.dq != nullptr ? zeroed(s.dq, t.rows(), dk) : nullptr;
+  // dQ's rows where the one pass has them (rows r0.. of a [T, d_k] accumulator): the products
+  // see their operands at the same alignment, whichever scheme runs
+  T* dQ = nullptr;
+  if (a.x.dq != nullptr) {
+    if (s.dq.size() < static_cast<std::size_t>(d.T * dk)) s.dq.resize(static_cast<std::size_t>(d.T * dk));
+    dQ = s.dq.data() + t.r0 * dk;
+    std::fill(dQ, dQ + t.rows() * dk, T(0));
+  }
   const std::int64_t seen = keys_seen(d, t.r1, a.causal);
   for (t.c0 = 0; t.c0 < seen; t.c0 += block_k) {
     t.c1 = std::min(d.S, t.c0 + block_k);
