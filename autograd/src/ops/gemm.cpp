@@ -11,6 +11,7 @@
 
 #include "autograd/tensor.hpp"
 #include "ops/gemm_small.hpp"
+#include "ops/gemm_xsmm.hpp"
 #include "ops/isa.hpp"
 #include "ops/parallel.hpp"
 
@@ -263,6 +264,16 @@ void keep_eigen_single_threaded() {
   (void)done;
 }
 
+// One piece of a product libxsmm takes (gemm_xsmm.hpp); a shape it has no kernel for goes the
+// way it would without libxsmm (the choice depends on the shape alone).
+template <class T>
+void xsmm_piece(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+                std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  if (xsmm::product<T>(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  if (small_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  eigen_gemm<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 }  // namespace
 
 template <class T>
@@ -270,6 +281,10 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
   keep_eigen_single_threaded();
+  if (xsmm::fits<T>(trans_b, M, N, K, alpha, lda, ldb, beta, ldc)) {
+    cut_product<T>(xsmm_piece<T>, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   if (use_blas(M, N, K, lda, ldb, ldc)) {
     cut_product<T>(blas_call<T>, true, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
