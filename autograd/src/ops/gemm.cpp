@@ -106,7 +106,7 @@ void tiny_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
 // and it computes every element of C the same way whatever the rest of the product, so results
 // do not depend on how a caller cuts a product. Both variants take the same products and give
 // the same bits. Used when N is a whole number of 32 bytes; with B transposed only from 16 rows
-// of C up (the transposition of B is paid once for all rows; for 8 rows Eigen was faster).
+// of C up (the transposition of B is paid once for all rows; fewer rows: nt_kernel_fits).
 template <class T>
 bool small_kernel_fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K) {
   constexpr std::int64_t lanes = 32 / sizeof(T);
@@ -114,9 +114,10 @@ bool small_kernel_fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_
 }
 
 // A·Bᵀ with fewer than 16 rows of C: dot products along K, no packing (gemm_small.hpp, run_nt);
-// 1.1-2x faster than Eigen for the tiny shape's 8x32x96 and 8x8x8, native build or not.
+// 1.1-2x faster than Eigen for the tiny shape's 8x32x96 and 8x8x8, native build or not. From 8
+// columns and 8 terms (fewer: the tiny loop or Eigen, 2x faster than its partial vectors).
 bool nt_kernel_fits(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K) {
-  return trans_b && !trans_a && M < 16 && M * N * K < (std::int64_t{1} << 17);
+  return trans_b && !trans_a && M < 16 && N >= 8 && K >= 8 && M * N * K < (std::int64_t{1} << 17);
 }
 
 // C = alpha·op(A)·op(B) + beta·C through the small kernel when the instruction set has one and
