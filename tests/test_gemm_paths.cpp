@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -235,4 +236,44 @@ BOOST_AUTO_TEST_CASE(negative_controls_the_checks_see_what_they_must) {
   std::vector<float> nan = right;
   nan[0] = std::numeric_limits<float>::quiet_NaN();
   BOOST_TEST(worst_excess(c, o, nan) > 1.0);
+}
+
+namespace {
+
+// The products of `c` at the kernel variant `isa` ("avx512", "avx2"), or nothing when this CPU
+// or build lacks it.
+template <class T>
+std::vector<T> at_isa(const std::string& isa, const Case& c, const Operands<T>& o) {
+  const std::string before(ag::kernel_isa());
+  try {
+    ag::set_kernel_isa(isa);
+  } catch (const std::invalid_argument&) {
+    return {};
+  }
+  std::vector<T> out = run(c, o);
+  ag::set_kernel_isa(before);
+  return out;
+}
+
+template <class T>
+void check_variants_agree(const char* type) {
+  // A·Bᵀ with fewer than 16 rows (the dot-product kernel), and the other small-kernel products.
+  const std::vector<Case> cases = {{false, true, 8, 32, 96, 1.0, 0.0},  {false, true, 5, 24, 33, 0.37, 1.0},
+                                   {false, true, 8, 8, 8, 1.0, -0.5},   {false, true, 15, 41, 17, 1.0, 1.0},
+                                   {false, false, 8, 32, 40, 0.37, 0.0}, {true, true, 24, 16, 20, 1.0, 1.0}};
+  std::uint64_t seed = 500;
+  for (const Case& c : cases) {
+    const Operands<T> o = operands<T>(c, seed++);
+    const std::vector<T> wide = at_isa<T>("avx512", c, o), narrow = at_isa<T>("avx2", c, o);
+    if (!wide.empty()) BOOST_TEST(worst_excess(c, o, wide) <= 1.0, describe(c, type) << " avx512");
+    if (!narrow.empty()) BOOST_TEST(worst_excess(c, o, narrow) <= 1.0, describe(c, type) << " avx2");
+    if (!wide.empty() && !narrow.empty()) BOOST_TEST(same_bits(wide, narrow), describe(c, type) << ": avx512 vs avx2");
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_avx512_and_avx2_kernels_give_the_same_bits) {
+  check_variants_agree<float>("float32");
+  check_variants_agree<double>("float64");
 }
