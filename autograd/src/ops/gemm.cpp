@@ -11,6 +11,7 @@
 
 #include "autograd/tensor.hpp"
 #include "ops/gemm_small.hpp"
+#include "ops/gemm_xsmm.hpp"
 #include "ops/isa.hpp"
 #include "ops/parallel.hpp"
 
@@ -54,6 +55,49 @@ void eigen_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std:
   else run(a.transpose(), b.transpose());
 }
 
+// Tiny products (the seed shape's, a few hundred multiply-adds at most) cost less than the
+// checks and the set-up of the routes below: a plain loop, each element of C a sum over k in
+// order, then times alpha, then plus beta·C (never read when beta = 0), as the small kernel
+// computes it. Four elements of a row of C at a time, their sums in registers.
+constexpr std::int64_t kTinyWork = 512;  // M·N·K, at most
+
+bool tiny_fits(std::int64_t M, std::int64_t N, std::int64_t K) {
+  return M <= kTinyWork && N <= kTinyWork && K > 0 && K <= kTinyWork && M * N * K <= kTinyWork;
+}
+
+// Elements j .. j+W-1 of row i of C.
+template <class T, bool TA, bool TB, int W>
+inline __attribute__((always_inline)) void tiny_block(std::int64_t i, std::int64_t j, std::int64_t K, T alpha,
+                                                      const T* A, std::int64_t lda, const T* B, std::int64_t ldb,
+                                                      T beta, T* C, std::int64_t ldc) {
+  T acc[W] = {};
+  for (std::int64_t k = 0; k < K; ++k) {
+    const T a = TA ? A[k * lda + i] : A[i * lda + k];
+    for (int q = 0; q < W; ++q) acc[q] += a * (TB ? B[(j + q) * ldb + k] : B[k * ldb + j + q]);
+  }
+  T* c = C + i * ldc + j;
+  for (int q = 0; q < W; ++q) c[q] = beta == T(0) ? alpha * acc[q] : alpha * acc[q] + beta * c[q];
+}
+
+template <class T, bool TA, bool TB>
+void tiny_loop(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, std::int64_t lda, const T* B,
+               std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  for (std::int64_t i = 0; i < M; ++i) {
+    std::int64_t j = 0;
+    for (; j + 4 <= N; j += 4) tiny_block<T, TA, TB, 4>(i, j, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    for (; j < N; ++j) tiny_block<T, TA, TB, 1>(i, j, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+}
+
+template <class T>
+void tiny_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+                  std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  if (!ta && !tb) tiny_loop<T, false, false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else if (!ta) tiny_loop<T, false, true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else if (!tb) tiny_loop<T, true, false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else tiny_loop<T, true, true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 // Small products (the per-head products of small attention shapes, 32x32x16 and the like) go to
 // a register-blocked kernel of our own (gemm_small.hpp), in the variant of the instruction set
 // in use (ops/isa.hpp: AVX-512 or AVX2 + FMA, chosen at run time in every build; none in the
@@ -62,11 +106,18 @@ void eigen_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std:
 // and it computes every element of C the same way whatever the rest of the product, so results
 // do not depend on how a caller cuts a product. Both variants take the same products and give
 // the same bits. Used when N is a whole number of 32 bytes; with B transposed only from 16 rows
-// of C up (the transposition of B is paid once for all rows; for 8 rows Eigen was faster).
+// of C up (the transposition of B is paid once for all rows; fewer rows: nt_kernel_fits).
 template <class T>
 bool small_kernel_fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K) {
   constexpr std::int64_t lanes = 32 / sizeof(T);
   return N % lanes == 0 && (!trans_b || M >= 16) && M * N * K < (std::int64_t{1} << 17);
+}
+
+// A·Bᵀ with fewer than 16 rows of C: dot products along K, no packing (gemm_small.hpp, run_nt);
+// 1.1-2x faster than Eigen for the tiny shape's 8x32x96 and 8x8x8, native build or not. From 8
+// columns and 8 terms (fewer: the tiny loop or Eigen, 2x faster than its partial vectors).
+bool nt_kernel_fits(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K) {
+  return trans_b && !trans_a && M < 16 && N >= 8 && K >= 8 && M * N * K < (std::int64_t{1} << 17);
 }
 
 // C = alpha·op(A)·op(B) + beta·C through the small kernel when the instruction set has one and
@@ -75,7 +126,23 @@ template <class T>
 bool small_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
                    std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
   const isa::Isa variant = isa::active();
-  if (variant == isa::Isa::Generic || K <= 0 || alpha == T(0) || !small_kernel_fits<T>(tb, M, N, K)) return false;
+  if (variant == isa::Isa::Generic || K <= 0 || alpha == T(0)) return false;
+  if (nt_kernel_fits(ta, tb, M, N, K)) {
+    const small_gemm::Args<T> args{false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+#if HEADGRAD_ISA_AVX512
+    if (variant == isa::Isa::Avx512) {
+      small_gemm::run_nt_avx512(args);
+      return true;
+    }
+#endif
+#if HEADGRAD_ISA_AVX2
+    small_gemm::run_nt_avx2(args);
+    return true;
+#else
+    return false;
+#endif
+  }
+  if (!small_kernel_fits<T>(tb, M, N, K)) return false;
   const T* Bp = B;
   std::int64_t ldbp = ldb;
   thread_local std::vector<T> packed;  // per thread, kept between calls (no allocation once warm)
@@ -263,13 +330,34 @@ void keep_eigen_single_threaded() {
   (void)done;
 }
 
+// One piece of a product libxsmm takes (gemm_xsmm.hpp); a shape it has no kernel for goes the
+// way it would without libxsmm (the choice depends on the shape alone).
+template <class T>
+void xsmm_piece(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+                std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  if (xsmm::product<T>(trans_a, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  if (small_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  eigen_gemm<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 }  // namespace
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
+  if (alpha != T(0) && tiny_fits(M, N, K)) {  // the small kernel where it fits, else the tiny loop
+    if (small_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+    tiny_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   keep_eigen_single_threaded();
+  // libxsmm generates code for the CPU it finds, like the BLAS; HEADGRAD_ISA=generic (no vector
+  // kernels chosen at run time) leaves it out too.
+  if (isa::active() != isa::Isa::Generic && xsmm::fits<T>(trans_b, M, N, K, alpha, lda, ldb, beta, ldc)) {
+    cut_product<T>(xsmm_piece<T>, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   if (use_blas(M, N, K, lda, ldb, ldc)) {
     cut_product<T>(blas_call<T>, true, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;

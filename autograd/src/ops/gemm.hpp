@@ -7,14 +7,17 @@
 // are the row strides in elements (>= the stored column count), so a block of rows and columns
 // of a larger matrix is used in place. beta = 0 overwrites C (whatever it held, NaN included).
 //
-// Large products go to the BLAS found at configure time (OpenBLAS, HEADGRAD_BLAS), small ones
-// (below about 1e5 multiply-adds, see gemm.cpp for the measured threshold) to a small kernel of
-// our own (AVX-512 or AVX2, chosen at run time: ops/isa.hpp) when N is a whole number of 32
-// bytes, else to Eigen. Threads
+// Routes, by shape alone (see gemm.cpp for the measured thresholds and docs/gemm_choice.md):
+// tiny products (at most 512 multiply-adds) a plain loop, or the small kernel where it fits;
+// products op(A)·B of 2^12 to 2^23 multiply-adds libxsmm's JIT kernels when the build has it
+// (HEADGRAD_LIBXSMM, gemm_xsmm.hpp); large products the BLAS found at configure time (OpenBLAS,
+// HEADGRAD_BLAS); small ones (below about 1e5 multiply-adds) a small kernel of our own (AVX-512
+// or AVX2, chosen at run time: ops/isa.hpp) when N is a whole number of 32 bytes or, for A·Bᵀ,
+// C has fewer than 16 rows; else Eigen. Threads
 // (ag::set_num_threads, i.e. OpenMP's count): a large product is cut into pieces by its shape
 // alone (rows or columns of C, or the summed dimension K when C is small and K long, the partial
-// sums added in a fixed order), each piece one single-threaded BLAS or Eigen call (their own
-// threading is off). Outside our parallel regions the pieces are shared among the threads;
+// sums added in a fixed order), each piece one single-threaded BLAS, libxsmm or Eigen call (their
+// own threading is off). Outside our parallel regions the pieces are shared among the threads;
 // inside one, or with one thread, they run one after another on the calling thread. So the
 // result has the same bits at any thread count and in any context.
 #include <cstdint>

@@ -24,6 +24,13 @@ struct F256 {
   static R load_first(const float* p, int) { return load(p); }
   static void store_first(float* p, R x, int) { store(p, x); }
   static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  // The lane sums of x[0..7], ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) each, in one vector.
+  static R sums(const R* x) {
+    const R h01 = _mm256_hadd_ps(x[0], x[1]), h23 = _mm256_hadd_ps(x[2], x[3]);
+    const R h45 = _mm256_hadd_ps(x[4], x[5]), h67 = _mm256_hadd_ps(x[6], x[7]);
+    const R q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+  }
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
 };
 struct D256 {
@@ -37,6 +44,11 @@ struct D256 {
   static R load_first(const double* p, int) { return load(p); }
   static void store_first(double* p, R x, int) { store(p, x); }
   static R fma(R a, R b, R c) { return _mm256_fmadd_pd(a, b, c); }
+  // The lane sums of x[0..3], (l0 + l1) + (l2 + l3) each, in one vector.
+  static R sums(const R* x) {
+    const R h01 = _mm256_hadd_pd(x[0], x[1]), h23 = _mm256_hadd_pd(x[2], x[3]);
+    return _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20), _mm256_permute2f128_pd(h01, h23, 0x31));
+  }
   static R mul(R a, R b) { return _mm256_mul_pd(a, b); }
 };
 
@@ -44,6 +56,8 @@ struct D256 {
 
 void run_avx2(const Args<float>& a) { run<F256>(a); }
 void run_avx2(const Args<double>& a) { run<D256>(a); }
+void run_nt_avx2(const Args<float>& a) { run_nt<F256>(a); }
+void run_nt_avx2(const Args<double>& a) { run_nt<D256>(a); }
 
 }  // namespace autograd::small_gemm
 #endif

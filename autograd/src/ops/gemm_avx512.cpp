@@ -39,8 +39,44 @@ struct D512 {
   static R mul(R a, R b) { return _mm512_mul_pd(a, b); }
 };
 
+// 256-bit vectors for the transposed-B dot products (run_nt), as the AVX2 variant has them.
+struct F256 {
+  using R = __m256;
+  static constexpr int n = 8;
+  static R zero() { return _mm256_setzero_ps(); }
+  static R load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, R x) { _mm256_storeu_ps(p, x); }
+  static R set1(float x) { return _mm256_set1_ps(x); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
+  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  // The lane sums of x[0..7], ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) each, in one vector.
+  static R sums(const R* x) {
+    const R h01 = _mm256_hadd_ps(x[0], x[1]), h23 = _mm256_hadd_ps(x[2], x[3]);
+    const R h45 = _mm256_hadd_ps(x[4], x[5]), h67 = _mm256_hadd_ps(x[6], x[7]);
+    const R q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+  }
+};
+struct D256 {
+  using R = __m256d;
+  static constexpr int n = 4;
+  static R zero() { return _mm256_setzero_pd(); }
+  static R load(const double* p) { return _mm256_loadu_pd(p); }
+  static void store(double* p, R x) { _mm256_storeu_pd(p, x); }
+  static R set1(double x) { return _mm256_set1_pd(x); }
+  static R mul(R a, R b) { return _mm256_mul_pd(a, b); }
+  static R fma(R a, R b, R c) { return _mm256_fmadd_pd(a, b, c); }
+  // The lane sums of x[0..3], (l0 + l1) + (l2 + l3) each, in one vector.
+  static R sums(const R* x) {
+    const R h01 = _mm256_hadd_pd(x[0], x[1]), h23 = _mm256_hadd_pd(x[2], x[3]);
+    return _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20), _mm256_permute2f128_pd(h01, h23, 0x31));
+  }
+};
+
 }  // namespace
 
+void run_nt_avx512(const Args<float>& a) { run_nt<F256>(a); }
+void run_nt_avx512(const Args<double>& a) { run_nt<D256>(a); }
 void run_avx512(const Args<float>& a) { run<F512>(a); }
 void run_avx512(const Args<double>& a) { run<D512>(a); }
 

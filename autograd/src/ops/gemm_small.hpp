@@ -28,6 +28,13 @@ struct Args {
   std::int64_t ldc;
 };
 
+// C[M, N] = alpha·A·Bᵀ + beta·C with B [N, K] given in place as Bp (rows ldbp apart), trans_a
+// false, any N, K > 0: dot products along K (gemm_small_impl.hpp), the same bits in both variants.
+void run_nt_avx512(const Args<float>& a);
+void run_nt_avx512(const Args<double>& a);
+void run_nt_avx2(const Args<float>& a);
+void run_nt_avx2(const Args<double>& a);
+
 void run_avx512(const Args<float>& a);
 void run_avx512(const Args<double>& a);
 void run_avx2(const Args<float>& a);

@@ -103,5 +103,72 @@ void run(const Args<T>& g) {
   else column_rest<W, false>(g, j, vectors, L);
 }
 
+// Transposed B and few rows of C (where packing B costs more than it saves): C(i, j) is the dot
+// product of row i of A and row j of B (Bp = B, [N, K], rows ldbp apart), along K in 256-bit
+// vectors V: lane l sums the terms k = l, l + n, ... in order (the last vector zero-padded), the n
+// lane sums are added in a fixed tree, then times alpha, then plus beta·C. The AVX-512 and AVX2
+// variants both run this on 256-bit vectors, so they give the same bits.
+inline float fused(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+inline double fused(double a, double b, double c) { return __builtin_fma(a, b, c); }
+
+// The n elements of p from k, zero-padded past K (the last, partial vector).
+template <class V, class T>
+inline typename V::R load_tail(const T* p, std::int64_t k, std::int64_t K) {
+  T buf[V::n] = {};
+  for (std::int64_t q = 0; k + q < K; ++q) buf[q] = p[k + q];
+  return V::load(buf);
+}
+
+template <class V, class T>
+inline __attribute__((always_inline)) T lane_sum(typename V::R x) {
+  T l[V::n];
+  V::store(l, x);
+  if constexpr (V::n == 8) return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  else return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
+// Elements j .. j+J-1 of row i of C.
+template <class V, int J, class T>
+inline __attribute__((always_inline)) void dot_block(const Args<T>& g, std::int64_t i, std::int64_t j) {
+  using Reg = typename V::R;
+  const std::int64_t K = g.K, whole = K / V::n * V::n;
+  const T* const a = g.A + i * g.lda;
+  const T* b[J];
+  Reg acc[J];
+  for (int q = 0; q < J; ++q) {
+    b[q] = g.Bp + (j + q) * g.ldbp;
+    acc[q] = V::zero();
+  }
+  for (std::int64_t k = 0; k < whole; k += V::n) {
+    const Reg av = V::load(a + k);
+    for (int q = 0; q < J; ++q) acc[q] = V::fma(av, V::load(b[q] + k), acc[q]);
+  }
+  if (whole < K) {
+    const Reg av = load_tail<V>(a, whole, K);
+    for (int q = 0; q < J; ++q) acc[q] = V::fma(av, load_tail<V>(b[q], whole, K), acc[q]);
+  }
+  const T alpha = g.alpha, beta = g.beta;
+  T* const c = g.C + i * g.ldc + j;
+  if constexpr (J == V::n) {  // the n sums at once, by the same tree as lane_sum
+    Reg x = V::mul(V::set1(alpha), V::sums(acc));
+    if (beta != T(0)) x = V::fma(V::set1(beta), V::load(c), x);
+    V::store(c, x);
+    return;
+  }
+  for (int q = 0; q < J; ++q) {
+    const T x = alpha * lane_sum<V, T>(acc[q]);
+    c[q] = beta == T(0) ? x : fused(beta, c[q], x);
+  }
+}
+
+template <class V, class T>
+void run_nt(const Args<T>& g) {
+  for (std::int64_t i = 0; i < g.M; ++i) {
+    std::int64_t j = 0;
+    for (; j + V::n <= g.N; j += V::n) dot_block<V, V::n>(g, i, j);
+    for (; j < g.N; ++j) dot_block<V, 1>(g, i, j);
+  }
+}
+
 }  // namespace
 }  // namespace autograd::small_gemm

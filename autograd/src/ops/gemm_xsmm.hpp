@@ -1,0 +1,34 @@
+#pragma once
+// Matrix products through libxsmm's JIT kernels (internal, not installed; gemm.cpp's backend for
+// small and mid-size products when the build found libxsmm, HEADGRAD_LIBXSMM).
+//
+// libxsmm (1.x) generates one kernel per shape, strides and flags for the machine's instruction
+// set, the first time it is asked for. Measured against the other routes (docs/gemm_choice.md) it
+// wins the products op(A)·B of 2^12 to 2^23 multiply-adds: the per-head P·V, dS·K, Pᵀ·dO and
+// dSᵀ·Q of attention and the small shapes' projections. It has no kernel for a transposed B in
+// row-major terms. Each thread keeps the kernels it has used in a table of its own, so a warm call
+// takes no lock, allocates nothing and generates nothing.
+#include <cstdint>
+
+namespace autograd::xsmm {
+
+// Whether libxsmm takes C = alpha·op(A)·B + beta·C (see gemm.hpp for the arguments): built with
+// it, B not transposed, beta 0 or 1, alpha not 0, M·N·K from 2^12 to below 2^23, and every size
+// and stride within libxsmm's 32-bit integers. Depends on the arguments alone.
+template <class T>
+bool fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda,
+          std::int64_t ldb, T beta, std::int64_t ldc);
+
+// The product on the calling thread, for arguments that fit; false (C untouched) when libxsmm
+// gives no kernel for it (then the caller computes it another way). Every element of C is the
+// same sum whatever M, N and the strides are, so a piece of a product has the bits of the same
+// rows or columns of the whole. alpha other than 1 scales libxsmm's op(A)·B afterwards, with
+// beta = 1 through a scratch of the calling thread (kept between calls).
+template <class T>
+bool product(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, std::int64_t lda,
+             const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc);
+
+// The instruction set libxsmm generates code for ("" when built without it).
+const char* target();
+
+}  // namespace autograd::xsmm
