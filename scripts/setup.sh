@@ -14,11 +14,13 @@ done
 
 # libopenblas-openmp-dev: the OpenMP build of OpenBLAS for large matrix products (HEADGRAD_BLAS;
 # without it the build falls back to Eigen's own). Not libopenblas-dev, which brings the pthreads
-# build. libcli11-dev: the examples' and benchmarks' command lines. nlohmann-json3-dev: JSON
-# (checkpoint headers, the examples' summaries). fortunes: the English fortune-cookie texts under
-# /usr/share/games/fortunes, char_gpt's default training corpus.
+# build. libxsmm-dev: JIT kernels for the mid-sized products (HEADGRAD_LIBXSMM, found when
+# installed; without it those products run our own kernels). libcli11-dev: the examples' and
+# benchmarks' command lines. nlohmann-json3-dev: JSON (checkpoint headers, the examples'
+# summaries). fortunes: the English fortune-cookie texts under /usr/share/games/fortunes,
+# char_gpt's default training corpus.
 scripts/install_packages.sh cmake make g++ pkg-config libeigen3-dev libfmt-dev libboost-test-dev \
-  libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev fortunes
+  libopenblas-openmp-dev libxsmm-dev libcli11-dev nlohmann-json3-dev fortunes
 
 build_dir=${1:-build}
 shift || true
