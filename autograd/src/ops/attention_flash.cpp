@@ -29,6 +29,7 @@ struct ForwardScratch {
   Scratch<T> scores;  // [block_q, block_k]
   Scratch<T> acc;     // [block_q, d_v]: Σ_j exp(S_ij − m_i)·V_j so far
   Scratch<T> m, l;    // running maximum and sum per row
+  Scratch<T> z;       // [block_q, block_k]: the tile's dropout factors
 };
 
 // Folds one tile of scores (in Sc, [rows, cols]) into the running state: Sc becomes
@@ -70,6 +71,8 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, 
     t.c1 = std::min(d.S, t.c0 + block_k);
     const bool blocked = score_tile(d, x.q, x.k, x.mask, ms, scale, causal, t, s.scores.data());
     online_softmax(s, rows, t.cols(), d.d_v, blocked);
+    // dropout: the output takes exp(S − m) ⊙ Z, the sums l (and so lse) the undropped weights
+    if (x.dropout != nullptr) drop_tile(d, *x.dropout, t, s.z, s.scores.data());
     //   acc += exp(S − m)·V                           [rows, cols] x [cols, d_v] -> [rows, d_v]
     const T* V = x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr;
     gemm<T>(false, false, rows, d.d_v, t.cols(), T(1), s.scores.data(), t.cols(), V, d.v.sr, T(1), s.acc.data(),

@@ -22,9 +22,11 @@ template <class T>
 struct BackwardScratch {
   Scratch<T> p;   // [block_q, block_k]: P
   Scratch<T> ds;  // [block_q, block_k]: dP, then dS
+  Scratch<T> z;   // [block_q, block_k]: the tile's dropout factors
 };
 
-// P and dS of one tile into s.p and s.ds, [rows, cols] with row stride cols.
+// P and dS of one tile into s.p and s.ds, [rows, cols] with row stride cols; with dropout, s.p
+// then holds P ⊙ Z (what dV needs).
 template <class T>
 void ds_tile(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
              const Tile& t, BackwardScratch<T>& s) {
@@ -48,11 +50,14 @@ void ds_tile(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T sca
   //   => dP = dO·Vᵀ                                   [rows, d_v] x [d_v, cols] -> [rows, cols]
   gemm<T>(false, true, rows, cols, d.d_v, T(1), x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr, d.out.sr,
           x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr, d.v.sr, T(0), s.ds.data(), std::max<std::int64_t>(cols, 1));
+  // dropout, forward: O = (P ⊙ Z)·V  =>  dP = (dO·Vᵀ) ⊙ Z, and D = rowsum(dO ⊙ O) = rowsum(dP ⊙ P) still
+  if (x.dropout != nullptr) drop_tile(d, *x.dropout, t, s.z, s.ds.data());
   //   => dS = P ⊙ (dP − D)   (0 wherever P is)
   for (std::int64_t i = 0; i < rows; ++i) {
     ArrayView<T> ds(s.ds.data() + i * cols, cols);
     ds = ConstArrayView<T>(s.p.data() + i * cols, cols) * (ds - D[bh * d.T + t.r0 + i]);
   }
+  if (x.dropout != nullptr) ArrayView<T>(s.p.data(), rows * cols) *= ConstArrayView<T>(s.z.data(), rows * cols);
 }
 
 // D_i = Σ_c dO_ic·O_ic for every (b, h, i).
@@ -123,7 +128,7 @@ void key_item(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T sc
     t.r1 = std::min(d.T, t.r0 + block_q);
     ds_tile(d, x, ms, scale, causal, D, t, s);
     const T* dO = x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr;
-    //   => dV += Pᵀ·dO                                [cols, rows] x [rows, d_v] -> [cols, d_v]
+    //   => dV += (P ⊙ Z)ᵀ·dO                          [cols, rows] x [rows, d_v] -> [cols, d_v]
     if (dV != nullptr)
       gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, dO, d.out.sr, T(1), dV, d.v.sr);
     //   => dK += scale·dSᵀ·Q                          [cols, rows] x [rows, d_k] -> [cols, d_k]

@@ -44,7 +44,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const T scale = static_cast<T>(philox::kept_scale(p));
+    const T scale = static_cast<T>(stream.scale());
     const T* xs = x.data<T>();
     T* m = keep_mask ? mask.data<T>() : nullptr;
     T* ys = y.data<T>();

@@ -54,10 +54,11 @@ inline Counter philox4x32_10(Counter c, Key k) {
 struct DropoutStream {
   Key key{};
   std::uint64_t threshold = 0;  // ceil(p·2^32): x_n >= threshold  <=>  x_n / 2^32 >= p (2^32: none kept)
+  double p = 0.0;               // 0: no dropout (every element kept, scale 1)
 
   DropoutStream() = default;
-  DropoutStream(std::uint64_t seed, double p)
-      : key{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)} {
+  DropoutStream(std::uint64_t seed, double p_)
+      : key{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}, p(p_) {
     const double scaled = p * 4294967296.0;  // exact: a power-of-two scaling
     auto t = static_cast<std::uint64_t>(scaled);
     if (static_cast<double>(t) < scaled) ++t;
@@ -73,6 +74,9 @@ struct DropoutStream {
   // u_n in [0, 1).
   double uniform(std::uint64_t n) const { return static_cast<double>(bits(n)) * 0x1.0p-32; }
   bool kept(std::uint64_t n) const { return bits(n) >= threshold; }
+  bool active() const { return p > 0.0; }
+  // The factor a kept element is scaled by: 1/(1-p); 0 when p = 1 (nothing is kept, no 1/0).
+  double scale() const { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
 };
 
 // Groups of this many counters (4·kGroup elements) are computed side by side, in lanes the
@@ -137,8 +141,5 @@ void keep_block(const DropoutStream& s, std::int64_t H, std::int64_t T_, std::in
     keep_factors(s, (row0 + static_cast<std::uint64_t>(i)) * static_cast<std::uint64_t>(S) + static_cast<std::uint64_t>(j0),
                  j1 - j0, scale, out + (i - i0) * ld);
 }
-
-// The factor a kept element is scaled by: 1/(1-p); 0 when p = 1 (nothing is kept, no 1/0).
-inline double kept_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
 
 }  // namespace autograd::philox
