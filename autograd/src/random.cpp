@@ -75,4 +75,33 @@ Tensor uniform(const Shape& shape, double low, double high, Dtype dtype, Generat
   return fill_with("uniform", shape, dtype, [&] { return low + (high - low) * gen.uniform(); });
 }
 
+namespace {
+// A uniform integer in [0, range) for 0 < range <= 2^64 - 1 (Lemire's multiply-and-reject): the
+// high word of x * range is uniform once the few low words that would favour some values are
+// rejected, so every value has exactly the same chance.
+std::uint64_t below(std::uint64_t range, Generator& gen) {
+  unsigned __int128 m = static_cast<unsigned __int128>(gen.next_u64()) * range;
+  if (static_cast<std::uint64_t>(m) < range) {
+    const std::uint64_t threshold = (0 - range) % range;  // 2^64 mod range
+    while (static_cast<std::uint64_t>(m) < threshold)
+      m = static_cast<unsigned __int128>(gen.next_u64()) * range;
+  }
+  return static_cast<std::uint64_t>(m >> 64);
+}
+}  // namespace
+
+Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, Generator& gen) {
+  if (!(low < high)) fail("randint", "needs low < high, got low {} and high {}", low, high);
+  // The width in unsigned arithmetic: at most 2^64 - 1, exact even for the full int64 range.
+  const std::uint64_t range = static_cast<std::uint64_t>(high) - static_cast<std::uint64_t>(low);
+  Tensor t = Tensor::empty(shape, Dtype::Int64, "randint");
+  std::int64_t* p = t.data<std::int64_t>();
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    p[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(low) + below(range, gen));
+  return t;
+}
+Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape) {
+  return randint(low, high, shape, default_generator());
+}
+
 }  // namespace autograd

@@ -39,5 +39,9 @@ Tensor rand(const Shape& shape, Dtype dtype = Dtype::Float32);
 Tensor randn(const Shape& shape, Dtype dtype, Generator& gen);  // standard normal
 Tensor randn(const Shape& shape, Dtype dtype = Dtype::Float32);
 Tensor uniform(const Shape& shape, double low, double high, Dtype dtype, Generator& gen);
+// Int64 integers drawn uniformly from [low, high) (PyTorch's torch.randint(low, high, size)), each
+// exactly equally likely whatever the width of the range (no modulo bias); low < high.
+Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, Generator& gen);
+Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape);
 
 }  // namespace autograd

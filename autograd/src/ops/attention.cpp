@@ -144,19 +144,9 @@ struct AttentionBackward {
     const bool want_mask = has_mask && node.needs_input_grad(mask_input);
     const Tensor qt = q.get(op);
     ComposedInputs in{qt, Tensor(), Tensor(), weights.get(op), keep.defined() ? keep.get(op) : Tensor(), g[0], g[1]};
-    bool want_dv = false, want_dqk = false;
-    if (packed) {  // the q, k and v column blocks of qkv (one split: one node, whose gradient is one cat)
-      const TensorList blocks = split(qt, d.H * d.d_k, 2);
-      in.q = blocks[0];
-      in.k = blocks[1];
-      in.v = blocks[2];
-      want_dv = want_dqk = node.needs_input_grad(0);
-    } else {
-      in.k = k.get(op);
-      in.v = v.get(op);
-      want_dv = node.needs_input_grad(2);
-      want_dqk = node.needs_input_grad(0) || node.needs_input_grad(1);
-    }
+    const sdpa::ComposedWants want =
+        sdpa::take_operands(in, qt, packed ? Tensor() : k.get(op), packed ? Tensor() : v.get(op), d.H * d.d_k, node);
+    const bool want_dv = want.dv, want_dqk = want.dqk;
     const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
     GradList grads;
     if (packed) {

@@ -69,6 +69,29 @@ struct ComposedInputs {
   Tensor q, k, v, p, z, dout, dweights;
 };
 
+// Which gradients the composed backward is to form: dV, and dQ with dK.
+struct ComposedWants {
+  bool dv = false, dqk = false;
+};
+
+// in.q, in.k, in.v from the node's saved operands: q, k and v, or (k undefined: packed) the three
+// column blocks of the qkv tensor q, each qk_cols wide; and which gradients the node's inputs
+// (q, k, v, or the one qkv) ask for.
+inline ComposedWants take_operands(ComposedInputs& in, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   std::int64_t qk_cols, const Node& node) {
+  if (!k.defined()) {  // one split: one node, whose gradient is one cat
+    const TensorList blocks = split(q, qk_cols, 2);
+    in.q = blocks[0];
+    in.k = blocks[1];
+    in.v = blocks[2];
+    return {node.needs_input_grad(0), node.needs_input_grad(0)};
+  }
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  return {node.needs_input_grad(2), node.needs_input_grad(0) || node.needs_input_grad(1)};
+}
+
 struct ComposedGrads {
   Tensor dq, dk, dv, dscores;  // in the layouts of q, k, v; dscores (B, H, T, S)
 };

@@ -3,9 +3,11 @@
 // the maximum grows). Memory: one tile of scores and one block of partial outputs per thread.
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "ops/attention_flash.hpp"
+#include "ops/rows.hpp"
 
 namespace autograd::sdpa {
 
@@ -32,6 +34,22 @@ struct ForwardScratch {
   Scratch<T> z;       // [block_q, block_k]: the tile's dropout factors
 };
 
+// row = exp(row − m), exactly 0 where row = -inf; returns the row's new sum.
+template <class T>
+T exp_row(T* row, std::int64_t cols, T m, bool blocked) {
+  if constexpr (std::is_same_v<T, float>) {
+    float sum = 0;
+    if (rows::exp_shifted(row, row, cols, m, sum)) return sum;
+  }
+  ArrayView<T> r(row, cols);
+  if (blocked) {
+    r = (r == -std::numeric_limits<T>::infinity()).select(T(0), (r - m).exp());
+  } else {
+    r = (r - m).exp();
+  }
+  return r.sum();
+}
+
 // Folds one tile of scores (in Sc, [rows, cols]) into the running state: Sc becomes
 // exp(S − m_new) (exactly 0 where S = -inf; a row with nothing seen yet stays all 0), l and the
 // partial output are rescaled by exp(m_old − m_new).
@@ -45,13 +63,8 @@ void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, 
       row.setZero();
       continue;
     }
-    if (blocked) {
-      row = (row == neg_inf).select(T(0), (row - m_new).exp());
-    } else {
-      row = (row - m_new).exp();
-    }
     const T alpha = std::exp(s.m[i] - m_new);  // 0 when m_old = -inf
-    s.l[i] = s.l[i] * alpha + row.sum();
+    s.l[i] = s.l[i] * alpha + exp_row(row.data(), cols, m_new, blocked);
     if (alpha != T(1)) ArrayView<T>(s.acc.data() + i * d_v, d_v) *= alpha;
     s.m[i] = m_new;
   }
@@ -59,8 +72,8 @@ void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, 
 
 // Query block [r0, r1) of slice (b, h): its output rows and log-sum-exps.
 template <class T>
-void forward_block(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, T scale, bool causal, Tile t,
-                   std::int64_t block_k, ForwardScratch<T>& s) {
+void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOperands<T>& o, MaskStrides ms, T scale,
+                   bool causal, Tile t, std::int64_t block_k, ForwardScratch<T>& s) {
   const std::int64_t rows = t.rows(), lo = d.out.sr;
   s.scores.resize(static_cast<std::size_t>(rows * block_k));
   s.acc.assign(static_cast<std::size_t>(rows * d.d_v), T(0));
@@ -69,14 +82,14 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, 
   const std::int64_t seen = keys_seen(d, t.r1, causal);  // key blocks above the diagonal skipped
   for (t.c0 = 0; t.c0 < seen; t.c0 += block_k) {
     t.c1 = std::min(d.S, t.c0 + block_k);
-    const bool blocked = score_tile(d, x.q, x.k, x.mask, ms, scale, causal, t, s.scores.data());
+    const bool blocked = score_tile(d, o, x.mask, ms, scale, causal, t, s.scores.data());
     online_softmax(s, rows, t.cols(), d.d_v, blocked);
     // dropout: the output takes exp(S − m) ⊙ Z, the sums l (and so lse) the undropped weights
     if (x.dropout != nullptr) drop_tile(d, *x.dropout, t, s.z, s.scores.data());
     //   acc += exp(S − m)·V                           [rows, cols] x [cols, d_v] -> [rows, d_v]
-    const T* V = x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr;
-    gemm<T>(false, false, rows, d.d_v, t.cols(), T(1), s.scores.data(), t.cols(), V, d.v.sr, T(1), s.acc.data(),
-            std::max<std::int64_t>(d.d_v, 1));
+    const std::int64_t dv = std::max<std::int64_t>(d.d_v, 1);
+    gemm<T>(false, false, rows, d.d_v, t.cols(), T(1), s.scores.data(), t.cols(), o.v.data() + t.c0 * dv, dv, T(1),
+            s.acc.data(), dv);
   }
   // O = acc / l; lse = m + log l. A fully blocked row (l = 0) gets O = 0 and lse = +inf, so that
   // exp(S − lse) = 0 recomputes its zero weights in backward.
@@ -100,14 +113,19 @@ template <class T>
 void flash_forward(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, T scale, bool causal) {
   const FlashTiles tiles = flash_tiles();
   const std::int64_t blocks = blocks_of(d.T, tiles.block_q), items = d.slices() * blocks;
+  const std::uint64_t call = next_call();
   parallel_region(d.parallel(), [&] {
     thread_local ForwardScratch<T> scratch;
+    SliceOperands<T>& operands = thread_operands<T>();
     // Work items (b, h, query block): each one thread's alone, so the thread count changes nothing.
+    // A thread's items follow one another along the slices (dynamic, in order), so it copies
+    // each slice's operands about once.
 #pragma omp for schedule(dynamic)
     for (std::int64_t item = 0; item < items; ++item) {
       const std::int64_t bh = item / blocks, r0 = (item % blocks) * tiles.block_q;
       const Tile t{bh / d.H, bh % d.H, r0, std::min(d.T, r0 + tiles.block_q), 0, 0};
-      forward_block(d, x, ms, scale, causal, t, tiles.block_k, scratch);
+      operands.load(d, call, bh, x.q, x.k, x.v, nullptr);
+      forward_block(d, x, operands, ms, scale, causal, t, tiles.block_k, scratch);
     }
   });
 }

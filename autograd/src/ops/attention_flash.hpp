@@ -64,6 +64,30 @@ void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms
 template <class T>
 using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
 
+// One slice's operands as the tile products read them: rows next to each other (the products
+// run faster on them than on the rows of a packed or heads-last tensor, hundreds of elements
+// apart), and the keys and values also transposed, so that no product has a transposed right
+// operand (the slowest form of the matrix product at these sizes):
+//   q [T, d_k], kt = Kᵀ [d_k, S] (row stride S), and in the forward v [S, d_v];
+//   in the backward also k [S, d_k], vt = Vᵀ [d_v, S] (row stride S) and dout [T, d_v].
+// Each thread has one (thread_operands), kept between calls: a warm step allocates nothing.
+template <class T>
+struct SliceOperands {
+  Scratch<T> q, k, kt, v, vt, dout;
+  std::int64_t bh = -1;
+  std::uint64_t call = 0;
+
+  // Slice bh of call `call`'s operands (dout null: the forward's set), unless already held.
+  void load(const Dims& d, std::uint64_t call, std::int64_t bh, const T* q, const T* k, const T* v, const T* dout);
+  std::int64_t kt_stride(const Dims& d) const { return std::max<std::int64_t>(d.S, 1); }
+};
+
+template <class T>
+SliceOperands<T>& thread_operands();
+
+// A number for each forward or backward call (never 0): SliceOperands::load tells calls apart by it.
+std::uint64_t next_call();
+
 // Rows [r0, r1) x columns [c0, c1) of slice (b, h)'s scores.
 struct Tile {
   std::int64_t b, h, r0, r1, c0, c1;
@@ -79,12 +103,12 @@ inline std::int64_t keys_seen(const Dims& d, std::int64_t r1, bool causal) { ret
 // Sc = scale·Q_r·K_cᵀ + M_rc, [rows, cols] with row stride cols; causal entries j > i are -inf.
 // Returns whether an entry may be -inf (a mask, or a tile crossing the diagonal).
 template <class T>
-bool score_tile(const Dims& d, const T* q, const T* k, const T* mask, MaskStrides ms, T scale, bool causal,
+bool score_tile(const Dims& d, const SliceOperands<T>& o, const T* mask, MaskStrides ms, T scale, bool causal,
                 const Tile& t, T* Sc) {
-  const std::int64_t rows = t.rows(), cols = t.cols();
+  const std::int64_t rows = t.rows(), cols = t.cols(), dk = std::max<std::int64_t>(d.d_k, 1);
   //   S = scale·Q·Kᵀ                                  [rows, d_k] x [d_k, cols] -> [rows, cols]
-  gemm<T>(false, true, rows, cols, d.d_k, scale, q + d.q.at(t.b, t.h) + t.r0 * d.q.sr, d.q.sr,
-          k + d.k.at(t.b, t.h) + t.c0 * d.k.sr, d.k.sr, T(0), Sc, std::max<std::int64_t>(cols, 1));
+  gemm<T>(false, false, rows, cols, d.d_k, scale, o.q.data() + t.r0 * dk, dk, o.kt.data() + t.c0, o.kt_stride(d),
+          T(0), Sc, std::max<std::int64_t>(cols, 1));
   if (mask != nullptr) {  //   S += M
     const T* mb = mask + t.b * ms.sb + t.h * ms.sh + t.c0 * ms.ss;
     for (std::int64_t i = 0; i < rows; ++i) {

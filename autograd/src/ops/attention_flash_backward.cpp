@@ -7,12 +7,17 @@
 // count. The query pass with a mask gradient groups the items that add into the same mask
 // elements (those along the mask's broadcast dims) into one item. With a slice for each thread
 // one pass does it all: one item per (b, h), adding dQ as the key pass goes (see one_pass).
+// The products read each thread's copy of the slice's operands (SliceOperands) and sum into
+// the thread's own accumulators, written out to the gradients when an item is done.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
 
 #include "ops/attention_flash.hpp"
+#include "ops/rows.hpp"
 
 namespace autograd::sdpa {
 
@@ -20,44 +25,83 @@ namespace {
 
 template <class T>
 struct BackwardScratch {
-  Scratch<T> p;   // [block_q, block_k]: P
-  Scratch<T> ds;  // [block_q, block_k]: dP, then dS
-  Scratch<T> z;   // [block_q, block_k]: the tile's dropout factors
+  Scratch<T> p;       // [block_q, block_k]: P
+  Scratch<T> ds;      // [block_q, block_k]: dP, then dS
+  Scratch<T> dk, dv;  // [block_k, d]: a key block's dK and dV, summed here, then written out
+  Scratch<T> dq;      // [T, d_k]: dQ (all rows, or a query block's), summed here, then written out
+  Scratch<T> z;       // [block_q, block_k]: the tile's dropout factors
 };
+
+// What every tile of one backward call reads.
+template <class T>
+struct BackwardArgs {
+  const Dims& d;
+  const FlashBackwardData<T>& x;
+  MaskStrides ms;
+  T scale;
+  bool causal;
+  const T* D;  // (B, H, T): D_i = Σ_c dO_ic·O_ic
+  std::uint64_t call;
+};
+
+// n rows of `cols` from src (row stride cols) to dst (row stride sr).
+template <class T>
+void write_rows(const T* src, std::int64_t n, std::int64_t cols, T* dst, std::int64_t sr) {
+  for (std::int64_t i = 0; i < n; ++i) std::copy(src + i * cols, src + (i + 1) * cols, dst + i * sr);
+}
+
+// A zeroed [n, cols] accumulator in buf.
+template <class T>
+T* zeroed(Scratch<T>& buf, std::int64_t n, std::int64_t cols) {
+  buf.assign(static_cast<std::size_t>(n * cols), T(0));
+  return buf.data();
+}
+
+// The weights of one tile's row: the scores in `row` (cols of them) become
+// P_ij = exp(S_ij − lse_i), exactly 0 where S = -inf and on a fully blocked row (lse = +inf).
+// The one place the backward forms P.
+template <class T>
+void weights_row(T* row, std::int64_t cols, T lse, bool blocked) {
+  const T inf = std::numeric_limits<T>::infinity();
+  ArrayView<T> r(row, cols);
+  if (lse == inf) {
+    r.setZero();
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    float sum = 0;  // not needed
+    if (rows::exp_shifted(row, row, cols, lse, sum)) return;
+  }
+  if (blocked) {
+    r = (r == -inf).select(T(0), (r - lse).exp());
+  } else {
+    r = (r - lse).exp();
+  }
+}
 
 // P and dS of one tile into s.p and s.ds, [rows, cols] with row stride cols; with dropout, s.p
 // then holds P ⊙ Z (what dV needs).
 template <class T>
-void ds_tile(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
-             const Tile& t, BackwardScratch<T>& s) {
-  const std::int64_t rows = t.rows(), cols = t.cols(), bh = t.b * d.H + t.h;
+void ds_tile(const BackwardArgs<T>& a, const SliceOperands<T>& o, const Tile& t, BackwardScratch<T>& s) {
+  const Dims& d = a.d;
+  const std::int64_t rows = t.rows(), cols = t.cols(), bh = t.b * d.H + t.h, dv = std::max<std::int64_t>(d.d_v, 1);
   s.p.resize(static_cast<std::size_t>(rows * cols));
   s.ds.resize(static_cast<std::size_t>(rows * cols));
-  const bool blocked = score_tile(d, x.q, x.k, x.mask, ms, scale, causal, t, s.p.data());
-  // forward: P_ij = exp(S_ij − lse_i); exactly 0 where S = -inf and on fully blocked rows
-  const T inf = std::numeric_limits<T>::infinity();
-  for (std::int64_t i = 0; i < rows; ++i) {
-    ArrayView<T> row(s.p.data() + i * cols, cols);
-    const T lse = x.lse[bh * d.T + t.r0 + i];
-    if (lse == inf) {
-      row.setZero();
-    } else if (blocked) {
-      row = (row == -inf).select(T(0), (row - lse).exp());
-    } else {
-      row = (row - lse).exp();
-    }
-  }
+  const bool blocked = score_tile(d, o, a.x.mask, a.ms, a.scale, a.causal, t, s.p.data());
+  for (std::int64_t i = 0; i < rows; ++i) weights_row(s.p.data() + i * cols, cols, a.x.lse[bh * d.T + t.r0 + i], blocked);
   //   => dP = dO·Vᵀ                                   [rows, d_v] x [d_v, cols] -> [rows, cols]
-  gemm<T>(false, true, rows, cols, d.d_v, T(1), x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr, d.out.sr,
-          x.v + d.v.at(t.b, t.h) + t.c0 * d.v.sr, d.v.sr, T(0), s.ds.data(), std::max<std::int64_t>(cols, 1));
+  gemm<T>(false, false, rows, cols, d.d_v, T(1), o.dout.data() + t.r0 * dv, dv, o.vt.data() + t.c0, o.kt_stride(d),
+          T(0), s.ds.data(), std::max<std::int64_t>(cols, 1));
   // dropout, forward: O = (P ⊙ Z)·V  =>  dP = (dO·Vᵀ) ⊙ Z, and D = rowsum(dO ⊙ O) = rowsum(dP ⊙ P) still
-  if (x.dropout != nullptr) drop_tile(d, *x.dropout, t, s.z, s.ds.data());
+  if (a.x.dropout != nullptr) drop_tile(d, *a.x.dropout, t, s.z, s.ds.data());
   //   => dS = P ⊙ (dP − D)   (0 wherever P is)
   for (std::int64_t i = 0; i < rows; ++i) {
-    ArrayView<T> ds(s.ds.data() + i * cols, cols);
-    ds = ConstArrayView<T>(s.p.data() + i * cols, cols) * (ds - D[bh * d.T + t.r0 + i]);
+    const T Di = a.D[bh * d.T + t.r0 + i];
+    const T* p = s.p.data() + i * cols;
+    T* ds = s.ds.data() + i * cols;
+    for (std::int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - Di);
   }
-  if (x.dropout != nullptr) ArrayView<T>(s.p.data(), rows * cols) *= ConstArrayView<T>(s.z.data(), rows * cols);
+  if (a.x.dropout != nullptr) ArrayView<T>(s.p.data(), rows * cols) *= ConstArrayView<T>(s.z.data(), rows * cols);
 }
 
 // D_i = Σ_c dO_ic·O_ic for every (b, h, i).
@@ -72,10 +116,6 @@ Scratch<T> row_dots(const Dims& d, const FlashBackwardData<T>& x) {
     }
   });
   return D;
-}
-
-void zero_rows(auto* p, std::int64_t rows, std::int64_t cols, std::int64_t stride) {
-  for (std::int64_t i = 0; i < rows; ++i) std::fill(p + i * stride, p + i * stride + cols, 0);
 }
 
 // dS of one tile into the mask-shaped dM: dM[broadcast position of (b, h, i, j)] += dS_ij.
@@ -96,52 +136,63 @@ void add_to_mask(const Dims& d, MaskStrides ms, const Tile& t, const T* ds, T* d
 
 // Query block [r0, r1) of slice (b, h): dQ, and its tiles' part of dM.
 template <class T>
-void query_item(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
-                Tile t, std::int64_t block_k, BackwardScratch<T>& s) {
-  T* dQ = x.dq != nullptr ? x.dq + d.q.at(t.b, t.h) + t.r0 * d.q.sr : nullptr;
-  if (dQ != nullptr) zero_rows(dQ, t.rows(), d.d_k, d.q.sr);
-  const std::int64_t seen = keys_seen(d, t.r1, causal);
+void query_item(const BackwardArgs<T>& a, Tile t, std::int64_t block_k, BackwardScratch<T>& s) {
+  const Dims& d = a.d;
+  SliceOperands<T>& o = thread_operands<T>();
+  o.load(d, a.call, t.b * d.H + t.h, a.x.q, a.x.k, a.x.v, a.x.dout);
+  const std::int64_t dk = std::max<std::int64_t>(d.d_k, 1);
+  // dQ's rows where the one pass has them (rows r0.. of a [T, d_k] accumulator): the products
+  // see their operands at the same alignment, whichever scheme runs
+  T* dQ = nullptr;
+  if (a.x.dq != nullptr) {
+    if (s.dq.size() < static_cast<std::size_t>(d.T * dk)) s.dq.resize(static_cast<std::size_t>(d.T * dk));
+    dQ = s.dq.data() + t.r0 * dk;
+    std::fill(dQ, dQ + t.rows() * dk, T(0));
+  }
+  const std::int64_t seen = keys_seen(d, t.r1, a.causal);
   for (t.c0 = 0; t.c0 < seen; t.c0 += block_k) {
     t.c1 = std::min(d.S, t.c0 + block_k);
-    ds_tile(d, x, ms, scale, causal, D, t, s);
+    ds_tile(a, o, t, s);
     //   => dQ += scale·dS·K                           [rows, cols] x [cols, d_k] -> [rows, d_k]
     if (dQ != nullptr)
-      gemm<T>(false, false, t.rows(), d.d_k, t.cols(), scale, s.ds.data(), t.cols(),
-              x.k + d.k.at(t.b, t.h) + t.c0 * d.k.sr, d.k.sr, T(1), dQ, d.q.sr);
-    if (x.dmask != nullptr) add_to_mask(d, ms, t, s.ds.data(), x.dmask);
+      gemm<T>(false, false, t.rows(), d.d_k, t.cols(), a.scale, s.ds.data(), t.cols(), o.k.data() + t.c0 * dk, dk,
+              T(1), dQ, dk);
+    if (a.x.dmask != nullptr) add_to_mask(d, a.ms, t, s.ds.data(), a.x.dmask);
   }
+  if (dQ != nullptr) write_rows(dQ, t.rows(), d.d_k, a.x.dq + d.q.at(t.b, t.h) + t.r0 * d.q.sr, d.q.sr);
 }
 
 // Key block [c0, c1) of slice (b, h): dV and dK, summed over the query blocks that see it; with
-// `with_query` also each query block's dQ += scale·dS·K and dM += dS for this key block.
+// `with_query` also each query block's dQ += scale·dS·K (into dQ, the slice's [T, d_k]
+// accumulator, unless null) and dM += dS for this key block.
 template <class T>
-void key_item(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
-              Tile t, std::int64_t block_q, bool with_query, BackwardScratch<T>& s) {
-  const std::int64_t cols = t.cols();
-  T* dV = x.dv != nullptr ? x.dv + d.v.at(t.b, t.h) + t.c0 * d.v.sr : nullptr;
-  T* dK = x.dk != nullptr ? x.dk + d.k.at(t.b, t.h) + t.c0 * d.k.sr : nullptr;
-  T* dQ = with_query && x.dq != nullptr ? x.dq + d.q.at(t.b, t.h) : nullptr;
-  if (dV != nullptr) zero_rows(dV, cols, d.d_v, d.v.sr);
-  if (dK != nullptr) zero_rows(dK, cols, d.d_k, d.k.sr);
+void key_item(const BackwardArgs<T>& a, const SliceOperands<T>& o, Tile t, std::int64_t block_q, bool with_query,
+              T* dQ, BackwardScratch<T>& s) {
+  const Dims& d = a.d;
+  const std::int64_t cols = t.cols(), dk = std::max<std::int64_t>(d.d_k, 1), dv = std::max<std::int64_t>(d.d_v, 1);
+  T* dV = a.x.dv != nullptr ? zeroed(s.dv, cols, dv) : nullptr;
+  T* dK = a.x.dk != nullptr ? zeroed(s.dk, cols, dk) : nullptr;
   // causal: query blocks entirely above key c0 see none of this block
-  for (t.r0 = causal ? t.c0 / block_q * block_q : 0; t.r0 < d.T; t.r0 += block_q) {
+  for (t.r0 = a.causal ? t.c0 / block_q * block_q : 0; t.r0 < d.T; t.r0 += block_q) {
     t.r1 = std::min(d.T, t.r0 + block_q);
-    ds_tile(d, x, ms, scale, causal, D, t, s);
-    const T* dO = x.dout + d.out.at(t.b, t.h) + t.r0 * d.out.sr;
+    ds_tile(a, o, t, s);
     //   => dV += (P ⊙ Z)ᵀ·dO                          [cols, rows] x [rows, d_v] -> [cols, d_v]
     if (dV != nullptr)
-      gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, dO, d.out.sr, T(1), dV, d.v.sr);
+      gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, o.dout.data() + t.r0 * dv, dv, T(1), dV,
+              dv);
     //   => dK += scale·dSᵀ·Q                          [cols, rows] x [rows, d_k] -> [cols, d_k]
     if (dK != nullptr)
-      gemm<T>(true, false, cols, d.d_k, t.rows(), scale, s.ds.data(), cols, x.q + d.q.at(t.b, t.h) + t.r0 * d.q.sr,
-              d.q.sr, T(1), dK, d.k.sr);
+      gemm<T>(true, false, cols, d.d_k, t.rows(), a.scale, s.ds.data(), cols, o.q.data() + t.r0 * dk, dk, T(1), dK,
+              dk);
     if (!with_query) continue;
     //   => dQ += scale·dS·K                           [rows, cols] x [cols, d_k] -> [rows, d_k]
     if (dQ != nullptr)
-      gemm<T>(false, false, t.rows(), d.d_k, cols, scale, s.ds.data(), cols, x.k + d.k.at(t.b, t.h) + t.c0 * d.k.sr,
-              d.k.sr, T(1), dQ + t.r0 * d.q.sr, d.q.sr);
-    if (x.dmask != nullptr) add_to_mask(d, ms, t, s.ds.data(), x.dmask);
+      gemm<T>(false, false, t.rows(), d.d_k, cols, a.scale, s.ds.data(), cols, o.k.data() + t.c0 * dk, dk, T(1),
+              dQ + t.r0 * dk, dk);
+    if (a.x.dmask != nullptr) add_to_mask(d, a.ms, t, s.ds.data(), a.x.dmask);
   }
+  if (dV != nullptr) write_rows(dV, cols, d.d_v, a.x.dv + d.v.at(t.b, t.h) + t.c0 * d.v.sr, d.v.sr);
+  if (dK != nullptr) write_rows(dK, cols, d.d_k, a.x.dk + d.k.at(t.b, t.h) + t.c0 * d.k.sr, d.k.sr);
 }
 
 // The query pass's items: one per (b, h, query block), except that along a dim the mask's
@@ -166,31 +217,37 @@ bool one_pass(const Dims& d, MaskStrides ms, bool mask_grad) {
 
 // The key pass (with_query: the single pass), one item per (b, h, key block) or per (b, h).
 template <class T>
-void key_pass(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D,
-              bool with_query) {
+void key_pass(const BackwardArgs<T>& a, bool with_query) {
+  const Dims& d = a.d;
   const FlashTiles tiles = flash_tiles();
   const std::int64_t nk = blocks_of(d.S, tiles.block_k), per_item = with_query ? nk : 1;
+  const std::int64_t dk = std::max<std::int64_t>(d.d_k, 1);
   parallel_region(d.parallel(), [&] {
     thread_local BackwardScratch<T> scratch;
+    SliceOperands<T>& operands = thread_operands<T>();
 #pragma omp for schedule(dynamic)
     for (std::int64_t item = 0; item < d.slices() * nk / per_item; ++item) {
       const std::int64_t bh = item * per_item / nk, b = bh / d.H, h = bh % d.H;
-      if (with_query && x.dq != nullptr) zero_rows(x.dq + d.q.at(b, h), d.T, d.d_k, d.q.sr);
+      operands.load(d, a.call, bh, a.x.q, a.x.k, a.x.v, a.x.dout);
+      T* dQ = with_query && a.x.dq != nullptr ? zeroed(scratch.dq, d.T, dk) : nullptr;
       for (std::int64_t kb = item * per_item % nk; kb < item * per_item % nk + per_item; ++kb) {
         const std::int64_t c0 = kb * tiles.block_k;
-        key_item(d, x, ms, scale, causal, D, Tile{b, h, 0, 0, c0, std::min(d.S, c0 + tiles.block_k)}, tiles.block_q,
-                 with_query, scratch);
+        key_item(a, operands, Tile{b, h, 0, 0, c0, std::min(d.S, c0 + tiles.block_k)}, tiles.block_q, with_query, dQ,
+                 scratch);
       }
+      if (dQ != nullptr) write_rows(dQ, d.T, d.d_k, a.x.dq + d.q.at(b, h), d.q.sr);
     }
   });
 }
 
 // The query pass: dQ and dM.
 template <class T>
-void query_pass(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal, const T* D) {
+void query_pass(const BackwardArgs<T>& a) {
+  const Dims& d = a.d;
+  const MaskStrides ms = a.ms;
   const FlashTiles tiles = flash_tiles();
   const std::int64_t nq = blocks_of(d.T, tiles.block_q);
-  const bool m = x.dmask != nullptr;
+  const bool m = a.x.dmask != nullptr;
   const QueryItems qi{m && ms.sb == 0 ? 1 : d.B, m && ms.sh == 0 ? 1 : d.H, m && ms.st == 0 ? 1 : nq};
   parallel_region(d.parallel(), [&] {
     thread_local BackwardScratch<T> scratch;
@@ -201,8 +258,7 @@ void query_pass(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T 
         for (std::int64_t h = qi.nh == 1 ? 0 : ih; h < (qi.nh == 1 ? d.H : ih + 1); ++h)
           for (std::int64_t q = qi.nq == 1 ? 0 : iq; q < (qi.nq == 1 ? nq : iq + 1); ++q) {
             const std::int64_t r0 = q * tiles.block_q;
-            query_item(d, x, ms, scale, causal, D, Tile{b, h, r0, std::min(d.T, r0 + tiles.block_q), 0, 0},
-                       tiles.block_k, scratch);
+            query_item(a, Tile{b, h, r0, std::min(d.T, r0 + tiles.block_q), 0, 0}, tiles.block_k, scratch);
           }
     }
   });
@@ -213,13 +269,14 @@ void query_pass(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T 
 template <class T>
 void flash_backward(const Dims& d, const FlashBackwardData<T>& x, MaskStrides ms, T scale, bool causal) {
   const Scratch<T> D = row_dots(d, x);
+  const BackwardArgs<T> a{d, x, ms, scale, causal, D.data(), next_call()};
   const bool need_query = x.dq != nullptr || x.dmask != nullptr;
   if (d.S > 0 && need_query && one_pass(d, ms, x.dmask != nullptr)) {
-    key_pass(d, x, ms, scale, causal, D.data(), true);
+    key_pass(a, true);
     return;
   }
-  if (x.dk != nullptr || x.dv != nullptr) key_pass(d, x, ms, scale, causal, D.data(), false);
-  if (need_query) query_pass(d, x, ms, scale, causal, D.data());
+  if (x.dk != nullptr || x.dv != nullptr) key_pass(a, false);
+  if (need_query) query_pass(a);
 }
 
 template void flash_backward<float>(const Dims&, const FlashBackwardData<float>&, MaskStrides, float, bool);

@@ -74,19 +74,9 @@ struct FlashBackward {
     const bool want_mask = mask.defined() && node.needs_input_grad(mask_input());
     const Tensor qt = q.get(op);
     ComposedInputs in{qt, Tensor(), Tensor(), Tensor(), Tensor(), g[0], Tensor()};
-    bool want_dv = false, want_dqk = false;
-    if (packed) {
-      const TensorList blocks = split(qt, d.H * d.d_k, 2);
-      in.q = blocks[0];
-      in.k = blocks[1];
-      in.v = blocks[2];
-      want_dv = want_dqk = node.needs_input_grad(0);
-    } else {
-      in.k = k.get(op);
-      in.v = v.get(op);
-      want_dv = node.needs_input_grad(2);
-      want_dqk = node.needs_input_grad(0) || node.needs_input_grad(1);
-    }
+    const ComposedWants want =
+        take_operands(in, qt, packed ? Tensor() : k.get(op), packed ? Tensor() : v.get(op), d.H * d.d_k, node);
+    const bool want_dv = want.dv, want_dqk = want.dqk;
     if (!in.dout.defined()) in.dout = zeros_like(out.get(op));
     Tensor scores = mul(matmul(heads(in.q, d.H), heads_t(in.k, d.H)), scale);  // (B, H, T, S)
     if (mask.defined()) scores = add(scores, mask.get(op));

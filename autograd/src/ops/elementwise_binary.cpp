@@ -1,12 +1,14 @@
 // Binary elementwise ops with NumPy broadcasting, their scalar forms, the operators, and the
 // selections by mask (masked_fill, where). Gradients of broadcast inputs are summed back to
-// each input's shape with sum_to.
+// each input's shape with sum_to. Float32 +, −, ·, / run instruction-set kernels (ops/ew_ops.hpp)
+// unless the generic variant is in use, with the same results (one IEEE operation an element).
 #include <cmath>
 #include <string_view>
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/ew_ops.hpp"
 #include "ops/kernels.hpp"
 
 namespace autograd {
@@ -59,7 +61,8 @@ Tensor mask_of(const Shape& shape, const Tensor& a, const Tensor& b, Pick pick) 
 
 Tensor add(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("add", a, b);
-  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x + z; });
+  Tensor y = ew::binary(ew::Op::Add, shape, a, b);
+  if (!y.defined()) y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x + z; });
   if (!needs_grad(a, b)) return y;
   // y = a + b  =>  da = sum_to(dy), db = sum_to(dy)
   return record("add", {a, b}, y, [](const TensorList& g, const Node& n) {
@@ -70,7 +73,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("sub", a, b);
-  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x - z; });
+  Tensor y = ew::binary(ew::Op::Sub, shape, a, b);
+  if (!y.defined()) y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x - z; });
   if (!needs_grad(a, b)) return y;
   // y = a - b  =>  da = sum_to(dy), db = -sum_to(dy)
   return record("sub", {a, b}, y, [](const TensorList& g, const Node& n) {
@@ -81,7 +85,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("mul", a, b);
-  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x * z; });
+  Tensor y = ew::binary(ew::Op::Mul, shape, a, b);
+  if (!y.defined()) y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x * z; });
   if (!needs_grad(a, b)) return y;
   // y = a·b  =>  da = sum_to(dy·b), db = sum_to(dy·a)
   SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(a.requires_grad() ? b : Tensor());
@@ -93,7 +98,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("div", a, b);
-  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x / z; });
+  Tensor y = ew::binary(ew::Op::Div, shape, a, b);
+  if (!y.defined()) y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x / z; });
   if (!needs_grad(a, b)) return y;
   // y = a / b  =>  da = sum_to(dy / b), db = sum_to(-dy·a / b²)
   SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(b);
@@ -221,7 +227,8 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return extremum<false>("minim
 
 Tensor add(const Tensor& a, double b) {
   check_defined_arg("add", a);
-  Tensor y = kernels::map1(a, [b](const auto& x) { return x + scalar_t<decltype(x)>(b); });
+  Tensor y = ew::with_scalar(ew::Op::Add, a, b);
+  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return x + scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a + c  =>  da = dy
   return record("add", {a}, y, [](const TensorList& g, const Node&) { return GradList{g[0]}; });
@@ -229,7 +236,8 @@ Tensor add(const Tensor& a, double b) {
 
 Tensor sub(const Tensor& a, double b) {
   check_defined_arg("sub", a);
-  Tensor y = kernels::map1(a, [b](const auto& x) { return x - scalar_t<decltype(x)>(b); });
+  Tensor y = ew::with_scalar(ew::Op::Sub, a, b);
+  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return x - scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a - c  =>  da = dy
   return record("sub", {a}, y, [](const TensorList& g, const Node&) { return GradList{g[0]}; });
@@ -237,7 +245,8 @@ Tensor sub(const Tensor& a, double b) {
 
 Tensor rsub(const Tensor& a, double b) {
   check_defined_arg("rsub", a);
-  Tensor y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) - x; });
+  Tensor y = ew::scalar_first(ew::Op::Sub, a, b);
+  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) - x; });
   if (!needs_grad(a)) return y;
   // y = c - a  =>  da = -dy
   return record("rsub", {a}, y, [](const TensorList& g, const Node&) { return GradList{neg(g[0])}; });
@@ -245,7 +254,8 @@ Tensor rsub(const Tensor& a, double b) {
 
 Tensor mul(const Tensor& a, double b) {
   check_defined_arg("mul", a);
-  Tensor y = kernels::map1(a, [b](const auto& x) { return x * scalar_t<decltype(x)>(b); });
+  Tensor y = ew::with_scalar(ew::Op::Mul, a, b);
+  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return x * scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a·c  =>  da = dy·c
   return record("mul", {a}, y, [b](const TensorList& g, const Node&) { return GradList{mul(g[0], b)}; });
@@ -253,7 +263,8 @@ Tensor mul(const Tensor& a, double b) {
 
 Tensor div(const Tensor& a, double b) {
   check_defined_arg("div", a);
-  Tensor y = kernels::map1(a, [b](const auto& x) { return x / scalar_t<decltype(x)>(b); });
+  Tensor y = ew::with_scalar(ew::Op::Div, a, b);
+  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return x / scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a / c  =>  da = dy / c
   return record("div", {a}, y, [b](const TensorList& g, const Node&) { return GradList{div(g[0], b)}; });
@@ -261,7 +272,8 @@ Tensor div(const Tensor& a, double b) {
 
 Tensor rdiv(const Tensor& a, double b) {
   check_defined_arg("rdiv", a);
-  Tensor y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) / x; });
+  Tensor y = ew::scalar_first(ew::Op::Div, a, b);
+  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) / x; });
   if (!needs_grad(a)) return y;
   // y = c / a  =>  da = -dy·c / a² = -dy·y / a
   SavedTensor saved_a(a), saved_y(y);

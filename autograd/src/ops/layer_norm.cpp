@@ -19,15 +19,20 @@
 // sums over rows: a large input's rows are cut into fixed chunks (by its shape alone), each chunk
 // sums its own part, and the parts are added in chunk order. Every element is computed the same
 // way whatever the thread count.
+//
+// Float32 rows run instruction-set kernels (ops/ew.hpp) unless the generic variant is in use: the
+// same formulas, with the row sums added in another order (ew.hpp gives the bounds).
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <span>
+#include <type_traits>
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
+#include "ops/ew.hpp"
 
 namespace autograd {
 namespace {
@@ -70,6 +75,9 @@ template <class T>
 void forward_rows(const Rows& s, const T* xs, const T* w, const T* b, double eps, double* stats, T* ys) {
   const std::int64_t D = s.d;
   parallel_for(s.n, s.parallel(), [=](std::int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (ew::layer_norm_forward(xs + n * D, D, w, b, eps, stats + 2 * n, ys + n * D)) return;
+    }
     ConstArrayView<T> row(xs + n * D, D);
     ArrayView<T> out(ys + n * D, D);
     // mean and biased variance accumulated in double
@@ -92,6 +100,10 @@ void backward_rows(const Rows& s, std::int64_t begin, std::int64_t end, const T*
   const std::int64_t D = s.d;
   ArrayView<T> xhat(scratch, D), dxhat(scratch + D, D);
   for (std::int64_t n = begin; n < end; ++n) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (ew::layer_norm_backward(xs + n * D, dys + n * D, D, w, stats + 2 * n, dx ? dx + n * D : nullptr, dw, db))
+        continue;
+    }
     ConstArrayView<T> dy(dys + n * D, D);
     const T r = static_cast<T>(stats[2 * n + 1]);
     xhat = (ConstArrayView<T>(xs + n * D, D) - static_cast<T>(stats[2 * n])) * r;

@@ -18,6 +18,7 @@
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
+#include "ops/ew.hpp"
 
 namespace autograd {
 namespace {
@@ -49,6 +50,14 @@ Shape reduced_shape(const Shape& s, const DimMask& mask, bool keepdim) {
     else if (keepdim) out.push_back(1);
   }
   return out;
+}
+
+// out += in, n elements, through the float32 kernels of ops/ew.hpp (the same bits: one addition
+// an element); false (nothing done) for other types or the generic variant.
+bool add_rows(const float* in, float* out, std::int64_t n) { return ew::binary(ew::Op::Add, out, 1, in, 1, out, n); }
+template <class T>
+bool add_rows(const T*, T*, std::int64_t) {
+  return false;
 }
 
 // The compact view of a reduction, and the two walks over it.
@@ -124,7 +133,7 @@ class ReduceWalk {
         for (std::int64_t i = 0; i < g.size; ++i) out[g.reduced ? 0 : i] += in[i];
       } else if (g.reduced) {
         *out += ConstArrayView<T>(in, g.size).sum();
-      } else {
+      } else if (!add_rows(in, out, g.size)) {
         ArrayView<T>(out, g.size) += ConstArrayView<T>(in, g.size);
       }
       return;
