@@ -125,14 +125,6 @@ bool all_zero(const Tensor& t) {
   return true;
 }
 
-// The bits of every element.
-std::vector<std::uint64_t> bits(const Tensor& t) {
-  const std::vector<double> v = t.to_vector();
-  std::vector<std::uint64_t> b(v.size());
-  std::memcpy(b.data(), v.data(), v.size() * sizeof(double));
-  return b;
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(composed_untiled_and_tiled_agree_at_every_tile_size) {

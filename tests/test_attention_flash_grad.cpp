@@ -52,14 +52,6 @@ void check_gradgrad(const Case& c, std::uint64_t seed) {
   BOOST_TEST(r.ok, fmt::format("{}", r));
 }
 
-// The bits of every element.
-std::vector<std::uint64_t> bits(const Tensor& t) {
-  const std::vector<double> v = t.to_vector();
-  std::vector<std::uint64_t> b(v.size());
-  std::memcpy(b.data(), v.data(), v.size() * sizeof(double));
-  return b;
-}
-
 }  // namespace
 
 BOOST_FIXTURE_TEST_SUITE(tiled_gradients, SmallTiles)

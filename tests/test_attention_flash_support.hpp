@@ -3,6 +3,7 @@
 // (layout, sizes, mask, causal), its float64 inputs, and a run that returns the output and the
 // gradients of L = Σ output ⊙ R; small tiles for the scope of a test.
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -101,5 +102,13 @@ struct SmallTiles {
   SmallTiles(const SmallTiles&) = delete;
   SmallTiles& operator=(const SmallTiles&) = delete;
 };
+
+// The bits of every element (as float64 values).
+inline std::vector<std::uint64_t> bits(const ag::Tensor& t) {
+  const std::vector<double> v = t.to_vector();
+  std::vector<std::uint64_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(double));
+  return b;
+}
 
 }  // namespace flash_test

@@ -19,35 +19,15 @@
 
 #include <autograd/autograd.hpp>
 
+#include "isa_support.hpp"
 #include "test_support.hpp"
 
 namespace ag = autograd;
 
 namespace {
 
-// The variants set_kernel_isa accepts here, lowest first.
-std::vector<std::string> available_isas() {
-  const std::string before(ag::kernel_isa());
-  std::vector<std::string> out;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
-    try {
-      ag::set_kernel_isa(isa);
-      out.emplace_back(isa);
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  ag::set_kernel_isa(before);
-  return out;
-}
-
-// Sets the variant for a scope and restores the previous one.
-struct IsaScope {
-  std::string previous{ag::kernel_isa()};
-  explicit IsaScope(const std::string& isa) { ag::set_kernel_isa(isa); }
-  ~IsaScope() { ag::set_kernel_isa(previous); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-};
+using test_support::available_isas;
+using test_support::IsaScope;
 
 ag::Tensor random(const ag::Shape& s, ag::Dtype dtype, std::uint64_t seed) {
   ag::Generator gen(seed);

@@ -19,33 +19,15 @@
 
 #include <autograd/autograd.hpp>
 
+#include "isa_support.hpp"
 #include "test_support.hpp"
 
 namespace ag = autograd;
 
 namespace {
 
-std::vector<std::string> available_isas() {
-  const std::string before(ag::kernel_isa());
-  std::vector<std::string> out;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
-    try {
-      ag::set_kernel_isa(isa);
-      out.emplace_back(isa);
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  ag::set_kernel_isa(before);
-  return out;
-}
-
-struct IsaScope {
-  std::string previous{ag::kernel_isa()};
-  explicit IsaScope(const std::string& isa) { ag::set_kernel_isa(isa); }
-  ~IsaScope() { ag::set_kernel_isa(previous); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-};
+using test_support::available_isas;
+using test_support::IsaScope;
 
 const std::vector<std::int64_t> kSizes = {0, 1, 15, 16, 17, 1003};
 constexpr double kU = std::numeric_limits<float>::epsilon() / 2;
