@@ -124,3 +124,32 @@ BOOST_AUTO_TEST_CASE(products_around_the_libxsmm_bounds_are_within_the_rounding_
   }
   ag::set_num_threads(2);
 }
+
+// linear(x, w, b) = x·w + b (w of shape (in, out)), its gradients accumulated over two backward passes, against the
+// long double reference (each pass within the bound, so twice the bound for the sum of two).
+BOOST_AUTO_TEST_CASE(linear_around_the_bounds_accumulates_gradients_within_the_rounding_bound) {
+  ag::set_num_threads(3);
+  for (ag::Dtype dt : {ag::Dtype::Float32, ag::Dtype::Float64}) {
+    const double u = dt == ag::Dtype::Float32 ? std::numeric_limits<float>::epsilon() : std::numeric_limits<double>::epsilon();
+    for (const Shape3& s : kShapes) {
+      ag::Generator gen(3);
+      ag::Tensor x = ag::randn({s.m, s.k}, dt, gen).requires_grad_();
+      ag::Tensor w = ag::randn({s.k, s.n}, dt, gen).requires_grad_();
+      ag::Tensor b = ag::randn({s.n}, dt, gen).requires_grad_();
+      ag::Tensor g = ag::randn({s.m, s.n}, dt, gen);
+      for (int pass = 0; pass < 2; ++pass) ag::sum(ag::mul(ag::linear(x, w, b), g)).backward();
+      const std::vector<double> xv = x.to_vector(), wv = w.to_vector(), gv = g.to_vector();
+      const std::string where = std::string(dt == ag::Dtype::Float32 ? "f32 " : "f64 ") + std::to_string(s.m) + "x" +
+                                std::to_string(s.n) + "x" + std::to_string(s.k);
+      std::vector<double> half_gx = x.grad().to_vector(), half_gw = w.grad().to_vector();
+      for (double& e : half_gx) e /= 2;
+      for (double& e : half_gw) e /= 2;
+      // dx = g·wᵀ ([m, n]·[n, k]), dw = xᵀ·g ([k, m]·[m, n]); halves of two equal passes
+      BOOST_TEST(outside(half_gx, gv, transposed(wv, s.k, s.n), s.m, s.k, s.n, u) == 0u, "dx " << where);
+      BOOST_TEST(outside(half_gw, transposed(xv, s.m, s.k), gv, s.k, s.n, s.m, u) == 0u, "dw " << where);
+      const std::vector<double> y = ag::linear(x, w).to_vector();
+      BOOST_TEST(outside(y, xv, wv, s.m, s.n, s.k, u / 2) == 0u, "y " << where);
+    }
+  }
+  ag::set_num_threads(2);
+}
