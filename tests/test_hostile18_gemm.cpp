@@ -10,6 +10,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -152,4 +153,27 @@ BOOST_AUTO_TEST_CASE(linear_around_the_bounds_accumulates_gradients_within_the_r
     }
   }
   ag::set_num_threads(2);
+}
+
+// Program threads asking for kernels of many shapes at once (each thread's table of kernels, and
+// libxsmm's registry behind it, filled concurrently): every product has the bits it has alone.
+BOOST_AUTO_TEST_CASE(program_threads_multiplying_different_shapes_at_once_get_the_bits_of_a_lone_run) {
+  ag::set_num_threads(2);
+  std::vector<Run> alone;
+  for (const Shape3& s : kShapes) alone.push_back(run(s, ag::Dtype::Float32, 5));
+  bool ok[3] = {true, true, true};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 2; ++rep)
+        for (std::size_t i = 0; i < alone.size(); ++i) {
+          const std::size_t j = (i * (t + 2) + static_cast<std::size_t>(rep)) % alone.size();
+          const Run r = run(kShapes[j], ag::Dtype::Float32, 5);
+          ok[t] = ok[t] && bits_equal(r.c, alone[j].c) && bits_equal(r.ga, alone[j].ga) && bits_equal(r.gb, alone[j].gb);
+        }
+    });
+  for (std::thread& th : threads) th.join();
+  BOOST_TEST(ok[0]);
+  BOOST_TEST(ok[1]);
+  BOOST_TEST(ok[2]);
 }
