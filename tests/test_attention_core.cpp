@@ -409,7 +409,10 @@ BOOST_AUTO_TEST_CASE(dropout_is_deterministic_per_seed) {
   BOOST_TEST(max_abs_diff(a.output, plain.output) > 1e-3);
   // The weights returned are those before dropout.
   BOOST_TEST(max_abs_diff(a.weights, plain.weights) == 0.0);
-  BOOST_TEST(g1.state() == g2.state());  // one draw per weight
+  BOOST_TEST(g1.state() == g2.state());
+  ag::Generator one_draw(7);  // one seed drawn for the whole call
+  one_draw.next_u64();
+  BOOST_TEST(g1.state() == one_draw.state());
 }
 
 BOOST_AUTO_TEST_CASE(dropout_zeroes_or_rescales_each_weight) {
@@ -437,8 +440,9 @@ BOOST_AUTO_TEST_CASE(dropout_zeroes_or_rescales_each_weight) {
 }
 
 BOOST_AUTO_TEST_CASE(dropout_matches_composed_dropout_op) {
-  // The fused op draws like ag::dropout (one uniform per weight, row-major, dropped when < p),
-  // so from the same generator state both paths drop the same weights.
+  // The fused op draws like ag::dropout (one seed per call; weight n of the row-major (B, H, T, S)
+  // dropped when its Philox uniform is < p), so from the same generator state both paths drop
+  // the same weights.
   Tensor q = randn64({2, 2, 4, 3}, 331), k = randn64({2, 2, 5, 3}, 332), v = randn64({2, 2, 5, 2}, 333);
   Tensor r1 = randn64({2, 2, 4, 2}, 334, false), r2 = randn64({2, 2, 4, 5}, 335, false);
   ag::Generator g_fused(12), g_composed(12);

@@ -126,4 +126,8 @@ BOOST_AUTO_TEST_CASE(p_outside_zero_one_is_rejected) {
   BOOST_TEST(error_of([&] { ag::dropout(x, std::nan("")); }).find("dropout: p must be in [0, 1]") == 0);
   BOOST_TEST(error_of([&] { ag::dropout(x, 2.0, false); }).find("dropout: p must be in [0, 1]") == 0);
   BOOST_TEST(error_of([&] { ag::dropout(Tensor(), 0.5); }) == "dropout: the input is an undefined tensor (default-constructed: no value)");
+  ag::Generator gen(3);
+  const std::uint64_t before = gen.state();
+  BOOST_TEST(error_of([&] { ag::dropout(x, 1.5, true, gen); }) == "dropout: p must be in [0, 1], got 1.5");
+  BOOST_TEST(gen.state() == before);  // nothing drawn
 }

@@ -27,9 +27,13 @@ struct SdpaResult {
 // scale: multiplies q·kᵀ; 0 means 1/sqrt(d_k).
 // A query row whose keys are all blocked gets zero weights, zero output and zero gradients
 // (to q, k, v and the mask) — never NaN.
-// dropout_p in [0, 1]: > 0 drops weights (scaling the kept ones by 1/(1-p)), drawing one
-//   uniform number per weight, in row-major (B, H, T, S) order, from gen (the default
-//   generator when null); a weight is dropped when its draw is < p. Pass 0 in eval mode.
+// dropout_p in [0, 1]: > 0 drops weights (scaling the kept ones by 1/(1-p)). The call draws
+//   one 64-bit seed from gen (the default generator when null), whatever the sizes; weight
+//   (b, h, i, j) is dropped when the counter-based (Philox-4x32-10) uniform of that seed and
+//   of its flat index ((b·H + h)·T + i)·S + j is < p: the rule of ag::dropout, so
+//   ag::dropout on the (B, H, T, S) weights from the same generator state drops the same
+//   weights. The mask does not depend on the dtype, the core, the tiling or the thread count.
+//   Pass 0 in eval mode (nothing is drawn then).
 // Both results are differentiable outputs of one graph node: gradients may reach the output,
 // the weights, or both. All three ops are differentiable to any order (create_graph): the
 // backward that builds a graph is the kernel's formula in ag ops, reusing the saved weights;
@@ -40,8 +44,9 @@ struct SdpaResult {
 //   v, the mask, the output and one log-sum-exp per query row, so memory grows linearly in T
 //   (not as T·S); backward recomputes the weights tile by tile. Causal tiles above the diagonal
 //   are skipped. Results agree with need_weights = true to rounding, and have the same bits at
-//   any thread count. With dropout_p > 0, or when T·S is small, the untiled kernel runs instead
-//   (its weights are then simply not returned).
+//   any thread count. With dropout, each tile's mask is regenerated from the call's seed, in
+//   forward and again in backward: no (T, S) mask is stored either. When T·S is small the
+//   untiled kernel runs instead (its weights are then simply not returned).
 // Throws std::invalid_argument naming the op and the shapes for: undefined or non-4-D q, k, v;
 // dtype mismatch; B/H, sequence-length or head-dim disagreement; a mask that does not
 // broadcast; is_causal with T != S; a non-finite scale; dropout_p outside [0, 1].

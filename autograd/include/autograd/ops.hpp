@@ -185,7 +185,11 @@ Tensor cross_entropy(const Tensor& logits, const std::vector<std::int64_t>& targ
                      const CrossEntropyOptions& options = {});
 
 // ---- dropout — src/ops/dropout.cpp ----
-// In training, zeroes each element with probability p and scales the rest by 1/(1-p).
+// In training, zeroes each element with probability p and scales the rest by 1/(1-p). Each call
+// with p > 0 draws one 64-bit seed from gen, whatever the size (eval mode and p == 0 draw
+// nothing); element n (row-major flat index) is kept iff the Philox-4x32-10 uniform of that
+// seed and n is >= p (src/ops/philox.hpp). The mask is the same for every dtype and thread
+// count, and the fused attention ops draw theirs on (B, H, T, S) weights by the same rule.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 Tensor dropout(const Tensor& x, double p, bool training = true);  // default generator
 

@@ -14,8 +14,30 @@
 #include "ops/attention_flash_tiles.hpp"
 #include "ops/attention_kernels.hpp"
 #include "ops/common.hpp"
+#include "ops/parallel.hpp"
+#include "ops/philox.hpp"
 
 namespace autograd {
+
+namespace sdpa {
+
+// Dropout factors Z (0 or 1/(1-p)) of the whole (B, H, T, S), from the call's stream: element
+// ((b·H + h)·T + i)·S + j as ag::dropout numbers it, so the same generator state gives the same
+// mask as ag::dropout on the weights, whatever the thread count.
+Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& stream) {
+  Tensor keep = Tensor::empty({d.B, d.H, d.T, d.S}, dtype);
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* z = keep.data<T>();
+    const T scale = static_cast<T>(stream.scale());
+    parallel_for(d.slices(), d.slices() * d.T * d.S >= kParallelElementwise, [&](std::int64_t bh) {
+      philox::keep_block(stream, d.H, d.T, d.S, bh / d.H, bh % d.H, 0, d.T, 0, d.S, scale, z + bh * d.T * d.S, d.S);
+    });
+  });
+  return keep;
+}
+
+}  // namespace sdpa
 
 namespace {
 
@@ -74,20 +96,6 @@ void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const 
 }
 
 // ---- the op ----
-
-// Dropout factors Z (0 or 1/(1-p)), drawn in one thread, in row-major (B, H, T, S) order: the
-// same generator state gives the same mask whatever the thread count.
-Tensor dropout_factors(const sdpa::Dims& d, Dtype dtype, double dropout_p, Generator* gen) {
-  Generator& g = gen != nullptr ? *gen : default_generator();
-  Tensor keep = Tensor::empty({d.B, d.H, d.T, d.S}, dtype);
-  const double kept_scale = dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0;
-  dispatch(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    T* z = keep.data<T>();
-    for (std::int64_t i = 0; i < keep.numel(); ++i) z[i] = g.uniform() < dropout_p ? T(0) : T(kept_scale);
-  });
-  return keep;
-}
 
 // The backward rule. Saved: q, k, v (packed: the one tensor), the weights P and the dropout
 // factors Z; not the scores.
@@ -158,22 +166,25 @@ struct AttentionBackward {
 
 // Every entry point, once the arguments are checked: d says where each slice lives, out_shape is
 // the output's shape (its layout is d.out).
-// Without weights, the tiled core takes every call but those with dropout (the untiled kernel
-// draws its factors) and those too small for tiling to pay (sdpa::FlashTiles).
-bool use_tiled(const sdpa::Dims& d, bool need_weights, double dropout_p) {
-  return !need_weights && dropout_p == 0.0 && d.T * d.S >= sdpa::flash_tiles().min_tiled_scores;
+// Without weights, the tiled core takes every call (dropout included: it regenerates each tile's
+// mask from the call's stream) but those too small for tiling to pay (sdpa::FlashTiles).
+bool use_tiled(const sdpa::Dims& d, bool need_weights) {
+  return !need_weights && d.T * d.S >= sdpa::flash_tiles().min_tiled_scores;
 }
 
 SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_shape, const Operands& in,
                   bool is_causal, double scale, double dropout_p, Generator* gen, bool need_weights) {
   // scale 0 means 1/sqrt(d_k); with d_k = 0 every product is 0 and the scale does not matter.
   if (scale == 0.0) scale = d.d_k > 0 ? 1.0 / std::sqrt(static_cast<double>(d.d_k)) : 1.0;
-  if (use_tiled(d, need_weights, dropout_p)) return sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale);
+  // The call's one draw: the dropout mask is a function of this seed (ops/philox.hpp).
+  philox::DropoutStream stream;
+  if (dropout_p > 0.0) stream = philox::DropoutStream((gen != nullptr ? *gen : default_generator()).next_u64(), dropout_p);
+  if (use_tiled(d, need_weights)) return sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale, stream);
   const Dtype dtype = in.q.dtype();
   const Tensor& k = in.packed() ? in.q : in.k;
   const Tensor& v = in.packed() ? in.q : in.v;
   const sdpa::MaskStrides ms = in.mask.defined() ? sdpa::mask_strides(in.mask.shape()) : sdpa::MaskStrides{};
-  const Tensor keep = dropout_p > 0.0 ? dropout_factors(d, dtype, dropout_p, gen) : Tensor();
+  const Tensor keep = dropout_p > 0.0 ? sdpa::dropout_factors(d, dtype, stream) : Tensor();
 
   Tensor output = Tensor::empty(out_shape, dtype);
   Tensor weights = Tensor::empty({d.B, d.H, d.T, d.S}, dtype);

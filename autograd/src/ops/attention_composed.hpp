@@ -10,6 +10,7 @@
 #include "autograd/ops.hpp"
 #include "autograd/tensor.hpp"
 #include "ops/attention_kernels.hpp"
+#include "ops/philox.hpp"
 
 namespace autograd::sdpa {
 
@@ -127,9 +128,14 @@ inline ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H,
   return out;
 }
 
-// The op on the tiled core (need_weights = false, no dropout; arguments checked, scale
-// resolved): the output, weights undefined. attention_flash_node.cpp.
+// The dropout factors Z (0 or 1/(1-p)) of the whole (B, H, T, S), element ((b·H + h)·T + i)·S + j
+// drawn from the call's stream as ag::dropout numbers it (ops/philox.hpp). attention.cpp.
+Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& stream);
+
+// The op on the tiled core (need_weights = false; arguments checked, scale resolved; dropout
+// from the call's stream, inactive for p = 0): the output, weights undefined.
+// attention_flash_node.cpp.
 SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_shape, const Operands& in,
-                        bool is_causal, double scale);
+                        bool is_causal, double scale, const philox::DropoutStream& dropout);
 
 }  // namespace autograd::sdpa

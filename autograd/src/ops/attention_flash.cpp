@@ -31,6 +31,7 @@ struct ForwardScratch {
   Scratch<T> scores;  // [block_q, block_k]
   Scratch<T> acc;     // [block_q, d_v]: Σ_j exp(S_ij − m_i)·V_j so far
   Scratch<T> m, l;    // running maximum and sum per row
+  Scratch<T> z;       // [block_q, block_k]: the tile's dropout factors
 };
 
 // row = exp(row − m), exactly 0 where row = -inf; returns the row's new sum.
@@ -83,6 +84,8 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOpera
     t.c1 = std::min(d.S, t.c0 + block_k);
     const bool blocked = score_tile(d, o, x.mask, ms, scale, causal, t, s.scores.data());
     online_softmax(s, rows, t.cols(), d.d_v, blocked);
+    // dropout: the output takes exp(S − m) ⊙ Z, the sums l (and so lse) the undropped weights
+    if (x.dropout != nullptr) drop_tile(d, *x.dropout, t, s.z, s.scores.data());
     //   acc += exp(S − m)·V                           [rows, cols] x [cols, d_v] -> [rows, d_v]
     const std::int64_t dv = std::max<std::int64_t>(d.d_v, 1);
     gemm<T>(false, false, rows, d.d_v, t.cols(), T(1), s.scores.data(), t.cols(), o.v.data() + t.c0 * dv, dv, T(1),

@@ -14,6 +14,7 @@
 #include "ops/attention_flash_tiles.hpp"
 #include "ops/attention_kernels.hpp"
 #include "ops/gemm.hpp"
+#include "ops/philox.hpp"
 
 namespace autograd::sdpa {
 
@@ -26,6 +27,7 @@ struct FlashForwardData {
   const T* mask;  // the additive mask, read through MaskStrides
   T* out;         // laid out as Dims::out
   T* lse;         // (B, H, T): log Σ_j exp(S_ij); +inf for a row whose keys are all blocked
+  const philox::DropoutStream* dropout;  // null: no dropout
 };
 
 // What the backward reads and writes. Any of dq, dk, dv, dmask may be null (not needed); dmask
@@ -43,10 +45,11 @@ struct FlashBackwardData {
   T* dk;
   T* dv;
   T* dmask;
+  const philox::DropoutStream* dropout;  // null: no dropout
 };
 
-// For each slice, the output O = softmax_rows(scale·Q·Kᵀ + M)·V (causal: row i sees keys 0..i)
-// and the row log-sum-exps of the scores.
+// For each slice, the output O = (P ⊙ Z)·V with P = softmax_rows(scale·Q·Kᵀ + M) (causal: row i
+// sees keys 0..i) and Z the dropout factors (none: 1), and the row log-sum-exps of the scores.
 template <class T>
 void flash_forward(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, T scale, bool causal);
 
@@ -125,6 +128,15 @@ bool score_tile(const Dims& d, const SliceOperands<T>& o, const T* mask, MaskStr
       for (std::int64_t j = std::max<std::int64_t>(t.r0 + i + 1 - t.c0, 0); j < cols; ++j) Sc[i * cols + j] = neg_inf;
   }
   return mask != nullptr || crosses;
+}
+
+// Sc ⊙= Z on tile t ([rows, cols], row stride cols), Z regenerated from the stream into z.
+template <class T>
+void drop_tile(const Dims& d, const philox::DropoutStream& s, const Tile& t, Scratch<T>& z, T* Sc) {
+  const std::int64_t n = t.rows() * t.cols();
+  z.resize(static_cast<std::size_t>(n));
+  philox::keep_block(s, d.H, d.T, d.S, t.b, t.h, t.r0, t.r1, t.c0, t.c1, static_cast<T>(s.scale()), z.data(), t.cols());
+  ArrayView<T>(Sc, n) *= ConstArrayView<T>(z.data(), n);
 }
 
 }  // namespace autograd::sdpa

@@ -29,6 +29,7 @@ struct BackwardScratch {
   Scratch<T> ds;      // [block_q, block_k]: dP, then dS
   Scratch<T> dk, dv;  // [block_k, d]: a key block's dK and dV, summed here, then written out
   Scratch<T> dq;      // [T, d_k]: dQ (all rows, or a query block's), summed here, then written out
+  Scratch<T> z;       // [block_q, block_k]: the tile's dropout factors
 };
 
 // What every tile of one backward call reads.
@@ -78,7 +79,8 @@ void weights_row(T* row, std::int64_t cols, T lse, bool blocked) {
   }
 }
 
-// P and dS of one tile into s.p and s.ds, [rows, cols] with row stride cols.
+// P and dS of one tile into s.p and s.ds, [rows, cols] with row stride cols; with dropout, s.p
+// then holds P ⊙ Z (what dV needs).
 template <class T>
 void ds_tile(const BackwardArgs<T>& a, const SliceOperands<T>& o, const Tile& t, BackwardScratch<T>& s) {
   const Dims& d = a.d;
@@ -90,6 +92,8 @@ void ds_tile(const BackwardArgs<T>& a, const SliceOperands<T>& o, const Tile& t,
   //   => dP = dO·Vᵀ                                   [rows, d_v] x [d_v, cols] -> [rows, cols]
   gemm<T>(false, false, rows, cols, d.d_v, T(1), o.dout.data() + t.r0 * dv, dv, o.vt.data() + t.c0, o.kt_stride(d),
           T(0), s.ds.data(), std::max<std::int64_t>(cols, 1));
+  // dropout, forward: O = (P ⊙ Z)·V  =>  dP = (dO·Vᵀ) ⊙ Z, and D = rowsum(dO ⊙ O) = rowsum(dP ⊙ P) still
+  if (a.x.dropout != nullptr) drop_tile(d, *a.x.dropout, t, s.z, s.ds.data());
   //   => dS = P ⊙ (dP − D)   (0 wherever P is)
   for (std::int64_t i = 0; i < rows; ++i) {
     const T Di = a.D[bh * d.T + t.r0 + i];
@@ -97,6 +101,7 @@ void ds_tile(const BackwardArgs<T>& a, const SliceOperands<T>& o, const Tile& t,
     T* ds = s.ds.data() + i * cols;
     for (std::int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - Di);
   }
+  if (a.x.dropout != nullptr) ArrayView<T>(s.p.data(), rows * cols) *= ConstArrayView<T>(s.z.data(), rows * cols);
 }
 
 // D_i = Σ_c dO_ic·O_ic for every (b, h, i).
@@ -171,7 +176,7 @@ void key_item(const BackwardArgs<T>& a, const SliceOperands<T>& o, Tile t, std::
   for (t.r0 = a.causal ? t.c0 / block_q * block_q : 0; t.r0 < d.T; t.r0 += block_q) {
     t.r1 = std::min(d.T, t.r0 + block_q);
     ds_tile(a, o, t, s);
-    //   => dV += Pᵀ·dO                                [cols, rows] x [rows, d_v] -> [cols, d_v]
+    //   => dV += (P ⊙ Z)ᵀ·dO                          [cols, rows] x [rows, d_v] -> [cols, d_v]
     if (dV != nullptr)
       gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, o.dout.data() + t.r0 * dv, dv, T(1), dV,
               dv);

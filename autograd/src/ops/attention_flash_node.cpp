@@ -25,7 +25,8 @@ Tensor causal_additive(std::int64_t T, std::int64_t S, Dtype dtype) {
 }
 
 // The backward rule. Saved: q, k, v (packed: the one tensor), the mask, the output and the row
-// log-sum-exps (B, H, T); never a (T, S) matrix.
+// log-sum-exps (B, H, T), and the dropout stream (a key: the mask is regenerated tile by tile);
+// never a (T, S) matrix.
 struct FlashBackward {
   std::string_view op;
   SavedTensor q, k, v, mask, out, lse;
@@ -33,6 +34,7 @@ struct FlashBackward {
   Dims d;
   double scale = 1.0;
   bool causal = false;
+  philox::DropoutStream dropout;
 
   std::size_t mask_input() const { return packed ? 1 : 3; }
 
@@ -55,8 +57,9 @@ struct FlashBackward {
     dispatch(dtype, [&](auto zero) {
       using T = decltype(zero);
       auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-      const FlashBackwardData<T> data{qt.data<T>(), kt.data<T>(), vt.data<T>(), ptr(mt),  ot.data<T>(), lt.data<T>(),
-                                      dout.data<T>(), ptr(dq),   ptr(dk),      ptr(dv), ptr(dmask)};
+      const FlashBackwardData<T> data{qt.data<T>(),   kt.data<T>(), vt.data<T>(), ptr(mt),   ot.data<T>(),
+                                      lt.data<T>(),   dout.data<T>(), ptr(dq),    ptr(dk),   ptr(dv),
+                                      ptr(dmask),     dropout.active() ? &dropout : nullptr};
       flash_backward<T>(d, data, ms, static_cast<T>(scale), causal);
     });
     GradList grads = packed ? GradList{dq} : GradList{dq, dk, dv};
@@ -79,6 +82,7 @@ struct FlashBackward {
     if (mask.defined()) scores = add(scores, mask.get(op));
     if (causal) scores = add(scores, causal_additive(d.T, d.S, qt.dtype()));
     in.p = softmax(scores, -1);
+    if (dropout.active()) in.z = dropout_factors(d, qt.dtype(), dropout);  // the forward's mask, regenerated
     const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
     GradList grads;
     if (packed) {
@@ -95,7 +99,7 @@ struct FlashBackward {
 }  // namespace
 
 SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_shape, const Operands& in,
-                        bool is_causal, double scale) {
+                        bool is_causal, double scale, const philox::DropoutStream& dropout) {
   count_tiled_call();
   const Dtype dtype = in.q.dtype();
   const Tensor& k = in.packed() ? in.q : in.k;
@@ -106,7 +110,9 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     const T* mask = in.mask.defined() ? in.mask.data<T>() : nullptr;
-    const FlashForwardData<T> data{in.q.data<T>(), k.data<T>(), v.data<T>(), mask, output.data<T>(), lse.data<T>()};
+    const FlashForwardData<T> data{in.q.data<T>(), k.data<T>(),      v.data<T>(),
+                                   mask,           output.data<T>(), lse.data<T>(),
+                                   dropout.active() ? &dropout : nullptr};
     flash_forward<T>(d, data, ms, static_cast<T>(scale), is_causal);
   });
   GradList inputs = node_inputs(in);
@@ -115,7 +121,7 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
   const std::array<Tensor, 1> outputs{output};
   record(op, input_span, outputs,
          FlashBackward{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(in.mask),
-                       SavedTensor(output), SavedTensor(lse), in.packed(), d, scale, is_causal});
+                       SavedTensor(output), SavedTensor(lse), in.packed(), d, scale, is_causal, dropout});
   return {output, Tensor()};
 }
 

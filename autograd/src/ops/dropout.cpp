@@ -1,12 +1,17 @@
 // Dropout: in training each element is zeroed with probability p and the survivors are scaled
-// by 1/(1-p), so the expectation is unchanged. The mask comes from the given Generator, one
-// uniform draw per element in row-major order, so a seed fixes it.
+// by 1/(1-p), so the expectation is unchanged. Each call draws one 64-bit seed from the given
+// Generator (whatever the tensor's size), and element n (row-major) is kept iff its Philox
+// uniform u(seed, n) >= p (ops/philox.hpp): a seed fixes the mask, which does not depend on the
+// dtype or the thread count, and is the one the fused attention ops draw on (B, H, T, S) weights.
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/common.hpp"
+#include "ops/parallel.hpp"
+#include "ops/philox.hpp"
 
 namespace autograd {
 
@@ -33,20 +38,25 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 
   // mask = 1/(1-p) where kept, 0 where dropped; p == 1 drops everything (mask all zero, no 1/0).
   // The mask is kept only for backward.
+  const philox::DropoutStream stream(gen.next_u64(), p);  // the call's one draw
   const bool keep_mask = needs_grad(x);
   Tensor mask = keep_mask ? Tensor::empty(x.shape(), x.dtype()) : Tensor();
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+    const T scale = static_cast<T>(stream.scale());
     const T* xs = x.data<T>();
     T* m = keep_mask ? mask.data<T>() : nullptr;
     T* ys = y.data<T>();
-    for (std::int64_t i = 0; i < y.numel(); ++i) {
-      const T keep = gen.uniform() >= p ? scale : T(0);  // one draw per element, row-major: a seed fixes the mask
-      if (m) m[i] = keep;
-      ys[i] = xs[i] * keep;
-    }
+    // Chunks of elements (a multiple of 4: whole Philox calls), each drawn on its own.
+    constexpr std::int64_t chunk = 4096;
+    const std::int64_t n = y.numel(), chunks = (n + chunk - 1) / chunk;
+    parallel_for(chunks, n >= kParallelElementwise, [&](std::int64_t c) {
+      const std::int64_t first = c * chunk, len = std::min(chunk, n - first);
+      T* factors = m != nullptr ? m + first : ys + first;  // the factors, then (in ys) the product
+      philox::keep_factors(stream, static_cast<std::uint64_t>(first), len, scale, factors);
+      ArrayView<T>(ys + first, len) = ConstArrayView<T>(xs + first, len) * ConstArrayView<T>(factors, len);
+    });
   });
   if (keep_mask) {
     // y = x · mask  =>  dx = dy · mask  (the same mask: it is kept, not redrawn)
