@@ -52,13 +52,20 @@ T exp_row(T* row, std::int64_t cols, T m, bool blocked) {
 
 // Folds one tile of scores (in Sc, [rows, cols]) into the running state: Sc becomes
 // exp(S − m_new) (exactly 0 where S = -inf; a row with nothing seen yet stays all 0), l and the
-// partial output are rescaled by exp(m_old − m_new).
+// partial output are rescaled by exp(m_old − m_new). A row that meets a NaN score (or a sum made
+// NaN by +inf scores) gets l = NaN and takes no further part: its output becomes NaN.
 template <class T>
 void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, std::int64_t d_v, bool blocked) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (std::int64_t i = 0; i < rows; ++i) {
     ArrayView<T> row(s.scores.data() + i * cols, cols);
-    const T m_new = std::max(s.m[i], cols > 0 ? row.maxCoeff() : neg_inf);
+    const T tile_max = cols > 0 ? row.template maxCoeff<Eigen::PropagateNaN>() : neg_inf;
+    if (std::isnan(tile_max) || std::isnan(s.l[i])) {  // a NaN score: the row's output is NaN
+      s.l[i] = std::numeric_limits<T>::quiet_NaN();
+      row.setZero();
+      continue;
+    }
+    const T m_new = std::max(s.m[i], tile_max);
     if (m_new == neg_inf) {  // every key so far blocked
       row.setZero();
       continue;
@@ -100,6 +107,9 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOpera
     if (s.l[i] > T(0)) {
       o = ConstArrayView<T>(s.acc.data() + i * d.d_v, d.d_v) / s.l[i];
       lse[i] = s.m[i] + std::log(s.l[i]);
+    } else if (std::isnan(s.l[i])) {  // NaN in, NaN out, as the untiled kernel gives
+      o.setConstant(std::numeric_limits<T>::quiet_NaN());
+      lse[i] = std::numeric_limits<T>::quiet_NaN();
     } else {
       o.setZero();
       lse[i] = std::numeric_limits<T>::infinity();
