@@ -16,23 +16,13 @@
 
 #include <autograd/autograd.hpp>
 
+#include "isa_support.hpp"
+
 namespace ag = autograd;
 
 namespace {
 
-std::vector<std::string> isas() {
-  const std::string before(ag::kernel_isa());
-  std::vector<std::string> out;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
-    try {
-      ag::set_kernel_isa(isa);
-      out.emplace_back(isa);
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  ag::set_kernel_isa(before);
-  return out;
-}
+using test_support::available_isas;
 
 std::vector<float> values(std::int64_t n, std::uint64_t seed) {
   ag::Generator gen(seed);
@@ -104,7 +94,7 @@ const std::vector<std::pair<ag::Shape, ag::Shape>> kPairs = {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(broadcast_patterns_give_the_bits_of_scalar_float_arithmetic) {
-  for (const std::string& isa : isas()) {
+  for (const std::string& isa : available_isas()) {
     ag::set_kernel_isa(isa);
     for (int threads : {1, 2, 3}) {
       ag::set_num_threads(threads);

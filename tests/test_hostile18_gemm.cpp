@@ -15,23 +15,13 @@
 
 #include <autograd/autograd.hpp>
 
+#include "isa_support.hpp"
+
 namespace ag = autograd;
 
 namespace {
 
-std::vector<std::string> isas() {
-  const std::string before(ag::kernel_isa());
-  std::vector<std::string> out;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
-    try {
-      ag::set_kernel_isa(isa);
-      out.emplace_back(isa);
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  ag::set_kernel_isa(before);
-  return out;
-}
+using test_support::available_isas;
 
 struct Shape3 {
   std::int64_t m, n, k;
@@ -104,7 +94,7 @@ bool bits_equal(const std::vector<double>& x, const std::vector<double>& y) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(products_around_the_libxsmm_bounds_are_within_the_rounding_bound_and_thread_independent) {
-  for (const std::string& isa : isas()) {
+  for (const std::string& isa : available_isas()) {
     ag::set_kernel_isa(isa);
     for (ag::Dtype dt : {ag::Dtype::Float32, ag::Dtype::Float64}) {
       for (const Shape3& s : kShapes) {

@@ -15,23 +15,13 @@
 
 #include <autograd/autograd.hpp>
 
+#include "isa_support.hpp"
+
 namespace ag = autograd;
 
 namespace {
 
-std::vector<std::string> isas() {
-  const std::string before(ag::kernel_isa());
-  std::vector<std::string> out;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
-    try {
-      ag::set_kernel_isa(isa);
-      out.emplace_back(isa);
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  ag::set_kernel_isa(before);
-  return out;
-}
+using test_support::available_isas;
 
 struct Case {
   ag::Shape shape;
@@ -45,7 +35,7 @@ const Case kCases[] = {{{37, 53}, {0}},          {{5, 37, 53}, {1}},        {{5,
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(outer_sums_give_the_bits_of_the_terms_added_in_order) {
-  for (const std::string& isa : isas()) {
+  for (const std::string& isa : available_isas()) {
     ag::set_kernel_isa(isa);
     for (int threads : {1, 2, 3}) {
       ag::set_num_threads(threads);
