@@ -208,19 +208,56 @@ BOOST_AUTO_TEST_CASE(manual_seed_in_one_thread_does_not_move_another_threads_gen
   ag::manual_seed(0x5eed);
 }
 
+// Forwards of one module with dropout on two threads at once: every call draws its own number
+// from the module's generator (none lost, none drawn twice), so the generator ends where 2·n
+// draws of one thread put it, and the two threads' outputs, each equal to the output of one
+// single-threaded call with the same draw, are never the same mask twice.
+BOOST_AUTO_TEST_CASE(forwards_on_two_threads_draw_distinct_dropout_numbers_from_the_module) {
+  ag::Generator gen(41);
+  nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions{.embed_dim = 4, .num_heads = 2, .dropout = 0.5}, gen);
+  mha.train();
+  const Tensor x = ag::randn({1, 3, 4}, Dtype::Float64, gen);
+  mha.to(Dtype::Float64);
+  const std::uint64_t seed = 1234;
+  mha.dropout_generator().manual_seed(seed);
+  constexpr int kCalls = 4000;
+  std::vector<std::vector<double>> outputs(2 * kCalls);
+  auto run = [&](int first) {
+    ag::NoGradGuard no_grad;
+    for (int c = 0; c < kCalls; ++c) outputs[first + c] = mha(x, x, x).output.to_vector();
+  };
+  std::thread t1(run, 0), t2(run, kCalls);
+  t1.join();
+  t2.join();
+  ag::Generator reference(seed);
+  for (int c = 0; c < 2 * kCalls; ++c) (void)reference.next_u64();
+  BOOST_TEST(mha.dropout_generator().state() == reference.state());
+  // The same outputs, in some order, as 2·n calls on one thread from the same seed.
+  mha.dropout_generator().manual_seed(seed);
+  std::vector<std::vector<double>> sequential;
+  for (int c = 0; c < 2 * kCalls; ++c) sequential.push_back(mha(x, x, x).output.to_vector());
+  std::sort(outputs.begin(), outputs.end());
+  std::sort(sequential.begin(), sequential.end());
+  BOOST_TEST((outputs == sequential));
+}
+
 // ---- the thread policy ----
 
 namespace {
 
 // Runs this test program again, as a child process, on the one test case `test`, with the
-// environment of this process minus OMP_WAIT_POLICY and GOMP_SPINCOUNT plus `extra`; its exit
-// status (0: the case passed).
+// environment of this process minus OMP_WAIT_POLICY, GOMP_SPINCOUNT and the variables `extra`
+// sets, plus `extra`; its exit status (0: the case passed).
 int run_child(const std::string& test, const std::vector<std::string>& extra) {
   std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string_view v(*e);
-    if (!v.starts_with("OMP_WAIT_POLICY=") && !v.starts_with("GOMP_SPINCOUNT=")) env.emplace_back(v);
-  }
+  auto replaced = [&](std::string_view v) {
+    if (v.starts_with("OMP_WAIT_POLICY=") || v.starts_with("GOMP_SPINCOUNT=")) return true;
+    for (const std::string& x : extra)
+      if (v.substr(0, v.find('=') + 1) == std::string_view(x).substr(0, x.find('=') + 1)) return true;
+    return false;
+  };
+  for (char** e = environ; *e != nullptr; ++e)
+    if (!replaced(*e)) env.emplace_back(*e);
   env.insert(env.end(), extra.begin(), extra.end());
   std::vector<char*> envp, argv;
   for (auto& s : env) envp.push_back(s.data());
@@ -253,6 +290,31 @@ BOOST_AUTO_TEST_CASE(idle_threads_sleep_unless_the_environment_says_otherwise) {
                        {"HEADGRAD_EXPECT_WAIT_POLICY=active", "OMP_WAIT_POLICY=active"}) == 0);
   BOOST_TEST(run_child("wait_policy_seen_by_a_child",
                        {"HEADGRAD_EXPECT_WAIT_POLICY=(unset)", "GOMP_SPINCOUNT=1000"}) == 0);
+}
+
+// In a child started by the case below (HEADGRAD_EXPECT_THREADS set), the thread count the
+// program starts with, and a product big enough to run on the threads gives the one-thread bits.
+BOOST_AUTO_TEST_CASE(thread_count_seen_by_a_child) {
+  const char* expected = std::getenv("HEADGRAD_EXPECT_THREADS");
+  if (expected == nullptr) return;
+  BOOST_TEST(ag::get_num_threads() == std::stoi(expected));
+  ag::manual_seed(3);
+  const ag::Tensor a = ag::randn({300, 200}), b = ag::randn({200, 100});
+  const std::vector<double> many = ag::matmul(a, b).to_vector();
+  ag::set_num_threads(1);
+  BOOST_TEST(ag::matmul(a, b).to_vector() == many, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(omp_num_threads_above_the_limit_is_capped) {
+  // The OpenMP runtime would try to start that many threads (and fail or crash at 50,000 or more);
+  // the program starts with the first number of the list lowered to 256 instead.
+  BOOST_TEST(run_child("thread_count_seen_by_a_child", {"HEADGRAD_EXPECT_THREADS=256", "OMP_NUM_THREADS=100000"}) == 0);
+  BOOST_TEST(run_child("thread_count_seen_by_a_child", {"HEADGRAD_EXPECT_THREADS=256", "OMP_NUM_THREADS=257,2"}) == 0);
+  // Counts within the limit, with leading zeros too, are kept.
+  BOOST_TEST(run_child("thread_count_seen_by_a_child", {"HEADGRAD_EXPECT_THREADS=3", "OMP_NUM_THREADS=0003"}) == 0);
+  BOOST_TEST(run_child("thread_count_seen_by_a_child", {"HEADGRAD_EXPECT_THREADS=256", "OMP_NUM_THREADS=256"}) == 0);
+  // Negative control: the child checks what it is told, so a wrong expectation fails.
+  BOOST_TEST(run_child("thread_count_seen_by_a_child", {"HEADGRAD_EXPECT_THREADS=255", "OMP_NUM_THREADS=256"}) != 0);
 }
 
 BOOST_AUTO_TEST_CASE(every_region_an_op_asks_for_is_run_or_held_back_and_counted) {

@@ -1,6 +1,8 @@
 #include "autograd/grad_mode.hpp"
 
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include <omp.h>
 
@@ -32,22 +34,54 @@ void default_to_passive_waiting() {
     setenv("OMP_WAIT_POLICY", "passive", 0);
 }
 
-void default_to_passive_waiting_at_start(int, char**, char**) { default_to_passive_waiting(); }
+// The most threads set_num_threads accepts (per-thread scratch and OpenMP's thread creation stay
+// within reason; far more threads than cores only slows every kernel down).
+constexpr long kMaxThreads = 256;
+
+// OMP_NUM_THREADS above kMaxThreads would be taken by the OpenMP runtime as it is: libgomp then
+// fails to create the threads at the first parallel region (it exits, or crashes, at 50,000 or
+// 100,000). The first number of the list is lowered to kMaxThreads, with a warning on stderr,
+// before the runtime reads the variable (the same .preinit_array function as above).
+void cap_thread_count_variable() {
+  const char* value = std::getenv("OMP_NUM_THREADS");
+  if (value == nullptr) return;
+  std::size_t start = 0;
+  while (value[start] == ' ') ++start;
+  std::size_t end = start;
+  while (value[end] >= '0' && value[end] <= '9') ++end;
+  if (end == start) return;  // not a number: the runtime's own checks apply
+  std::size_t first = start;
+  while (first + 1 < end && value[first] == '0') ++first;  // leading zeros
+  if (end - first <= 3 && std::strtol(value + first, nullptr, 10) <= kMaxThreads) return;
+  const std::string capped = std::to_string(kMaxThreads) + (value + end);
+  std::fprintf(stderr, "headgrad: OMP_NUM_THREADS=%s asks for more than %ld threads; using %s\n", value,
+               kMaxThreads, capped.c_str());
+  setenv("OMP_NUM_THREADS", capped.c_str(), 1);
+}
+
+void prepare_openmp_environment() {
+  default_to_passive_waiting();
+  cap_thread_count_variable();
+}
+
+void default_to_passive_waiting_at_start(int, char**, char**) { prepare_openmp_environment(); }
 
 #if defined(__ELF__) && !defined(headgrad_autograd_EXPORTS)
 [[gnu::section(".preinit_array"), gnu::used]] void (*const wait_policy_preinit)(int, char**, char**) =
     &default_to_passive_waiting_at_start;
 #endif
-[[gnu::constructor]] void wait_policy_init() { default_to_passive_waiting(); }
+// (In a shared build libgomp has read the variables already; the cap then holds for the calling
+// thread, as set_num_threads would.)
+[[gnu::constructor]] void wait_policy_init() {
+  prepare_openmp_environment();
+  if (omp_get_max_threads() > kMaxThreads) omp_set_num_threads(static_cast<int>(kMaxThreads));
+}
 }  // namespace
 
 bool is_grad_enabled() { return grad_enabled; }
 void set_grad_enabled(bool enabled) { grad_enabled = enabled; }
 
 void set_num_threads(int n) {
-  // (The upper bound keeps per-thread scratch and OpenMP's thread creation within reason; far
-  // more threads than cores only slows every kernel down.)
-  constexpr int kMaxThreads = 256;
   if (n < 1 || n > kMaxThreads)
     fail("set_num_threads", "the thread count must be in [1, {}], got {}", kMaxThreads, n);
   omp_set_num_threads(n);

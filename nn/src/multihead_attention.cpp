@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 
 #include "nn/init.hpp"
@@ -110,6 +111,18 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
   config.add_zero_attn = options_.add_zero_attn;
   config.dropout_p = is_training() ? options_.dropout : 0.0;
   config.dropout_generator = &dropout_gen_;
+  // A call with dropout draws exactly one number from its generator. Forwards of this module may
+  // run on several threads at once: the call gets a copy of the module's generator, which moves
+  // past that draw under a lock, so no two calls draw the same number and the module's stream is
+  // the one a single thread would draw.
+  ag::Generator call_generator;
+  if (config.dropout_p > 0.0) {
+    static std::mutex dropout_draw;
+    const std::lock_guard<std::mutex> lock(dropout_draw);
+    call_generator = dropout_gen_;
+    (void)dropout_gen_.next_u64();
+    config.dropout_generator = &call_generator;
+  }
   config.core = options_.core;
   config.study = options_.study ? &study : nullptr;
   // A hook on an attention-internal point (q .. concat) runs the layer on the composed core with
