@@ -158,7 +158,7 @@ struct TransformerBlockOptions {
   std::int64_t d_ff = 0;        // 0 means 4 * d_model
   double dropout = 0.0;         // attention-weight dropout, as MultiHeadAttention's
   bool gelu = true;             // GELU (exact) in the MLP, or ReLU
-  bool bias = true;
+  bool bias = true;             // false: no bias in fc_1, fc_2, attn and no LayerNorm bias (as PyTorch's)
   double layer_norm_eps = 1e-5;
   ag::Dtype dtype = ag::Dtype::Float32;
 };
