@@ -130,3 +130,20 @@ BOOST_AUTO_TEST_CASE(a_mask_holding_nan_or_plus_inf_is_refused_on_both_cores_nam
     BOOST_TEST(nans(out.to_vector()) == 0u);
   }
 }
+
+BOOST_AUTO_TEST_CASE(the_mask_check_finds_a_bad_entry_anywhere_in_the_mask) {
+  // every position of a (3, 2, 5, 7) mask, 210 entries (less than one block of the scan), and a
+  // (2, 1, 16, 40) one, 1280 entries (several blocks and a partial last one)
+  for (const ag::Shape& shape : {ag::Shape{3, 2, 5, 7}, ag::Shape{2, 1, 16, 40}}) {
+    const std::int64_t B = shape[0], H = shape[1], T = shape[2], S = shape[3], n = B * H * T * S;
+    const ag::Tensor q = ag::zeros({B, H, T, 4}, ag::Dtype::Float64), k = ag::zeros({B, H, S, 4}, ag::Dtype::Float64);
+    for (std::int64_t at = 0; at < n; at += shape[3] == 7 ? 1 : 37) {
+      std::vector<double> mv(static_cast<std::size_t>(n), -std::numeric_limits<double>::infinity());
+      mv[static_cast<std::size_t>(at)] = std::numeric_limits<double>::infinity();
+      const ag::Tensor m = ag::tensor(mv, shape, ag::Dtype::Float64);
+      const std::string index = fmt::format("[{}, {}, {}, {}]", at / (H * T * S), at / (T * S) % H, at / S % T, at % S);
+      const std::string msg = test_message([&] { ag::scaled_dot_product_attention(q, k, k, m); });
+      BOOST_REQUIRE_MESSAGE(msg.find("holds +inf at index " + index) != std::string::npos, at << ": " << msg);
+    }
+  }
+}

@@ -85,3 +85,24 @@ BOOST_AUTO_TEST_CASE(a_block_without_bias_is_saved_and_rebuilt_from_its_file_alo
   const Tensor x = ag::randn({1, 3, 4}, F64, gen);
   BOOST_TEST(test_support::max_abs_diff(block(x), (*b)(x)) == 0.0);
 }
+
+BOOST_AUTO_TEST_CASE(layer_norm_bias_keeps_the_layer_norms_bias_on_its_own) {
+  nn::TransformerBlockOptions o = options(false);
+  o.layer_norm_bias = true;
+  const nn::TransformerBlock kept(o);
+  const std::vector<std::string> names = {"ln_1.weight", "ln_1.bias", "attn.W_Q",    "attn.W_K",    "attn.W_V",
+                                          "attn.W_O",    "ln_2.weight", "ln_2.bias", "fc_1.weight", "fc_2.weight"};
+  BOOST_TEST(names_of(kept) == names, boost::test_tools::per_element());
+  BOOST_TEST(kept.options().layer_norm_bias.value());
+  BOOST_TEST(!nn::TransformerBlock(options(false)).options().layer_norm_bias.value());  // unset: as bias
+  // the config records it, and rebuilds it
+  const nn::ModuleConfig c = nn::module_config(kept);
+  BOOST_TEST(c.flag("layer_norm_bias"));
+  BOOST_TEST(names_of(*nn::build_module(c)) == names, boost::test_tools::per_element());
+  // a config written before the option existed (no "layer_norm_bias": its LayerNorms had a bias)
+  std::string json = nn::module_config_json(kept);
+  const std::string key = ",\"layer_norm_bias\":true";
+  BOOST_REQUIRE(json.find(key) != std::string::npos);
+  json.erase(json.find(key), key.size());
+  BOOST_TEST(names_of(*nn::build_module(nn::parse_module_config(json))) == names, boost::test_tools::per_element());
+}

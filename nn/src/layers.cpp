@@ -92,7 +92,9 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options, ag::G
   if (options_.d_ff < 0) ag::fail("TransformerBlock", "d_ff must be positive, got {}", options_.d_ff);
   const auto& o = options_;
   // bias = false: no bias anywhere, the LayerNorms' included (PyTorch's TransformerEncoderLayer(bias=False))
-  LayerNormOptions ln{.normalized_shape = {o.d_model}, .eps = o.layer_norm_eps, .bias = o.bias, .dtype = o.dtype};
+  if (!options_.layer_norm_bias) options_.layer_norm_bias = o.bias;
+  LayerNormOptions ln{.normalized_shape = {o.d_model}, .eps = o.layer_norm_eps, .bias = *o.layer_norm_bias,
+                      .dtype = o.dtype};
   ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(ln));
   MultiHeadAttentionOptions mha;
   mha.embed_dim = o.d_model;

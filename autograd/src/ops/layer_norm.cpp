@@ -29,7 +29,8 @@
 // by √D. Such a row shows in its r, computed in double: r outside [2^-100, 2^100] for float32
 // ([2^-500, 2^500] for float64), or NaN. Only those rows are redone in long double, in the
 // forward and in the backward (which sees the same r, saved); every other row keeps the kernels'
-// bits. Inside the bounds nothing overflows: |x_i − μ| ≤ √(D·σ²) ≤ √D / r.
+// bits. Inside the bounds nothing overflows: |x_i − μ| ≤ √(D·σ²) ≤ √D / r. The composed backward
+// (create_graph) works on such rows scaled by a power of two (row_scales).
 #include <algorithm>
 #include <array>
 #include <cmath>
