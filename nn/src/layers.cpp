@@ -54,7 +54,7 @@ ag::Tensor LayerNorm::forward(const ag::Tensor& x) const {
 
 std::string LayerNorm::extra_repr() const {
   return fmt::format("{}, eps={}{}", ag::shape_str(options_.normalized_shape), options_.eps,
-                     options_.elementwise_affine ? "" : ", elementwise_affine=false");
+                     !options_.elementwise_affine ? ", elementwise_affine=false" : options_.bias ? "" : ", bias=false");
 }
 
 // ---- Sequential ----
@@ -91,7 +91,10 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options, ag::G
   if (options_.d_ff == 0) options_.d_ff = 4 * options_.d_model;
   if (options_.d_ff < 0) ag::fail("TransformerBlock", "d_ff must be positive, got {}", options_.d_ff);
   const auto& o = options_;
-  LayerNormOptions ln{.normalized_shape = {o.d_model}, .eps = o.layer_norm_eps, .dtype = o.dtype};
+  // bias = false: no bias anywhere, the LayerNorms' included (PyTorch's TransformerEncoderLayer(bias=False))
+  if (!options_.layer_norm_bias) options_.layer_norm_bias = o.bias;
+  LayerNormOptions ln{.normalized_shape = {o.d_model}, .eps = o.layer_norm_eps, .bias = *o.layer_norm_bias,
+                      .dtype = o.dtype};
   ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(ln));
   MultiHeadAttentionOptions mha;
   mha.embed_dim = o.d_model;

@@ -47,7 +47,8 @@ json known_options(const Module& m) {
   if (const auto* b = dynamic_cast<const TransformerBlock*>(&m)) {
     const auto& o = b->options();
     return {{"d_model", o.d_model}, {"num_heads", o.num_heads}, {"d_ff", o.d_ff}, {"dropout", o.dropout},
-            {"gelu", o.gelu}, {"bias", o.bias}, {"layer_norm_eps", o.layer_norm_eps}};
+            {"gelu", o.gelu}, {"bias", o.bias}, {"layer_norm_eps", o.layer_norm_eps},
+            {"layer_norm_bias", b->ln_1().bias().defined()}};
   }
   if (dynamic_cast<const GELU*>(&m)) return {{"approximate", m.extra_repr().empty() ? "none" : "tanh"}};
   return nullptr;

@@ -29,11 +29,13 @@ std::shared_ptr<Module> build_attention(const ModuleConfig& c) {
   return std::make_shared<MultiHeadAttention>(o);
 }
 
+// A file without "layer_norm_bias" was written when the LayerNorms always had a bias.
 std::shared_ptr<Module> build_block(const ModuleConfig& c) {
   return std::make_shared<TransformerBlock>(TransformerBlockOptions{
       .d_model = c.integer("d_model"), .num_heads = c.integer("num_heads"), .d_ff = c.integer("d_ff"),
       .dropout = c.number("dropout"), .gelu = c.flag("gelu"), .bias = c.flag("bias"),
-      .layer_norm_eps = c.number("layer_norm_eps"), .dtype = c.parameter_dtype()});
+      .layer_norm_eps = c.number("layer_norm_eps"), .dtype = c.parameter_dtype(),
+      .layer_norm_bias = c.options.count("layer_norm_bias") != 0 ? c.flag("layer_norm_bias") : true});
 }
 
 // A Sequential's child: any of nn's types with a one-tensor forward.

@@ -4,8 +4,11 @@
 // attention_kernels.cpp (derived step by step in docs/attention_backward.md).
 #include "autograd/attention.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
@@ -68,6 +71,36 @@ void check_qkv(std::string_view op, const Tensor& q, const Tensor& k, const Tens
     fail(op, "dtypes differ: q {}, k {}, v {}", dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype()));
 }
 
+// The mask holds finite numbers and -inf only: a +inf entry makes its score +inf and the row's
+// softmax NaN, and a NaN entry makes the row NaN (nn::MultiHeadAttention refuses both alike).
+// One pass over the mask, in blocks whose test has no early exit (so it vectorises); the first
+// bad entry is then found within its block and named by its index.
+void check_mask_values(std::string_view op, const Tensor& mask) {
+  dispatch(mask.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    constexpr T inf = std::numeric_limits<T>::infinity();
+    constexpr std::int64_t kBlock = 256;
+    const T* m = mask.data<T>();
+    const std::int64_t n = mask.numel();
+    for (std::int64_t begin = 0; begin < n; begin += kBlock) {
+      const std::int64_t end = std::min(n, begin + kBlock);
+      int bad = 0;  // a count, which vectorises better than a flag
+      for (std::int64_t i = begin; i < end; ++i) bad += m[i] < inf ? 0 : 1;  // +inf or NaN
+      if (bad == 0) continue;
+      std::int64_t at = begin;
+      while (m[at] < inf) ++at;
+      std::vector<std::int64_t> index(mask.shape().size());
+      for (std::size_t d = index.size(), rest = static_cast<std::size_t>(at); d-- > 0;) {
+        const auto size = static_cast<std::size_t>(mask.shape()[d]);
+        index[d] = static_cast<std::int64_t>(rest % size);
+        rest /= size;
+      }
+      fail(op, "attn_mask of shape {} holds {} at index {}; it may hold finite numbers and -inf (blocked)",
+           shape_str(mask.shape()), std::isnan(m[at]) ? "NaN" : "+inf", shape_str(index));
+    }
+  });
+}
+
 // The mask broadcasts to (B, H, T, S) = target and has the dtype of q.
 void check_mask(std::string_view op, const Tensor& mask, const Shape& target, Dtype dtype) {
   const Shape& ms = mask.shape();
@@ -79,6 +112,7 @@ void check_mask(std::string_view op, const Tensor& mask, const Shape& target, Dt
   if (!ok) fail(op, "attn_mask of shape {} does not broadcast to (B, H, T, S) = {}", shape_str(ms), shape_str(target));
   if (mask.dtype() != dtype)
     fail(op, "attn_mask dtype {} differs from q's {}", dtype_name(mask.dtype()), dtype_name(dtype));
+  check_mask_values(op, mask);
 }
 
 // The checks on the logical (B, H, L, d) shapes qs, ks, vs, for every entry point.

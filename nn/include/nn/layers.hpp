@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -158,9 +159,12 @@ struct TransformerBlockOptions {
   std::int64_t d_ff = 0;        // 0 means 4 * d_model
   double dropout = 0.0;         // attention-weight dropout, as MultiHeadAttention's
   bool gelu = true;             // GELU (exact) in the MLP, or ReLU
-  bool bias = true;
+  bool bias = true;             // false: no bias in fc_1, fc_2, attn, nor in ln_1, ln_2 (PyTorch's bias=False)
   double layer_norm_eps = 1e-5;
   ag::Dtype dtype = ag::Dtype::Float32;
+  // The LayerNorms' bias on its own; unset: as `bias`. (true with bias = false is the block as it
+  // was before bias reached the LayerNorms, which torch's TransformerEncoderLayer cannot express.)
+  std::optional<bool> layer_norm_bias = std::nullopt;
 };
 
 struct TransformerBlockOutput {
