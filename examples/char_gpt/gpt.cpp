@@ -38,7 +38,8 @@ Gpt::Gpt(const GptConfig& config, ag::Generator& gen) : Module("Gpt"), config_(c
                                     nn::EmbeddingOptions{c.block_size, c.n_embd, c.dtype}, gen));
   auto h = register_module("h", std::make_shared<nn::Module>("ModuleList"));
   const nn::TransformerBlockOptions block{.d_model = c.n_embd, .num_heads = c.n_head, .dropout = c.dropout,
-                                          .bias = c.bias, .dtype = c.dtype};
+                                          .bias = c.bias, .dtype = c.dtype,
+                                          .layer_norm_bias = true};  // as the PyTorch peer's blocks
   for (std::int64_t i = 0; i < c.n_layer; ++i)
     blocks_.push_back(h->register_module(std::to_string(i), std::make_shared<nn::TransformerBlock>(block, gen)));
   ln_f_ = register_module("ln_f", std::make_shared<nn::LayerNorm>(

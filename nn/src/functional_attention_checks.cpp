@@ -1,6 +1,7 @@
 // The argument checks of multi_head_attention_forward, and its masks, built from autograd ops.
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "functional_attention_detail.hpp"
 
@@ -139,7 +140,11 @@ Geometry check_arguments(const ag::Tensor& query, const ag::Tensor& key, const a
 }
 
 Masks build_masks(const AttentionOptions& o, const Geometry& g, bool causal_flag, ag::Dtype dtype) {
-  ag::NoGradGuard no_grad;
+  // A floating attn_mask that requires grad gets its gradient, as in PyTorch: the mask is then
+  // built with the graph recorded (the other masks are constants and add nothing to it).
+  const bool mask_grad = o.attn_mask.defined() && ag::is_floating(o.attn_mask.dtype()) && o.attn_mask.requires_grad();
+  std::optional<ag::NoGradGuard> no_grad;
+  if (!mask_grad) no_grad.emplace();
   Masks masks;
   masks.causal_flag = causal_flag;
   ag::Tensor& mask = masks.additive;
@@ -147,7 +152,7 @@ Masks build_masks(const AttentionOptions& o, const Geometry& g, bool causal_flag
   if (o.attn_mask.defined()) {  // (T, S), or (B·H, T, S) read as (B, H, T, S)
     // A floating mask is added as it is; an Int64 mask (what the comparisons return) is boolean:
     // nonzero = blocked (-inf), zero = allowed (0).
-    const ag::Tensor raw = o.attn_mask.detach();
+    const ag::Tensor raw = mask_grad ? o.attn_mask : o.attn_mask.detach();
     const ag::Tensor m = ag::is_floating(raw.dtype()) ? raw.to(dtype)
                                                       : ag::masked_fill(ag::zeros(raw.shape(), dtype), raw, kNegInf);
     add(m.dim() == 2 ? m : ag::reshape(m, {g.B, g.H, g.T, g.S}));

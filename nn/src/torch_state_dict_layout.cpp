@@ -95,12 +95,13 @@ class LayoutWalker {
   }
 
   // nn.TransformerEncoderLayer(norm_first=True, batch_first=True): self_attn, linear1, linear2,
-  // norm1, norm2. Its bias=False drops the LayerNorms' biases too, which this block keeps.
+  // norm1, norm2. Blocks without biases are not mapped (the layout of torch's bias=False layer is
+  // not checked against PyTorch here).
   void block(const TransformerBlock& b, const std::string& key, const std::string& path) {
     if (!b.options().bias)
       throw CheckpointError(fmt::format(
-          "{}: {} (TransformerBlock) has bias=false, which torch's nn.TransformerEncoderLayer cannot express (its "
-          "bias=False also removes the LayerNorms' biases, which this block keeps)",
+          "{}: {} (TransformerBlock) has bias=false; only blocks with biases are written in the layout of "
+          "torch's nn.TransformerEncoderLayer",
           op_, describe_path(path)));
     attention(b.attn(), join(key, "self_attn"), join(path, "attn"));
     linear(b.fc_1(), join(key, "linear1"), join(path, "fc_1"));
