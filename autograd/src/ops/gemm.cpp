@@ -98,6 +98,34 @@ void tiny_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
   else tiny_loop<T, true, true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// B [rows, cols] (rows ldb apart) transposed into a scratch of the calling thread, [cols, rows]
+// (kept between calls: no allocation once warm; valid until the thread's next call). Copies
+// only: the same values whatever the instruction set.
+template <class T>
+const T* transposed(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_t cols) {
+  thread_local std::vector<T> scratch;
+  if (scratch.size() < static_cast<std::size_t>(rows * cols)) scratch.resize(static_cast<std::size_t>(rows * cols));
+  T* const out = scratch.data();
+  if constexpr (std::is_same_v<T, float>) {
+    [[maybe_unused]] const isa::Isa variant = isa::active();
+#if HEADGRAD_ISA_AVX512
+    if (variant == isa::Isa::Avx512) {
+      small_gemm::transpose_avx512(B, ldb, rows, cols, out, rows);
+      return out;
+    }
+#endif
+#if HEADGRAD_ISA_AVX2
+    if (variant == isa::Isa::Avx2) {
+      small_gemm::transpose_avx2(B, ldb, rows, cols, out, rows);
+      return out;
+    }
+#endif
+  }
+  for (std::int64_t j = 0; j < rows; ++j)
+    for (std::int64_t k = 0; k < cols; ++k) out[k * rows + j] = B[j * ldb + k];
+  return out;
+}
+
 // Small products (the per-head products of small attention shapes, 32x32x16 and the like) go to
 // a register-blocked kernel of our own (gemm_small.hpp), in the variant of the instruction set
 // in use (ops/isa.hpp: AVX-512 or AVX2 + FMA, chosen at run time in every build; none in the
@@ -145,12 +173,8 @@ bool small_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_
   if (!small_kernel_fits<T>(tb, M, N, K)) return false;
   const T* Bp = B;
   std::int64_t ldbp = ldb;
-  thread_local std::vector<T> packed;  // per thread, kept between calls (no allocation once warm)
   if (tb) {  // op(B)(k, j) = B[j·ldb + k]: lay it out [K, N]
-    packed.resize(static_cast<std::size_t>(K * N));
-    for (std::int64_t j = 0; j < N; ++j)
-      for (std::int64_t k = 0; k < K; ++k) packed[k * N + j] = B[j * ldb + k];
-    Bp = packed.data();
+    Bp = transposed(B, ldb, N, K);
     ldbp = N;
   }
   const small_gemm::Args<T> args{ta, M, N, K, alpha, A, lda, Bp, ldbp, beta, C, ldc};
@@ -354,6 +378,13 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
   keep_eigen_single_threaded();
   // libxsmm generates code for the CPU it finds, like the BLAS; HEADGRAD_ISA=generic (no vector
   // kernels chosen at run time) leaves it out too.
+  if (isa::active() != isa::Isa::Generic && trans_b && xsmm::fits<T>(false, M, N, K, alpha, lda, N, beta, ldc)) {
+    // libxsmm has no kernel for a transposed B: B once into a scratch of the calling thread,
+    // laid out [K, N], and then the product as op(A)·B, cut as any other.
+    const T* Bt = transposed(B, ldb, N, K);
+    cut_product<T>(xsmm_piece<T>, false, trans_a, false, M, N, K, alpha, A, lda, Bt, N, beta, C, ldc);
+    return;
+  }
   if (isa::active() != isa::Isa::Generic && xsmm::fits<T>(trans_b, M, N, K, alpha, lda, ldb, beta, ldc)) {
     cut_product<T>(xsmm_piece<T>, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
