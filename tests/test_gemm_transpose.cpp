@@ -1,6 +1,7 @@
 // The transposition behind the matrix products with a transposed B (autograd/src/ops/gemm.cpp
-// lays op(B) out [K, N] before the small kernel or libxsmm): its AVX-512 and AVX2 variants
-// (gemm_small.hpp) against the definition dst[c·ldd + r] = src[r·lds + c], element for element,
+// lays op(B) out [K, N] before the small kernel or libxsmm, alpha folded in): its AVX-512 and
+// AVX2 variants (gemm_small.hpp) against the definition dst[c·ldd + r] = alpha·src[r·lds + c]
+// (one float multiply; alpha = 1 an exact copy), bit for bit,
 // at every size from 1 x 1 to 40 x 40 (whole register blocks, partial ones, both), with padded
 // leading dimensions whose padding must stay untouched. Negative controls: a checker that sees
 // one swapped pair of elements and one written pad element.
@@ -22,7 +23,8 @@ namespace ag = autograd;
 
 namespace {
 
-using Transpose = std::function<void(const float*, std::int64_t, std::int64_t, std::int64_t, float*, std::int64_t)>;
+using Transpose =
+    std::function<void(const float*, std::int64_t, std::int64_t, std::int64_t, float*, std::int64_t, float)>;
 
 constexpr float kPad = -7777.f;
 
@@ -36,20 +38,20 @@ std::vector<float> source(std::int64_t rows, std::int64_t lds) {
 // Elements of dst [cols, rows] (rows ldd apart) not equal to the definition, the padding
 // past each row's `rows` elements included (it must still hold kPad).
 int wrong_elements(const std::vector<float>& src, std::int64_t lds, std::int64_t rows, std::int64_t cols,
-                   const std::vector<float>& dst, std::int64_t ldd) {
+                   const std::vector<float>& dst, std::int64_t ldd, float alpha = 1.f) {
   int wrong = 0;
   for (std::int64_t c = 0; c < cols; ++c)
     for (std::int64_t r = 0; r < ldd; ++r) {
-      const float want = r < rows ? src[r * lds + c] : kPad;
+      const float want = r >= rows ? kPad : alpha == 1.f ? src[r * lds + c] : alpha * src[r * lds + c];
       if (std::memcmp(&dst[c * ldd + r], &want, sizeof want) != 0) ++wrong;
     }
   return wrong;
 }
 
 std::vector<float> run(const Transpose& f, const std::vector<float>& src, std::int64_t lds, std::int64_t rows,
-                       std::int64_t cols, std::int64_t ldd) {
+                       std::int64_t cols, std::int64_t ldd, float alpha = 1.f) {
   std::vector<float> dst(static_cast<std::size_t>(cols * ldd), kPad);
-  f(src.data(), lds, rows, cols, dst.data(), ldd);
+  f(src.data(), lds, rows, cols, dst.data(), ldd, alpha);
   return dst;
 }
 
@@ -74,9 +76,12 @@ BOOST_AUTO_TEST_CASE(every_size_to_40_by_40_with_padded_strides) {
       for (std::int64_t cols = 1; cols <= 40; ++cols) {
         const std::int64_t lds = cols + 3, ldd = rows + 5;
         const std::vector<float> src = source(rows, lds);
-        const int wrong = wrong_elements(src, lds, rows, cols, run(f, src, lds, rows, cols, ldd), ldd);
-        if (wrong != 0 && ++failed_sizes <= 5)
-          BOOST_ERROR(name << " " << rows << "x" << cols << ": " << wrong << " elements wrong");
+        for (float alpha : {1.f, 0.37f, -3.f}) {
+          const int wrong =
+              wrong_elements(src, lds, rows, cols, run(f, src, lds, rows, cols, ldd, alpha), ldd, alpha);
+          if (wrong != 0 && ++failed_sizes <= 5)
+            BOOST_ERROR(name << " " << rows << "x" << cols << " alpha " << alpha << ": " << wrong << " elements wrong");
+        }
       }
     BOOST_TEST(failed_sizes == 0, name << ": sizes with a wrong element");
   }
@@ -93,8 +98,8 @@ BOOST_AUTO_TEST_CASE(large_blocks_in_place_strides_and_zero_sizes) {
     BOOST_TEST(wrong_elements(w, 64, 192, 64, run(f, w, 64, 192, 64, 192), 192) == 0, name);
     // Nothing to do: nothing written.
     std::vector<float> dst(8, kPad);
-    f(src.data(), lds, 0, 4, dst.data(), 2);
-    f(src.data(), lds, 4, 0, dst.data(), 2);
+    f(src.data(), lds, 0, 4, dst.data(), 2, 1.f);
+    f(src.data(), lds, 4, 0, dst.data(), 2, 0.5f);
     BOOST_TEST(wrong_elements(src, lds, 0, 4, dst, 2) == 0, name);
   }
 }
@@ -103,9 +108,9 @@ BOOST_AUTO_TEST_CASE(negative_controls_the_checker_sees_a_swap_and_a_pad) {
   const std::int64_t rows = 17, cols = 19, lds = 20, ldd = 18;
   const std::vector<float> src = source(rows, lds);
   const Transpose plain = [](const float* s, std::int64_t ls, std::int64_t r, std::int64_t c, float* d,
-                             std::int64_t ld) {
+                             std::int64_t ld, float alpha) {
     for (std::int64_t i = 0; i < r; ++i)
-      for (std::int64_t j = 0; j < c; ++j) d[j * ld + i] = s[i * ls + j];
+      for (std::int64_t j = 0; j < c; ++j) d[j * ld + i] = alpha * s[i * ls + j];
   };
   std::vector<float> right = run(plain, src, lds, rows, cols, ldd);
   BOOST_TEST(wrong_elements(src, lds, rows, cols, right, ldd) == 0);
@@ -115,4 +120,9 @@ BOOST_AUTO_TEST_CASE(negative_controls_the_checker_sees_a_swap_and_a_pad) {
   std::vector<float> pad = right;
   pad[2 * ldd + rows] = 0.f;
   BOOST_TEST(wrong_elements(src, lds, rows, cols, pad, ldd) == 1);
+  // alpha applied twice (or not at all) is seen too.
+  const std::vector<float> scaled = run(plain, src, lds, rows, cols, ldd, 0.37f);
+  BOOST_TEST(wrong_elements(src, lds, rows, cols, scaled, ldd, 0.37f) == 0);
+  BOOST_TEST(wrong_elements(src, lds, rows, cols, right, ldd, 0.37f) > 0);
+  BOOST_TEST(wrong_elements(src, lds, rows, cols, run(plain, src, lds, rows, cols, ldd, 0.37f * 0.37f), ldd, 0.37f) > 0);
 }

@@ -190,9 +190,11 @@ void slice_dv(const Dims& d, const Slice<T>& s, KeyBlocks kb, RowMatrix<T>& drop
   }
 }
 
-// dP and then dS on rows r0..r1-1, columns 0..cols-1 of dP (row stride S), in place.
+// dP and then scale·dS on rows r0..r1-1, columns 0..cols-1 of dP (row stride S), in place; dS
+// itself into the same rows of `dscores` (row stride S) when that is not null.
 template <class T>
-void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64_t r1, std::int64_t cols, T* dP) {
+void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64_t r1, std::int64_t cols, T scale,
+                   T* dP, T* dscores) {
   const std::int64_t rows = r1 - r0;
   T* dPb = dP + r0 * d.S;  // [rows, cols] of row stride S
   StridedView<T> dPm(dPb, rows, cols, d.S);
@@ -210,18 +212,27 @@ void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64
   //                                       = P_ij · (dP_ij − Σ_k dP_ik P_ik)
   // (the Jacobian diag(p) − p·pᵀ never formed: O(T·S) per slice). A fully blocked row has
   // P = 0, so its dS row is 0; so are blocked (P = 0) entries, the causal ones included.
+  // dP keeps scale·dS, the factor both dQ = scale·dS·K and dK = scale·dSᵀ·Q need (one pass,
+  // instead of one over each of them).
   for (std::int64_t i = r0; i < r1; ++i) {
     auto p_row = ConstArrayView<T>(s.P + i * d.S, cols);
     auto ds_row = ArrayView<T>(dP + i * d.S, cols);
     const T row_dot = (ds_row * p_row).sum();
-    ds_row = p_row * (ds_row - row_dot);  // dP now holds dS
+    if (dscores != nullptr) {
+      auto out = ArrayView<T>(dscores + i * d.S, cols);
+      out = p_row * (ds_row - row_dot);
+      ds_row = out * scale;
+    } else {
+      ds_row = (p_row * (ds_row - row_dot)) * scale;
+    }
   }
 }
 
 // forward: S = scale·Q·Kᵀ + M
 //   => dK = scale·dSᵀ·Q                                     [S, T] x [T, d_k] -> [S, d_k]
+// (sdS = scale·dS, as slice_ds_rows leaves it)
 template <class T>
-void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* dS, T scale, T* dK) {
+void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* sdS, T* dK) {
   const std::int64_t lq = d.q.sr, lk = d.k.sr;
   if (d.T == 0) {
     StridedView<T>(dK, d.S, d.d_k, Eigen::OuterStride<>(lk)).setZero();
@@ -229,7 +240,7 @@ void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* dS, T sca
   }
   for (std::int64_t c0 = 0; c0 < d.S; c0 += kb.step) {
     const std::int64_t c1 = std::min(d.S, c0 + kb.step), i0 = kb.first_query(c0);
-    gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, scale, dS + i0 * d.S + c0, d.S, s.Q + i0 * lq, lq, T(0),
+    gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, T(1), sdS + i0 * d.S + c0, d.S, s.Q + i0 * lq, lq, T(0),
             dK + c0 * lk, lk);
   }
 }
@@ -263,20 +274,17 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
       for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
         const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
         const std::int64_t cols = blocks.cols(r1);
-        slice_ds_rows(d, s, r0, r1, cols, dP.data());
-        const T* dSb = dP.data() + r0 * d.S;  // [rows, cols] of row stride S
+        //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
+        T* const dscores = x.dscores != nullptr ? x.dscores + slice : nullptr;
+        slice_ds_rows(d, s, r0, r1, cols, scale, dP.data(), dscores);
+        if (dscores != nullptr && cols < d.S) StridedView<T>(dscores + r0 * d.S + cols, rows, d.S - cols, d.S).setZero();
+        const T* sdSb = dP.data() + r0 * d.S;  // scale·dS, [rows, cols] of row stride S
         //   => dQ = scale·dS·K                            [rows, cols] x [cols, d_k] -> [rows, d_k]
         if (x.dq != nullptr)
-          gemm<T>(false, false, rows, d.d_k, cols, scale, dSb, d.S, s.K, d.k.sr, T(0),
+          gemm<T>(false, false, rows, d.d_k, cols, T(1), sdSb, d.S, s.K, d.k.sr, T(0),
                   x.dq + d.q.at(b, h) + r0 * d.q.sr, d.q.sr);
-        //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
-        if (x.dscores != nullptr) {
-          T* out = x.dscores + slice + r0 * d.S;
-          StridedView<T>(out, rows, cols, d.S) = StridedView<const T>(dSb, rows, cols, d.S);
-          if (cols < d.S) StridedView<T>(out + cols, rows, d.S - cols, d.S).setZero();
-        }
       }
-      if (x.dk != nullptr) slice_dk(d, s, key_blocks, dP.data(), scale, x.dk + d.k.at(b, h));
+      if (x.dk != nullptr) slice_dk(d, s, key_blocks, dP.data(), x.dk + d.k.at(b, h));
     }
   });
 }

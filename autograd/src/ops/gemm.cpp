@@ -98,11 +98,11 @@ void tiny_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
   else tiny_loop<T, true, true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// B [rows, cols] (rows ldb apart) transposed into a scratch of the calling thread, [cols, rows]
-// (kept between calls: no allocation once warm; valid until the thread's next call). Copies
-// only: the same values whatever the instruction set.
+// alpha·B, B [rows, cols] (rows ldb apart), transposed into a scratch of the calling thread,
+// [cols, rows] (kept between calls: no allocation once warm; valid until the thread's next call).
+// One rounding per element (none when alpha = 1): the same values whatever the instruction set.
 template <class T>
-const T* transposed(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_t cols) {
+const T* transposed(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_t cols, T alpha = T(1)) {
   thread_local std::vector<T> scratch;
   if (scratch.size() < static_cast<std::size_t>(rows * cols)) scratch.resize(static_cast<std::size_t>(rows * cols));
   T* const out = scratch.data();
@@ -110,19 +110,19 @@ const T* transposed(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_
     [[maybe_unused]] const isa::Isa variant = isa::active();
 #if HEADGRAD_ISA_AVX512
     if (variant == isa::Isa::Avx512) {
-      small_gemm::transpose_avx512(B, ldb, rows, cols, out, rows);
+      small_gemm::transpose_avx512(B, ldb, rows, cols, out, rows, alpha);
       return out;
     }
 #endif
 #if HEADGRAD_ISA_AVX2
     if (variant == isa::Isa::Avx2) {
-      small_gemm::transpose_avx2(B, ldb, rows, cols, out, rows);
+      small_gemm::transpose_avx2(B, ldb, rows, cols, out, rows, alpha);
       return out;
     }
 #endif
   }
   for (std::int64_t j = 0; j < rows; ++j)
-    for (std::int64_t k = 0; k < cols; ++k) out[k * rows + j] = B[j * ldb + k];
+    for (std::int64_t k = 0; k < cols; ++k) out[k * rows + j] = alpha == T(1) ? B[j * ldb + k] : alpha * B[j * ldb + k];
   return out;
 }
 
@@ -294,8 +294,9 @@ template <class T, class Call>
 void cut_product(Call call, bool hold_omp, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
                  std::int64_t K, T alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
                  std::int64_t ldc) {
-  const Cut cut = cut_of(M, N, K);
-  if (cut.count == 1) {  // one piece: no scratch, no region
+  // Below kPieceWork multiply-adds a product is one piece (cut_of would say so): no scratch, no region.
+  const Cut cut = M * N * K < kPieceWork ? Cut{} : cut_of(M, N, K);
+  if (cut.count == 1) {
     const int threads = hold_omp && !omp_in_parallel() ? omp_get_max_threads() : 1;
     if (threads > 1) omp_set_num_threads(1);
     call(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -379,10 +380,11 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
   // libxsmm generates code for the CPU it finds, like the BLAS; HEADGRAD_ISA=generic (no vector
   // kernels chosen at run time) leaves it out too.
   if (isa::active() != isa::Isa::Generic && trans_b && xsmm::fits<T>(false, M, N, K, alpha, lda, N, beta, ldc)) {
-    // libxsmm has no kernel for a transposed B: B once into a scratch of the calling thread,
-    // laid out [K, N], and then the product as op(A)·B, cut as any other.
-    const T* Bt = transposed(B, ldb, N, K);
-    cut_product<T>(xsmm_piece<T>, false, trans_a, false, M, N, K, alpha, A, lda, Bt, N, beta, C, ldc);
+    // libxsmm has no kernel for a transposed B: alpha·B once into a scratch of the calling
+    // thread, laid out [K, N], and then the product op(A)·(alpha·B)ᵀ, cut as any other (alpha
+    // folded into B costs one rounding per element of B and saves a pass over C).
+    const T* Bt = transposed(B, ldb, N, K, alpha);
+    cut_product<T>(xsmm_piece<T>, false, trans_a, false, M, N, K, T(1), A, lda, Bt, N, beta, C, ldc);
     return;
   }
   if (isa::active() != isa::Isa::Generic && xsmm::fits<T>(trans_b, M, N, K, alpha, lda, ldb, beta, ldc)) {
