@@ -9,8 +9,8 @@
 //
 // Routes, by shape alone (see gemm.cpp for the measured thresholds and docs/gemm_choice.md):
 // tiny products (at most 512 multiply-adds) a plain loop, or the small kernel where it fits;
-// products op(A)·B of 2^12 to 2^23 multiply-adds libxsmm's JIT kernels when the build has it
-// (HEADGRAD_LIBXSMM, gemm_xsmm.hpp); large products the BLAS found at configure time (OpenBLAS,
+// products of 2^12 to 2^27 multiply-adds libxsmm's JIT kernels when the build has it
+// (HEADGRAD_LIBXSMM, gemm_xsmm.hpp; a transposed B laid out [K, N] first, times alpha); large products the BLAS found at configure time (OpenBLAS,
 // HEADGRAD_BLAS); small ones (below about 1e5 multiply-adds) a small kernel of our own (AVX-512
 // or AVX2, chosen at run time: ops/isa.hpp) when N is a whole number of 32 bytes or, for A·Bᵀ,
 // C has fewer than 16 rows; else Eigen. Threads
