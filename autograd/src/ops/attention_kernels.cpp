@@ -136,8 +136,9 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
   const RowBlocks blocks = row_blocks(d, causal);
   const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
   parallel_region(d.parallel(), [&] {
-    // P ⊙ Z of a block: scratch of each thread, kept between calls (no allocation once warm).
-    thread_local RowMatrix<T> dropped;
+    // P ⊙ Z of a block, and scale·Kᵀ of a slice: scratch of each thread, kept between calls
+    // (no allocation once warm).
+    thread_local RowMatrix<T> dropped, kt;
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
       const std::int64_t b = bh / d.H, h = bh % d.H;
@@ -147,13 +148,18 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
       T* P = x.weights + bh * d.T * d.S;  // [T, S]: scores, then weights in place
       T* O = x.out + d.out.at(b, h);      // [T, d_v], rows lo apart
       const T* Z = x.keep != nullptr ? x.keep + bh * d.T * d.S : nullptr;
+      // scale·Kᵀ [d_k, S] once for all blocks (the product by a transposed K would transpose it
+      // per block: a causal slice's blocks see keys 0..r1-1, about half of them each).
+      kt.resize(d.d_k, d.S);
+      transpose_scaled(K, lk, d.S, d.d_k, scale, kt.data(), d.S);
 
       for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
         const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
         const std::int64_t cols = blocks.cols(r1);  // keys rows r0..r1-1 can see
         T* Pb = P + r0 * d.S;                       // [rows, cols] of row stride S
-        // S = scale·Q·Kᵀ                               [rows, d_k] x [d_k, cols] -> [rows, cols]
-        gemm<T>(false, true, rows, cols, d.d_k, scale, Q + r0 * lq, lq, K, lk, T(0), Pb, d.S);
+        // S = scale·Q·Kᵀ = Q·(scale·Kᵀ)                [rows, d_k] x [d_k, cols] -> [rows, cols]
+        gemm<T>(false, false, rows, cols, d.d_k, T(1), Q + r0 * lq, lq, kt.data(), std::max<std::int64_t>(d.S, 1),
+                T(0), Pb, d.S);
         // S += M
         if (x.mask != nullptr) add_mask(d, x.mask, ms, b, h, r0, r1, cols, P);
         // P = softmax(S) by rows (causal: row i sees keys 0..i)
@@ -224,10 +230,11 @@ void slice_dv(const Dims& d, const Slice<T>& s, KeyBlocks kb, RowMatrix<T>& drop
 }
 
 // dP and then scale·dS on rows r0..r1-1, columns 0..cols-1 of dP (row stride S), in place; dS
-// itself into the same rows of `dscores` (row stride S) when that is not null.
+// itself into the same rows of `dscores` (row stride S) when that is not null. vt holds Vᵀ
+// [d_v, S] (rows S apart) when s.dO is not null.
 template <class T>
 void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64_t r1, std::int64_t cols, T scale,
-                   T* dP, T* dscores) {
+                   const T* vt, T* dP, T* dscores) {
   const std::int64_t rows = r1 - r0;
   T* dPb = dP + r0 * d.S;  // [rows, cols] of row stride S
   StridedView<T> dPm(dPb, rows, cols, d.S);
@@ -235,7 +242,8 @@ void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64
   if (d.d_v == 0 || s.dO == nullptr) {
     dPm.setZero();
   } else {
-    gemm<T>(false, true, rows, cols, d.d_v, T(1), s.dO + r0 * d.out.sr, d.out.sr, s.V, d.v.sr, T(0), dPb, d.S);
+    gemm<T>(false, false, rows, cols, d.d_v, T(1), s.dO + r0 * d.out.sr, d.out.sr, vt, std::max<std::int64_t>(d.S, 1),
+            T(0), dPb, d.S);
     // forward: Pd = P ⊙ Z  =>  dP = dPd ⊙ Z
     if (s.Z != nullptr) dPm.array() *= StridedView<const T>(s.Z + r0 * d.S, rows, cols, d.S).array();
   }
@@ -290,6 +298,7 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
     // holds the largest slice the thread has seen.
     thread_local RowMatrix<T> dropped;  // P ⊙ Z
     thread_local RowMatrix<T> dP;       // dL/dP, then dL/dS in place
+    thread_local RowMatrix<T> vt;       // Vᵀ, once per slice for all row blocks
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
       const std::int64_t b = bh / d.H, h = bh % d.H, slice = bh * d.T * d.S;
@@ -304,12 +313,16 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
       if (!need_ds) continue;
 
       dP.resize(d.T, d.S);
+      if (s.dO != nullptr && d.d_v > 0) {
+        vt.resize(d.d_v, d.S);
+        transpose_scaled(s.V, d.v.sr, d.S, d.d_v, T(1), vt.data(), d.S);
+      }
       for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
         const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
         const std::int64_t cols = blocks.cols(r1);
         //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
         T* const dscores = x.dscores != nullptr ? x.dscores + slice : nullptr;
-        slice_ds_rows(d, s, r0, r1, cols, scale, dP.data(), dscores);
+        slice_ds_rows(d, s, r0, r1, cols, scale, vt.data(), dP.data(), dscores);
         if (dscores != nullptr && cols < d.S) StridedView<T>(dscores + r0 * d.S + cols, rows, d.S - cols, d.S).setZero();
         const T* sdSb = dP.data() + r0 * d.S;  // scale·dS, [rows, cols] of row stride S
         //   => dQ = scale·dS·K                            [rows, cols] x [cols, d_k] -> [rows, d_k]

@@ -28,6 +28,14 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc);
 
+// out[c·ldo + r] = alpha·B[r·ldb + c] for r < rows, c < cols: B [rows, cols] transposed into
+// out [cols, rows], each element times alpha (exact copies when alpha = 1), with the vector
+// transposes of the instruction set in use. What gemm does to a transposed B; a caller that
+// multiplies many row blocks by the same Bᵀ can do it once and pass the result untransposed.
+template <class T>
+void transpose_scaled(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_t cols, T alpha, T* out,
+                      std::int64_t ldo);
+
 extern template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
                                  std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);
 extern template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const double*,
