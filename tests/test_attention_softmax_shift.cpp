@@ -1,7 +1,8 @@
 // The float32 softmax of the untiled attention kernel (autograd/src/ops/attention_kernels.cpp):
-// rows whose maxima lie within 16 of each other share one shift and one exponential pass; rows
-// further apart, rows with a blocked key (-inf) or all keys blocked, NaN scores and causal rows
-// take the row-by-row path. Every weight is checked against the softmax computed here in long
+// without a mask, rows whose maxima lie within 16 of each other share one shift and one
+// exponential pass; rows further apart, masked slices (a blocked key, a fully blocked row) and
+// causal ones take the row-by-row path (so a float mask equal to causality gives the bits of
+// is_causal, checked below). Every weight is checked against the softmax computed here in long
 // double from the float inputs, within a bound derived from the float arithmetic: the score
 // q·k·scale carries at most (d + 2)·u·Σ|q·k·scale| of error, a weight's relative error is its
 // own score's error plus its row's largest, plus 16 roundings (exponential, sum, reciprocal).
@@ -167,6 +168,21 @@ BOOST_AUTO_TEST_CASE(float32_output_and_gradients_follow_float64) {
       BOOST_TEST(worst <= 2e-5 * scale, c.name << " result " << r << ": " << worst << " against " << scale);
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_causal_float_mask_gives_the_bits_of_is_causal) {
+  const Case c{2, 2, 24, 24, 8, 0.0, false, false, true, "causal"};
+  const Inputs in = inputs(c, 31);
+  const ag::Tensor q = make(in.q, {c.B, c.H, c.T, c.d}, ag::Dtype::Float32);
+  const ag::Tensor k = make(in.k, {c.B, c.H, c.S, c.d}, ag::Dtype::Float32);
+  const ag::Tensor v = make(in.v, {c.B, c.H, c.S, c.d}, ag::Dtype::Float32);
+  std::vector<double> mask(static_cast<std::size_t>(c.T * c.S), 0.0);
+  for (std::int64_t i = 0; i < c.T; ++i)
+    for (std::int64_t j = i + 1; j < c.S; ++j) mask[i * c.S + j] = -std::numeric_limits<double>::infinity();
+  const ag::SdpaResult flag = ag::scaled_dot_product_attention(q, k, v, ag::Tensor(), true);
+  const ag::SdpaResult masked = ag::scaled_dot_product_attention(q, k, v, ag::tensor(mask, {c.T, c.S}), false);
+  BOOST_TEST(ag::max(ag::abs(flag.output - masked.output)).item<float>() == 0.f);
+  BOOST_TEST(ag::max(ag::abs(flag.weights - masked.weights)).item<float>() == 0.f);
 }
 
 BOOST_AUTO_TEST_CASE(negative_control_a_weight_off_by_1e_5_is_seen) {

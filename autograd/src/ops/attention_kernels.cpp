@@ -92,8 +92,8 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
 // m, where each row on its own would use its own maximum m_i. Taken only when every m_i is
 // finite and within kSharedShift of m: then each row's largest weight exp(m_i − m) stays a
 // normal float, and only entries below e^-71 of their row's largest lose precision (where a
-// row's own shift loses those below e^-87). Otherwise (a fully blocked row, NaN or +inf
-// scores, spread-out rows), and without a vector exponential, false: nothing done. One call
+// row's own shift loses those below e^-87). Otherwise (NaN or +inf scores, spread-out rows),
+// and without a vector exponential, false: nothing done. One call
 // instead of one per row: at T = 32 the per-row calls cost about three times their arithmetic.
 constexpr float kSharedShift = 16.f;
 
@@ -163,7 +163,8 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
         // S += M
         if (x.mask != nullptr) add_mask(d, x.mask, ms, b, h, r0, r1, cols, P);
         // P = softmax(S) by rows (causal: row i sees keys 0..i)
-        if (causal || !softmax_rows_shared_shift(Pb, rows, d.S))
+        // (Without a mask only: a float mask equal to causality then gives the bits of is_causal.)
+        if (causal || x.mask != nullptr || !softmax_rows_shared_shift(Pb, rows, d.S))
           for (std::int64_t i = r0; i < r1; ++i) softmax_row(P + i * d.S, d.S, causal ? i + 1 : d.S, x.mask != nullptr);
         // O = (P ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
         const T* Pd = Pb;
