@@ -28,6 +28,7 @@
 
 #include "../autograd/src/ops/gemm.hpp"       // the product every op calls, tested directly
 #include "../autograd/src/ops/gemm_xsmm.hpp"  // which products libxsmm takes
+#include "isa_support.hpp"
 
 namespace ag = autograd;
 
@@ -133,12 +134,14 @@ bool same_bits(const auto& x, const auto& y) {
 }
 
 // (M, N, K) reaching each route: tiny (below a few hundred multiply-adds: the seed shapes), the
-// small kernel and few-row transposed-B products (tiny shape), libxsmm's range (2^12 to 2^23) with
-// pieces cut by rows, by columns and along K, and the BLAS's (2^23 and up).
+// small kernel and few-row transposed-B products (tiny shape), libxsmm's range (2^12 to 2^27, a
+// transposed B laid out first) with pieces cut by rows, by columns and along K, and the BLAS's
+// (2^27 and up; with the generic kernel variant, which leaves libxsmm and the small kernels
+// out, from 2^17: the generic cases below).
 const std::vector<std::array<std::int64_t, 3>> kShapes = {
     {2, 12, 4},  {2, 4, 12},   {4, 12, 2},   {1, 1, 1},    {3, 5, 7},      {8, 8, 8},     {8, 32, 96},
     {5, 24, 33}, {13, 37, 29}, {32, 16, 32}, {31, 17, 33}, {300, 67, 65}, {67, 300, 65}, {33, 35, 1030},
-    {129, 63, 257}, {259, 65, 250}};
+    {129, 63, 257}, {259, 65, 250}, {301, 131, 230}};
 
 template <class T>
 void check_every_route(const char* type) {
@@ -168,8 +171,17 @@ void check_every_route(const char* type) {
 BOOST_AUTO_TEST_CASE(every_route_float32) { check_every_route<float>("float32"); }
 BOOST_AUTO_TEST_CASE(every_route_float64) { check_every_route<double>("float64"); }
 
+// The generic variant: no libxsmm, no small kernels, so the BLAS (from 2^17 multiply-adds and
+// 32 in every dimension) and Eigen take what those took above.
+BOOST_AUTO_TEST_CASE(every_route_generic_variant) {
+  const test_support::IsaScope generic("generic");
+  check_every_route<float>("float32 generic");
+  check_every_route<double>("float64 generic");
+}
+
 BOOST_AUTO_TEST_CASE(libxsmm_takes_the_products_it_won) {
-  // Built with libxsmm: NN and TN products of 2^12 to 2^23 multiply-adds, beta 0 or 1, any alpha.
+  // Built with libxsmm: NN and TN products of 2^12 to 2^27 multiply-adds, beta 0 or 1, any alpha
+  // (gemm() lays a transposed B out first and asks for the NN or TN product).
   if (std::string(ag::xsmm::target()).empty()) {
     BOOST_TEST(!ag::xsmm::fits<float>(false, 32, 16, 32, 1.f, 32, 16, 0.f, 16));
     return;
@@ -178,7 +190,8 @@ BOOST_AUTO_TEST_CASE(libxsmm_takes_the_products_it_won) {
   BOOST_TEST(ag::xsmm::fits<double>(true, 256, 64, 256, 1.0, 256, 64, 1.0, 64) == false);  // B transposed
   BOOST_TEST(ag::xsmm::fits<double>(false, 256, 64, 255, 0.125, 256, 64, 1.0, 64));
   BOOST_TEST(!ag::xsmm::fits<float>(false, 8, 8, 8, 1.f, 8, 8, 0.f, 8));              // 2^9: ours
-  BOOST_TEST(!ag::xsmm::fits<float>(false, 2048, 128, 128, 1.f, 128, 128, 0.f, 128));  // 2^25: the BLAS
+  BOOST_TEST(ag::xsmm::fits<float>(false, 2048, 128, 128, 1.f, 128, 128, 0.f, 128));   // 2^25: medium's
+  BOOST_TEST(!ag::xsmm::fits<float>(false, 2048, 256, 256, 1.f, 256, 256, 0.f, 256));  // 2^27: the BLAS
   BOOST_TEST(!ag::xsmm::fits<float>(false, 32, 16, 32, 1.f, 32, 16, 0.5f, 16));        // beta 0.5
   BOOST_TEST(!ag::xsmm::fits<float>(false, 32, 16, 32, 1.f, std::int64_t{1} << 31, 16, 0.f, 16));
   // A product it takes, called directly, against the route without it (small kernel or Eigen).

@@ -87,6 +87,38 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
   if (seen < S) prow.tail(S - seen).setZero();
 }
 
+// float32 softmax of `rows` contiguous rows of `cols` entries with one exponential pass over all
+// of them: softmax does not depend on the shift, so the rows share the largest of their maxima
+// m, where each row on its own would use its own maximum m_i. Taken only when every m_i is
+// finite and within kSharedShift of m: then each row's largest weight exp(m_i − m) stays a
+// normal float, and only entries below e^-71 of their row's largest lose precision (where a
+// row's own shift loses those below e^-87). Otherwise (NaN or +inf scores, spread-out rows),
+// and without a vector exponential, false: nothing done. One call
+// instead of one per row: at T = 32 the per-row calls cost about three times their arithmetic.
+constexpr float kSharedShift = 16.f;
+
+template <class T>
+bool softmax_rows_shared_shift(T* p, std::int64_t rows, std::int64_t cols) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (rows < 2 || cols < 1) return false;
+    const ConstMatrixView<float> block(p, rows, cols);
+    float hi = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float m = block.row(i).maxCoeff();
+      hi = std::max(hi, m);
+      lo = std::min(lo, m);
+    }
+    if (!(hi - lo <= kSharedShift) || !(hi < std::numeric_limits<float>::infinity())) return false;  // NaN too
+    float total = 0.f;
+    if (!rows::exp_shifted(p, p, rows * cols, hi, total)) return false;
+    MatrixView<float> weights(p, rows, cols);
+    for (std::int64_t i = 0; i < rows; ++i) weights.row(i) *= 1.f / weights.row(i).sum();  // sum >= exp(lo - hi) > 0
+    return true;
+  }
+}
+
 }  // namespace
 
 MaskStrides mask_strides(const Shape& mask_shape) {
@@ -104,8 +136,9 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
   const RowBlocks blocks = row_blocks(d, causal);
   const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
   parallel_region(d.parallel(), [&] {
-    // P ⊙ Z of a block: scratch of each thread, kept between calls (no allocation once warm).
-    thread_local RowMatrix<T> dropped;
+    // P ⊙ Z of a block, and scale·Kᵀ of a slice: scratch of each thread, kept between calls
+    // (no allocation once warm).
+    thread_local RowMatrix<T> dropped, kt;
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
       const std::int64_t b = bh / d.H, h = bh % d.H;
@@ -115,17 +148,24 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
       T* P = x.weights + bh * d.T * d.S;  // [T, S]: scores, then weights in place
       T* O = x.out + d.out.at(b, h);      // [T, d_v], rows lo apart
       const T* Z = x.keep != nullptr ? x.keep + bh * d.T * d.S : nullptr;
+      // scale·Kᵀ [d_k, S] once for all blocks (the product by a transposed K would transpose it
+      // per block: a causal slice's blocks see keys 0..r1-1, about half of them each).
+      kt.resize(d.d_k, d.S);
+      transpose_scaled(K, lk, d.S, d.d_k, scale, kt.data(), d.S);
 
       for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
         const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
         const std::int64_t cols = blocks.cols(r1);  // keys rows r0..r1-1 can see
         T* Pb = P + r0 * d.S;                       // [rows, cols] of row stride S
-        // S = scale·Q·Kᵀ                               [rows, d_k] x [d_k, cols] -> [rows, cols]
-        gemm<T>(false, true, rows, cols, d.d_k, scale, Q + r0 * lq, lq, K, lk, T(0), Pb, d.S);
+        // S = scale·Q·Kᵀ = Q·(scale·Kᵀ)                [rows, d_k] x [d_k, cols] -> [rows, cols]
+        gemm<T>(false, false, rows, cols, d.d_k, T(1), Q + r0 * lq, lq, kt.data(), std::max<std::int64_t>(d.S, 1),
+                T(0), Pb, d.S);
         // S += M
         if (x.mask != nullptr) add_mask(d, x.mask, ms, b, h, r0, r1, cols, P);
         // P = softmax(S) by rows (causal: row i sees keys 0..i)
-        for (std::int64_t i = r0; i < r1; ++i) softmax_row(P + i * d.S, d.S, causal ? i + 1 : d.S, x.mask != nullptr);
+        // (Without a mask only: a float mask equal to causality then gives the bits of is_causal.)
+        if (causal || x.mask != nullptr || !softmax_rows_shared_shift(Pb, rows, d.S))
+          for (std::int64_t i = r0; i < r1; ++i) softmax_row(P + i * d.S, d.S, causal ? i + 1 : d.S, x.mask != nullptr);
         // O = (P ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
         const T* Pd = Pb;
         std::int64_t ld = d.S;
@@ -190,9 +230,12 @@ void slice_dv(const Dims& d, const Slice<T>& s, KeyBlocks kb, RowMatrix<T>& drop
   }
 }
 
-// dP and then dS on rows r0..r1-1, columns 0..cols-1 of dP (row stride S), in place.
+// dP and then scale·dS on rows r0..r1-1, columns 0..cols-1 of dP (row stride S), in place; dS
+// itself into the same rows of `dscores` (row stride S) when that is not null. vt holds Vᵀ
+// [d_v, S] (rows S apart) when s.dO is not null.
 template <class T>
-void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64_t r1, std::int64_t cols, T* dP) {
+void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64_t r1, std::int64_t cols, T scale,
+                   const T* vt, T* dP, T* dscores) {
   const std::int64_t rows = r1 - r0;
   T* dPb = dP + r0 * d.S;  // [rows, cols] of row stride S
   StridedView<T> dPm(dPb, rows, cols, d.S);
@@ -200,7 +243,8 @@ void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64
   if (d.d_v == 0 || s.dO == nullptr) {
     dPm.setZero();
   } else {
-    gemm<T>(false, true, rows, cols, d.d_v, T(1), s.dO + r0 * d.out.sr, d.out.sr, s.V, d.v.sr, T(0), dPb, d.S);
+    gemm<T>(false, false, rows, cols, d.d_v, T(1), s.dO + r0 * d.out.sr, d.out.sr, vt, std::max<std::int64_t>(d.S, 1),
+            T(0), dPb, d.S);
     // forward: Pd = P ⊙ Z  =>  dP = dPd ⊙ Z
     if (s.Z != nullptr) dPm.array() *= StridedView<const T>(s.Z + r0 * d.S, rows, cols, d.S).array();
   }
@@ -210,18 +254,27 @@ void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64
   //                                       = P_ij · (dP_ij − Σ_k dP_ik P_ik)
   // (the Jacobian diag(p) − p·pᵀ never formed: O(T·S) per slice). A fully blocked row has
   // P = 0, so its dS row is 0; so are blocked (P = 0) entries, the causal ones included.
+  // dP keeps scale·dS, the factor both dQ = scale·dS·K and dK = scale·dSᵀ·Q need (one pass,
+  // instead of one over each of them).
   for (std::int64_t i = r0; i < r1; ++i) {
     auto p_row = ConstArrayView<T>(s.P + i * d.S, cols);
     auto ds_row = ArrayView<T>(dP + i * d.S, cols);
     const T row_dot = (ds_row * p_row).sum();
-    ds_row = p_row * (ds_row - row_dot);  // dP now holds dS
+    if (dscores != nullptr) {
+      auto out = ArrayView<T>(dscores + i * d.S, cols);
+      out = p_row * (ds_row - row_dot);
+      ds_row = out * scale;
+    } else {
+      ds_row = (p_row * (ds_row - row_dot)) * scale;
+    }
   }
 }
 
 // forward: S = scale·Q·Kᵀ + M
 //   => dK = scale·dSᵀ·Q                                     [S, T] x [T, d_k] -> [S, d_k]
+// (sdS = scale·dS, as slice_ds_rows leaves it)
 template <class T>
-void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* dS, T scale, T* dK) {
+void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* sdS, T* dK) {
   const std::int64_t lq = d.q.sr, lk = d.k.sr;
   if (d.T == 0) {
     StridedView<T>(dK, d.S, d.d_k, Eigen::OuterStride<>(lk)).setZero();
@@ -229,7 +282,7 @@ void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* dS, T sca
   }
   for (std::int64_t c0 = 0; c0 < d.S; c0 += kb.step) {
     const std::int64_t c1 = std::min(d.S, c0 + kb.step), i0 = kb.first_query(c0);
-    gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, scale, dS + i0 * d.S + c0, d.S, s.Q + i0 * lq, lq, T(0),
+    gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, T(1), sdS + i0 * d.S + c0, d.S, s.Q + i0 * lq, lq, T(0),
             dK + c0 * lk, lk);
   }
 }
@@ -246,6 +299,7 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
     // holds the largest slice the thread has seen.
     thread_local RowMatrix<T> dropped;  // P ⊙ Z
     thread_local RowMatrix<T> dP;       // dL/dP, then dL/dS in place
+    thread_local RowMatrix<T> vt;       // Vᵀ, once per slice for all row blocks
 #pragma omp for schedule(static)
     for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
       const std::int64_t b = bh / d.H, h = bh % d.H, slice = bh * d.T * d.S;
@@ -260,23 +314,24 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
       if (!need_ds) continue;
 
       dP.resize(d.T, d.S);
+      if (s.dO != nullptr && d.d_v > 0) {
+        vt.resize(d.d_v, d.S);
+        transpose_scaled(s.V, d.v.sr, d.S, d.d_v, T(1), vt.data(), d.S);
+      }
       for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
         const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
         const std::int64_t cols = blocks.cols(r1);
-        slice_ds_rows(d, s, r0, r1, cols, dP.data());
-        const T* dSb = dP.data() + r0 * d.S;  // [rows, cols] of row stride S
+        //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
+        T* const dscores = x.dscores != nullptr ? x.dscores + slice : nullptr;
+        slice_ds_rows(d, s, r0, r1, cols, scale, vt.data(), dP.data(), dscores);
+        if (dscores != nullptr && cols < d.S) StridedView<T>(dscores + r0 * d.S + cols, rows, d.S - cols, d.S).setZero();
+        const T* sdSb = dP.data() + r0 * d.S;  // scale·dS, [rows, cols] of row stride S
         //   => dQ = scale·dS·K                            [rows, cols] x [cols, d_k] -> [rows, d_k]
         if (x.dq != nullptr)
-          gemm<T>(false, false, rows, d.d_k, cols, scale, dSb, d.S, s.K, d.k.sr, T(0),
+          gemm<T>(false, false, rows, d.d_k, cols, T(1), sdSb, d.S, s.K, d.k.sr, T(0),
                   x.dq + d.q.at(b, h) + r0 * d.q.sr, d.q.sr);
-        //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
-        if (x.dscores != nullptr) {
-          T* out = x.dscores + slice + r0 * d.S;
-          StridedView<T>(out, rows, cols, d.S) = StridedView<const T>(dSb, rows, cols, d.S);
-          if (cols < d.S) StridedView<T>(out + cols, rows, d.S - cols, d.S).setZero();
-        }
       }
-      if (x.dk != nullptr) slice_dk(d, s, key_blocks, dP.data(), scale, x.dk + d.k.at(b, h));
+      if (x.dk != nullptr) slice_dk(d, s, key_blocks, dP.data(), x.dk + d.k.at(b, h));
     }
   });
 }

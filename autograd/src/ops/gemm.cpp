@@ -11,6 +11,7 @@
 
 #include "autograd/tensor.hpp"
 #include "ops/gemm_small.hpp"
+#include "ops/gemm_small_tiny.hpp"
 #include "ops/gemm_xsmm.hpp"
 #include "ops/isa.hpp"
 #include "ops/parallel.hpp"
@@ -55,47 +56,14 @@ void eigen_gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std:
   else run(a.transpose(), b.transpose());
 }
 
-// Tiny products (the seed shape's, a few hundred multiply-adds at most) cost less than the
-// checks and the set-up of the routes below: a plain loop, each element of C a sum over k in
-// order, then times alpha, then plus beta·C (never read when beta = 0), as the small kernel
-// computes it. Four elements of a row of C at a time, their sums in registers.
-constexpr std::int64_t kTinyWork = 512;  // M·N·K, at most
-
-bool tiny_fits(std::int64_t M, std::int64_t N, std::int64_t K) {
-  return M <= kTinyWork && N <= kTinyWork && K > 0 && K <= kTinyWork && M * N * K <= kTinyWork;
-}
-
-// Elements j .. j+W-1 of row i of C.
-template <class T, bool TA, bool TB, int W>
-inline __attribute__((always_inline)) void tiny_block(std::int64_t i, std::int64_t j, std::int64_t K, T alpha,
-                                                      const T* A, std::int64_t lda, const T* B, std::int64_t ldb,
-                                                      T beta, T* C, std::int64_t ldc) {
-  T acc[W] = {};
-  for (std::int64_t k = 0; k < K; ++k) {
-    const T a = TA ? A[k * lda + i] : A[i * lda + k];
-    for (int q = 0; q < W; ++q) acc[q] += a * (TB ? B[(j + q) * ldb + k] : B[k * ldb + j + q]);
-  }
-  T* c = C + i * ldc + j;
-  for (int q = 0; q < W; ++q) c[q] = beta == T(0) ? alpha * acc[q] : alpha * acc[q] + beta * c[q];
-}
-
-template <class T, bool TA, bool TB>
-void tiny_loop(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, std::int64_t lda, const T* B,
-               std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
-  for (std::int64_t i = 0; i < M; ++i) {
-    std::int64_t j = 0;
-    for (; j + 4 <= N; j += 4) tiny_block<T, TA, TB, 4>(i, j, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    for (; j < N; ++j) tiny_block<T, TA, TB, 1>(i, j, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  }
-}
-
+// alpha·B, B [rows, cols] (rows ldb apart), transposed into a scratch of the calling thread,
+// [cols, rows] (kept between calls: no allocation once warm; valid until the thread's next call).
 template <class T>
-void tiny_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
-                  std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
-  if (!ta && !tb) tiny_loop<T, false, false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else if (!ta) tiny_loop<T, false, true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else if (!tb) tiny_loop<T, true, false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else tiny_loop<T, true, true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+const T* transposed(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_t cols, T alpha = T(1)) {
+  thread_local std::vector<T> scratch;
+  if (scratch.size() < static_cast<std::size_t>(rows * cols)) scratch.resize(static_cast<std::size_t>(rows * cols));
+  transpose_scaled(B, ldb, rows, cols, alpha, scratch.data(), rows);
+  return scratch.data();
 }
 
 // Small products (the per-head products of small attention shapes, 32x32x16 and the like) go to
@@ -145,12 +113,8 @@ bool small_product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_
   if (!small_kernel_fits<T>(tb, M, N, K)) return false;
   const T* Bp = B;
   std::int64_t ldbp = ldb;
-  thread_local std::vector<T> packed;  // per thread, kept between calls (no allocation once warm)
   if (tb) {  // op(B)(k, j) = B[j·ldb + k]: lay it out [K, N]
-    packed.resize(static_cast<std::size_t>(K * N));
-    for (std::int64_t j = 0; j < N; ++j)
-      for (std::int64_t k = 0; k < K; ++k) packed[k * N + j] = B[j * ldb + k];
-    Bp = packed.data();
+    Bp = transposed(B, ldb, N, K);
     ldbp = N;
   }
   const small_gemm::Args<T> args{ta, M, N, K, alpha, A, lda, Bp, ldbp, beta, C, ldc};
@@ -270,8 +234,9 @@ template <class T, class Call>
 void cut_product(Call call, bool hold_omp, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N,
                  std::int64_t K, T alpha, const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C,
                  std::int64_t ldc) {
-  const Cut cut = cut_of(M, N, K);
-  if (cut.count == 1) {  // one piece: no scratch, no region
+  // Below kPieceWork multiply-adds a product is one piece (cut_of would say so): no scratch, no region.
+  const Cut cut = M * N * K < kPieceWork ? Cut{} : cut_of(M, N, K);
+  if (cut.count == 1) {
     const int threads = hold_omp && !omp_in_parallel() ? omp_get_max_threads() : 1;
     if (threads > 1) omp_set_num_threads(1);
     call(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -342,6 +307,34 @@ void xsmm_piece(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std:
 
 }  // namespace
 
+// One rounding per element (none when alpha = 1): the same values whatever the instruction set.
+template <class T>
+void transpose_scaled(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_t cols, T alpha, T* out,
+                      std::int64_t ldo) {
+  if constexpr (std::is_same_v<T, float>) {
+    [[maybe_unused]] const isa::Isa variant = isa::active();
+#if HEADGRAD_ISA_AVX512
+    if (variant == isa::Isa::Avx512) {
+      small_gemm::transpose_avx512(B, ldb, rows, cols, out, ldo, alpha);
+      return;
+    }
+#endif
+#if HEADGRAD_ISA_AVX2
+    if (variant == isa::Isa::Avx2) {
+      small_gemm::transpose_avx2(B, ldb, rows, cols, out, ldo, alpha);
+      return;
+    }
+#endif
+  }
+  for (std::int64_t j = 0; j < rows; ++j)
+    for (std::int64_t k = 0; k < cols; ++k) out[k * ldo + j] = alpha == T(1) ? B[j * ldb + k] : alpha * B[j * ldb + k];
+}
+
+template void transpose_scaled<float>(const float*, std::int64_t, std::int64_t, std::int64_t, float, float*,
+                                      std::int64_t);
+template void transpose_scaled<double>(const double*, std::int64_t, std::int64_t, std::int64_t, double, double*,
+                                       std::int64_t);
+
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
@@ -354,6 +347,14 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
   keep_eigen_single_threaded();
   // libxsmm generates code for the CPU it finds, like the BLAS; HEADGRAD_ISA=generic (no vector
   // kernels chosen at run time) leaves it out too.
+  if (isa::active() != isa::Isa::Generic && trans_b && xsmm::fits<T>(false, M, N, K, alpha, lda, N, beta, ldc)) {
+    // libxsmm has no kernel for a transposed B: alpha·B once into a scratch of the calling
+    // thread, laid out [K, N], and then the product op(A)·(alpha·B)ᵀ, cut as any other (alpha
+    // folded into B costs one rounding per element of B and saves a pass over C).
+    const T* Bt = transposed(B, ldb, N, K, alpha);
+    cut_product<T>(xsmm_piece<T>, false, trans_a, false, M, N, K, T(1), A, lda, Bt, N, beta, C, ldc);
+    return;
+  }
   if (isa::active() != isa::Isa::Generic && xsmm::fits<T>(trans_b, M, N, K, alpha, lda, ldb, beta, ldc)) {
     cut_product<T>(xsmm_piece<T>, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;

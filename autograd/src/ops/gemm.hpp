@@ -9,8 +9,8 @@
 //
 // Routes, by shape alone (see gemm.cpp for the measured thresholds and docs/gemm_choice.md):
 // tiny products (at most 512 multiply-adds) a plain loop, or the small kernel where it fits;
-// products op(A)·B of 2^12 to 2^23 multiply-adds libxsmm's JIT kernels when the build has it
-// (HEADGRAD_LIBXSMM, gemm_xsmm.hpp); large products the BLAS found at configure time (OpenBLAS,
+// products of 2^12 to 2^27 multiply-adds libxsmm's JIT kernels when the build has it
+// (HEADGRAD_LIBXSMM, gemm_xsmm.hpp; a transposed B laid out [K, N] first, times alpha); large products the BLAS found at configure time (OpenBLAS,
 // HEADGRAD_BLAS); small ones (below about 1e5 multiply-adds) a small kernel of our own (AVX-512
 // or AVX2, chosen at run time: ops/isa.hpp) when N is a whole number of 32 bytes or, for A·Bᵀ,
 // C has fewer than 16 rows; else Eigen. Threads
@@ -27,6 +27,14 @@ namespace autograd {
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc);
+
+// out[c·ldo + r] = alpha·B[r·ldb + c] for r < rows, c < cols: B [rows, cols] transposed into
+// out [cols, rows], each element times alpha (exact copies when alpha = 1), with the vector
+// transposes of the instruction set in use. What gemm does to a transposed B; a caller that
+// multiplies many row blocks by the same Bᵀ can do it once and pass the result untransposed.
+template <class T>
+void transpose_scaled(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_t cols, T alpha, T* out,
+                      std::int64_t ldo);
 
 extern template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
                                  std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);

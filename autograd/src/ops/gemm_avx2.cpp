@@ -52,7 +52,50 @@ struct D256 {
   static R mul(R a, R b) { return _mm256_mul_pd(a, b); }
 };
 
+// One whole block of 8 x 8 floats transposed in registers: pairs of rows interleaved, then
+// quadruples within each 128-bit lane, then the two lanes across registers; times alpha unless
+// Scaled is false.
+template <bool Scaled>
+__attribute__((noinline)) void transpose8(const float* s, std::int64_t lds, float* d, std::int64_t ldd, float alpha) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i, s += lds) r[i] = _mm256_loadu_ps(s);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {  // r[4i + j], lane l: rows 4i..4i+3 at column 4l + j
+    r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+  const __m256 al = _mm256_set1_ps(alpha);
+  auto scaled = [&](__m256 x) { return Scaled ? _mm256_mul_ps(al, x) : x; };
+  for (int j = 0; j < 4; ++j) {  // column 4l + j: lane l of r[j] and r[4 + j]
+    _mm256_storeu_ps(d + j * ldd, scaled(_mm256_permute2f128_ps(r[j], r[4 + j], 0x20)));
+    _mm256_storeu_ps(d + (4 + j) * ldd, scaled(_mm256_permute2f128_ps(r[j], r[4 + j], 0x31)));
+  }
+}
+
+template <bool Scaled>
+void transpose_blocks(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, float* dst,
+                      std::int64_t ldd, float alpha) {
+  const std::int64_t rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
+  for (std::int64_t r = 0; r < rows8; r += 8)
+    for (std::int64_t c = 0; c < cols8; c += 8)
+      transpose8<Scaled>(src + r * lds + c, lds, dst + c * ldd + r, ldd, alpha);
+  for (std::int64_t r = 0; r < rows; ++r)  // the edges element by element
+    for (std::int64_t c = r < rows8 ? cols8 : 0; c < cols; ++c)
+      dst[c * ldd + r] = Scaled ? alpha * src[r * lds + c] : src[r * lds + c];
+}
+
 }  // namespace
+
+void transpose_avx2(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, float* dst,
+                    std::int64_t ldd, float alpha) {
+  if (alpha == 1.f) transpose_blocks<false>(src, lds, rows, cols, dst, ldd, alpha);
+  else transpose_blocks<true>(src, lds, rows, cols, dst, ldd, alpha);
+}
 
 void run_avx2(const Args<float>& a) { run<F256>(a); }
 void run_avx2(const Args<double>& a) { run<D256>(a); }

@@ -35,6 +35,15 @@ void run_nt_avx512(const Args<double>& a);
 void run_nt_avx2(const Args<float>& a);
 void run_nt_avx2(const Args<double>& a);
 
+// dst[c·ldd + r] = alpha·src[r·lds + c] for r < rows, c < cols: the [rows, cols] block at src,
+// transposed into the [cols, rows] block at dst (rows ldd apart), each element times alpha (one
+// rounding; alpha = 1 copies). So every variant gives the same result. Blocks of 16 x 16
+// (AVX-512) or 8 x 8 (AVX2) in registers.
+void transpose_avx512(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, float* dst,
+                      std::int64_t ldd, float alpha);
+void transpose_avx2(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, float* dst,
+                    std::int64_t ldd, float alpha);
+
 void run_avx512(const Args<float>& a);
 void run_avx512(const Args<double>& a);
 void run_avx2(const Args<float>& a);

@@ -15,7 +15,10 @@ namespace autograd::xsmm {
 namespace {
 
 constexpr std::int64_t kMinWork = std::int64_t{1} << 12;  // M·N·K, from
-constexpr std::int64_t kMaxWork = std::int64_t{1} << 23;  // M·N·K, below
+// Up to the medium shape's projections (2048x384x128 = 2^26.6, cut into pieces of 2^24.6):
+// 1.03-1.2x OpenBLAS's time per call there, and on the char GPT's MLP (docs/gemm_choice.md);
+// the large shape's (2^28 and up) stay with the BLAS, which is faster there.
+constexpr std::int64_t kMaxWork = std::int64_t{1} << 27;  // M·N·K, below
 
 // One kernel of libxsmm, by everything it was generated for. In libxsmm's column-major terms
 // (see product): m = N, n = M, lda = ldb, ldb = lda; `flags` holds trans_a and beta.

@@ -4,16 +4,17 @@
 //
 // libxsmm (1.x) generates one kernel per shape, strides and flags for the machine's instruction
 // set, the first time it is asked for. Measured against the other routes (docs/gemm_choice.md) it
-// wins the products op(A)·B of 2^12 to 2^23 multiply-adds: the per-head P·V, dS·K, Pᵀ·dO and
-// dSᵀ·Q of attention and the small shapes' projections. It has no kernel for a transposed B in
-// row-major terms. Each thread keeps the kernels it has used in a table of its own, so a warm call
+// wins the products op(A)·B of 2^12 to 2^27 multiply-adds: the per-head P·V, dS·K, Pᵀ·dO and
+// dSᵀ·Q of attention and the projections of the shapes up to medium. It has no kernel for a
+// transposed B in row-major terms: gemm.cpp lays such a B out [K, N] first (its A·Bᵀ products
+// of this range, Q·Kᵀ, dO·Vᵀ and dY·Wᵀ among them, are then faster than through the BLAS). Each thread keeps the kernels it has used in a table of its own, so a warm call
 // takes no lock, allocates nothing and generates nothing.
 #include <cstdint>
 
 namespace autograd::xsmm {
 
 // Whether libxsmm takes C = alpha·op(A)·B + beta·C (see gemm.hpp for the arguments): built with
-// it, B not transposed, beta 0 or 1, alpha not 0, M·N·K from 2^12 to below 2^23, and every size
+// it, B not transposed, beta 0 or 1, alpha not 0, M·N·K from 2^12 to below 2^27, and every size
 // and stride within libxsmm's 32-bit integers. Depends on the arguments alone.
 template <class T>
 bool fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda,
