@@ -79,8 +79,8 @@ void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, 
 
 // Query block [r0, r1) of slice (b, h): its output rows and log-sum-exps.
 template <class T>
-void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOperands<T>& o, MaskStrides ms, T scale,
-                   bool causal, Tile t, std::int64_t block_k, ForwardScratch<T>& s) {
+void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOperands<T>& o, MaskStrides ms, bool causal,
+                   Tile t, std::int64_t block_k, ForwardScratch<T>& s) {
   const std::int64_t rows = t.rows(), lo = d.out.sr;
   s.scores.resize(static_cast<std::size_t>(rows * block_k));
   s.acc.assign(static_cast<std::size_t>(rows * d.d_v), T(0));
@@ -88,8 +88,8 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOpera
   s.l.assign(static_cast<std::size_t>(rows), T(0));
   const std::int64_t seen = keys_seen(d, t.r1, causal);  // key blocks above the diagonal skipped
   for (t.c0 = 0; t.c0 < seen; t.c0 += block_k) {
-    t.c1 = std::min(d.S, t.c0 + block_k);
-    const bool blocked = score_tile(d, o, x.mask, ms, scale, causal, t, s.scores.data());
+    t.c1 = std::min(seen, t.c0 + block_k);  // = seen_part(d, t, causal)
+    const bool blocked = score_tile(d, o, x.mask, ms, causal, t, s.scores.data());
     online_softmax(s, rows, t.cols(), d.d_v, blocked);
     // dropout: the output takes exp(S − m) ⊙ Z, the sums l (and so lse) the undropped weights
     if (x.dropout != nullptr) drop_tile(d, *x.dropout, t, s.z, s.scores.data());
@@ -134,8 +134,8 @@ void flash_forward(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, 
     for (std::int64_t item = 0; item < items; ++item) {
       const std::int64_t bh = item / blocks, r0 = (item % blocks) * tiles.block_q;
       const Tile t{bh / d.H, bh % d.H, r0, std::min(d.T, r0 + tiles.block_q), 0, 0};
-      operands.load(d, call, bh, x.q, x.k, x.v, nullptr);
-      forward_block(d, x, operands, ms, scale, causal, t, tiles.block_k, scratch);
+      operands.load(d, call, bh, tiles.block_k, scale, x.q, x.k, x.v, nullptr);
+      forward_block(d, x, operands, ms, causal, t, tiles.block_k, scratch);
     }
   });
 }

@@ -57,6 +57,9 @@ void gelu_backward_avx2(const float* dy, const float* x, float* dx, std::int64_t
 }
 
 float exp_shifted_avx2(const float* x, float* y, std::int64_t n, float m) { return exp_shifted_run<F256>(x, y, n, m); }
+void exp_slopes_avx2(float* p, float* g, std::int64_t n, float m, float c) {
+  exp_slopes_run<F256>(p, g, n, m, c);
+}
 
 }  // namespace autograd::rows
 #endif

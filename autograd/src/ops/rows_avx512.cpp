@@ -12,7 +12,7 @@ namespace autograd::rows {
 namespace {
 
 // 16 floats; min and max as std::min and std::max (the first argument when either is NaN), as
-// Eigen's pmin and pmax; ldexp as Eigen's pldexp (four exact power-of-two factors).
+// Eigen's pmin and pmax.
 struct F512 {
   using R = __m512;
   static constexpr int n = 16;
@@ -33,16 +33,65 @@ struct F512 {
   static R min(R a, R b) { return _mm512_min_ps(b, a); }
   static R max(R a, R b) { return _mm512_max_ps(b, a); }
   static R floor(R a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF); }
-  static R pow2(__m512i e) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23)); }
-  static R ldexp(R y, R m) {
-    const __m512i e = _mm512_cvttps_epi32(m), b = _mm512_srai_epi32(e, 2);  // b = floor(m/4)
-    const R c = pow2(b);
-    const R out = mul(mul(mul(y, c), c), c);
-    return mul(out, pow2(_mm512_sub_epi32(_mm512_sub_epi32(_mm512_sub_epi32(e, b), b), b)));
-  }
+  // y·2^m in one instruction (vscalefps), rounded once. Eigen's pldexp (four power-of-two
+  // factors, as the AVX2 variant has it) gives the same bits for exp's y (in [1/2, 2]) and m in
+  // [-128, 128]: its first three products stay normal, so only its last one rounds, denormal
+  // results included (tests/test_isa_exp.cpp runs every float through both).
+  static R ldexp(R y, R m) { return _mm512_scalef_ps(y, m); }
 };
 
+// One Philox round on 16 counters side by side: the 32 x 32 -> 64-bit products of the even
+// lanes and of the odd ones (shifted down) by vpmuludq, their halves put back in lane order.
+inline void philox_round16(__m512i& x0, __m512i& x1, __m512i& x2, __m512i& x3, __m512i m0, __m512i m1,
+                           std::uint32_t k0, std::uint32_t k1) {
+  constexpr __mmask16 odd = 0xAAAA;
+  const __m512i e0 = _mm512_mul_epu32(x0, m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(x0, 32), m0);
+  const __m512i e2 = _mm512_mul_epu32(x2, m1), o2 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
+  const __m512i hi0 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e0, 32), o0);
+  const __m512i lo0 = _mm512_mask_blend_epi32(odd, e0, _mm512_slli_epi64(o0, 32));
+  const __m512i hi2 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e2, 32), o2);
+  const __m512i lo2 = _mm512_mask_blend_epi32(odd, e2, _mm512_slli_epi64(o2, 32));
+  const __m512i n0 = _mm512_xor_si512(_mm512_xor_si512(hi2, x1), _mm512_set1_epi32(static_cast<int>(k0)));
+  const __m512i n2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32(static_cast<int>(k1)));
+  x1 = lo2;
+  x3 = lo0;
+  x0 = n0;
+  x2 = n2;
+}
+
 }  // namespace
+
+// Philox-4x32-10 as ops/philox.hpp has it (its constants: round multipliers 0xD2511F53 and
+// 0xCD9E8D57, key increments 0x9E3779B9 and 0xBB67AE85), counter g in lane g of four vectors.
+void philox_bits_avx512(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i low = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(c)));
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(c >> 32)));
+  __m512i x0 = _mm512_add_epi32(low, iota);
+  const __mmask16 carry = _mm512_cmplt_epu32_mask(x0, low);  // c + g passed a multiple of 2^32
+  __m512i x1 = _mm512_mask_add_epi32(high, carry, high, _mm512_set1_epi32(1));
+  __m512i x2 = _mm512_setzero_si512(), x3 = _mm512_setzero_si512();
+  const __m512i m0 = _mm512_set1_epi64(0xD2511F53), m1 = _mm512_set1_epi64(0xCD9E8D57);
+  for (int r = 0; r < 10; ++r) {
+    philox_round16(x0, x1, x2, x3, m0, m1, k0, k1);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  // transpose: within each 128-bit lane L, rows r hold counter 4·L + r's four words ...
+  const __m512i t = _mm512_unpacklo_epi32(x0, x1), u = _mm512_unpackhi_epi32(x0, x1);
+  const __m512i v = _mm512_unpacklo_epi32(x2, x3), w = _mm512_unpackhi_epi32(x2, x3);
+  const __m512i r0 = _mm512_unpacklo_epi64(t, v), r1 = _mm512_unpackhi_epi64(t, v);
+  const __m512i r2 = _mm512_unpacklo_epi64(u, w), r3 = _mm512_unpackhi_epi64(u, w);
+  // ... then output k takes 128-bit lane k of r0..r3: counters 4·k .. 4·k + 3
+  const __m512i a = _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512i b = _mm512_shuffle_i32x4(r2, r3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512i e = _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512i f = _mm512_shuffle_i32x4(r2, r3, _MM_SHUFFLE(3, 2, 3, 2));
+  _mm512_storeu_si512(out, _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+  _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm512_storeu_si512(out + 32, _mm512_shuffle_i32x4(e, f, _MM_SHUFFLE(2, 0, 2, 0)));
+  _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(e, f, _MM_SHUFFLE(3, 1, 3, 1)));
+}
 
 void gelu_avx512(const float* x, float* y, std::int64_t n) { gelu_run<F512>(x, y, n); }
 void gelu_backward_avx512(const float* dy, const float* x, float* dx, std::int64_t n) {
@@ -50,6 +99,9 @@ void gelu_backward_avx512(const float* dy, const float* x, float* dx, std::int64
 }
 
 float exp_shifted_avx512(const float* x, float* y, std::int64_t n, float m) { return exp_shifted_run<F512>(x, y, n, m); }
+void exp_slopes_avx512(float* p, float* g, std::int64_t n, float m, float c) {
+  exp_slopes_run<F512>(p, g, n, m, c);
+}
 
 }  // namespace autograd::rows
 #endif
