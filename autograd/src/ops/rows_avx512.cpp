@@ -40,43 +40,43 @@ struct F512 {
   static R ldexp(R y, R m) { return _mm512_scalef_ps(y, m); }
 };
 
-// One Philox round on 16 counters side by side: the 32 x 32 -> 64-bit products of the even
-// lanes and of the odd ones (shifted down) by vpmuludq, their halves put back in lane order.
-inline void philox_round16(__m512i& x0, __m512i& x1, __m512i& x2, __m512i& x3, __m512i m0, __m512i m1,
-                           std::uint32_t k0, std::uint32_t k1) {
-  constexpr __mmask16 odd = 0xAAAA;
-  const __m512i e0 = _mm512_mul_epu32(x0, m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(x0, 32), m0);
-  const __m512i e2 = _mm512_mul_epu32(x2, m1), o2 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
-  const __m512i hi0 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e0, 32), o0);
-  const __m512i lo0 = _mm512_mask_blend_epi32(odd, e0, _mm512_slli_epi64(o0, 32));
-  const __m512i hi2 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e2, 32), o2);
-  const __m512i lo2 = _mm512_mask_blend_epi32(odd, e2, _mm512_slli_epi64(o2, 32));
-  const __m512i n0 = _mm512_xor_si512(_mm512_xor_si512(hi2, x1), _mm512_set1_epi32(static_cast<int>(k0)));
-  const __m512i n2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32(static_cast<int>(k1)));
-  x1 = lo2;
-  x3 = lo0;
-  x0 = n0;
-  x2 = n2;
+// One Philox round on 8 counters side by side, one in each 64-bit lane with its word in the low
+// half (the high halves carry junk that nothing reads): vpmuludq multiplies the low halves to
+// the full 64 bits, whose high word is a shift away and whose low half is the new low word.
+inline void philox_round8(__m512i& x0, __m512i& x1, __m512i& x2, __m512i& x3, __m512i m0, __m512i m1, __m512i k0,
+                          __m512i k1) {
+  const __m512i p0 = _mm512_mul_epu32(x0, m0), p1 = _mm512_mul_epu32(x2, m1);
+  constexpr int kXor3 = 0x96;  // a ^ b ^ c
+  x0 = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p1, 32), x1, k0, kXor3);
+  x2 = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p0, 32), x3, k1, kXor3);
+  x1 = p1;
+  x3 = p0;
 }
 
 }  // namespace
 
 // Philox-4x32-10 as ops/philox.hpp has it (its constants: round multipliers 0xD2511F53 and
-// 0xCD9E8D57, key increments 0x9E3779B9 and 0xBB67AE85), counter g in lane g of four vectors.
+// 0xCD9E8D57, key increments 0x9E3779B9 and 0xBB67AE85): counters c .. c + 7 in the 64-bit
+// lanes of one set of four vectors, c + 8 .. c + 15 in another.
 void philox_bits_avx512(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out) {
-  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i low = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(c)));
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(c >> 32)));
-  __m512i x0 = _mm512_add_epi32(low, iota);
-  const __mmask16 carry = _mm512_cmplt_epu32_mask(x0, low);  // c + g passed a multiple of 2^32
-  __m512i x1 = _mm512_mask_add_epi32(high, carry, high, _mm512_set1_epi32(1));
-  __m512i x2 = _mm512_setzero_si512(), x3 = _mm512_setzero_si512();
+  const __m512i iota = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512i c0 = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(c)), iota);
+  const __m512i c1 = _mm512_add_epi64(c0, _mm512_set1_epi64(8));
+  // words 0 and 1 of counter c + g: the low and high halves of c + g (its carry included)
+  __m512i a0 = c0, a1 = _mm512_srli_epi64(c0, 32), a2 = _mm512_setzero_si512(), a3 = a2;
+  __m512i b0 = c1, b1 = _mm512_srli_epi64(c1, 32), b2 = a2, b3 = a2;
   const __m512i m0 = _mm512_set1_epi64(0xD2511F53), m1 = _mm512_set1_epi64(0xCD9E8D57);
   for (int r = 0; r < 10; ++r) {
-    philox_round16(x0, x1, x2, x3, m0, m1, k0, k1);
+    const __m512i key0 = _mm512_set1_epi32(static_cast<int>(k0)), key1 = _mm512_set1_epi32(static_cast<int>(k1));
+    philox_round8(a0, a1, a2, a3, m0, m1, key0, key1);
+    philox_round8(b0, b1, b2, b3, m0, m1, key0, key1);
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
+  // word w of counters 0..15 in one vector: the low halves of a_w, then of b_w
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i x0 = _mm512_permutex2var_epi32(a0, evens, b0), x1 = _mm512_permutex2var_epi32(a1, evens, b1);
+  const __m512i x2 = _mm512_permutex2var_epi32(a2, evens, b2), x3 = _mm512_permutex2var_epi32(a3, evens, b3);
   // transpose: within each 128-bit lane L, rows r hold counter 4·L + r's four words ...
   const __m512i t = _mm512_unpacklo_epi32(x0, x1), u = _mm512_unpackhi_epi32(x0, x1);
   const __m512i v = _mm512_unpacklo_epi32(x2, x3), w = _mm512_unpackhi_epi32(x2, x3);
