@@ -1,8 +1,9 @@
 // The float32 exponentials of the softmax rows (autograd/src/ops/rows.hpp) in their vector
 // variants: AVX-512 forms y·2^m in one instruction (vscalefps), AVX2 with Eigen's four
 // power-of-two factors; both must give the same bits for every input, denormal results and the
-// clamped ends included. And the one-pass weights-and-slopes kernel of the attention backward
-// must give the bits of the exponentials followed by the plain expression.
+// clamped ends included. The one-pass weights-and-slopes kernel of the attention backward must
+// give the bits of the exponentials followed by the plain expression, and the row maximum must
+// be the largest element, or NaN when one is.
 #define BOOST_TEST_MODULE isa_exp
 #include <boost/test/unit_test.hpp>
 
@@ -152,6 +153,46 @@ BOOST_AUTO_TEST_CASE(weights_and_slopes_in_one_pass_give_the_bits_of_two) {
         BOOST_TEST(differences(p1, p2) == 0u, isa << " n = " << n);
         BOOST_TEST(differences(g1, g2) == 0u, isa << " n = " << n);
         if (n > 3) BOOST_TEST((p1[1] == 0.0f && g1[1] == 0.0f && p1[3] == 0.0f), isa);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_row_maximum_is_the_largest_element_or_nan_when_one_is) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const std::string& isa : available_isas()) {
+    IsaScope scope(isa);
+    for (std::int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 256, 300}) {
+      ag::Generator gen(static_cast<std::uint64_t>(n) + 11);
+      const std::vector<double> r = ag::randn({n}, ag::Dtype::Float64, gen).to_vector();
+      std::vector<float> x(r.begin(), r.end());
+      // the plain maximum, and what it is with the largest element at each end
+      for (std::int64_t at : {std::int64_t{0}, n / 2, n - 1}) {
+        std::vector<float> y = x;
+        y[static_cast<std::size_t>(at)] = 50.0f;
+        float got = 0;
+        const bool vector = ag::rows::max(y.data(), n, got);
+        BOOST_TEST(vector == (isa != "generic"), isa);
+        if (vector) BOOST_TEST(got == 50.0f, isa << " n = " << n << " at " << at);
+      }
+      // all -inf but one; +inf; a NaN anywhere (the tail included) makes it NaN
+      std::vector<float> blocked(static_cast<std::size_t>(n), -inf);
+      blocked[static_cast<std::size_t>(n - 1)] = -3.0f;
+      float got = 0;
+      if (!ag::rows::max(blocked.data(), n, got)) continue;
+      BOOST_TEST(got == -3.0f, isa << " n = " << n);
+      std::fill(blocked.begin(), blocked.end(), -inf);
+      ag::rows::max(blocked.data(), n, got);
+      BOOST_TEST(got == -inf, isa << " n = " << n);
+      for (std::int64_t at = 0; at < n; at += std::max<std::int64_t>(1, n / 5)) {
+        std::vector<float> y = x;
+        y[static_cast<std::size_t>(at)] = nan;
+        if (at + 1 < n) y[static_cast<std::size_t>(at + 1)] = inf;
+        ag::rows::max(y.data(), n, got);
+        BOOST_TEST(std::isnan(got), isa << " n = " << n << " NaN at " << at);
+        y[static_cast<std::size_t>(at)] = 0.0f;
+        ag::rows::max(y.data(), n, got);
+        BOOST_TEST(got == (at + 1 < n ? inf : *std::max_element(y.begin(), y.end())), isa << " n = " << n);
       }
     }
   }

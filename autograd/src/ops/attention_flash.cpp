@@ -50,6 +50,17 @@ T exp_row(T* row, std::int64_t cols, T m, bool blocked) {
   return r.sum();
 }
 
+// The largest of row[0..cols), NaN when one is; -inf when cols = 0.
+template <class T>
+T row_max(const T* row, std::int64_t cols) {
+  if (cols <= 0) return -std::numeric_limits<T>::infinity();
+  if constexpr (std::is_same_v<T, float>) {
+    float m = 0;
+    if (rows::max(row, cols, m)) return m;
+  }
+  return ConstArrayView<T>(row, cols).template maxCoeff<Eigen::PropagateNaN>();
+}
+
 // Folds one tile of scores (in Sc, [rows, cols]) into the running state: Sc becomes
 // exp(S − m_new) (exactly 0 where S = -inf; a row with nothing seen yet stays all 0), l and the
 // partial output are rescaled by exp(m_old − m_new). A row that meets a NaN score (or a sum made
@@ -59,7 +70,7 @@ void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, 
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (std::int64_t i = 0; i < rows; ++i) {
     ArrayView<T> row(s.scores.data() + i * cols, cols);
-    const T tile_max = cols > 0 ? row.template maxCoeff<Eigen::PropagateNaN>() : neg_inf;
+    const T tile_max = row_max(row.data(), cols);
     if (std::isnan(tile_max) || std::isnan(s.l[i])) {  // a NaN score: the row's output is NaN
       s.l[i] = std::numeric_limits<T>::quiet_NaN();
       row.setZero();

@@ -27,6 +27,8 @@ struct F512 {
   static R zero_where_equal(R a, R b, R x) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ), x); }
   static R first_or(R a, R b, int m) { return _mm512_mask_mov_ps(b, first(m), a); }
   static float sum(R a) { return _mm512_reduce_add_ps(a); }
+  static float hmax(R a) { return _mm512_reduce_max_ps(a); }
+  static R nan_from(R a, R x) { return _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x); }
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R div(R a, R b) { return _mm512_div_ps(a, b); }
   static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
@@ -99,6 +101,7 @@ void gelu_backward_avx512(const float* dy, const float* x, float* dx, std::int64
 }
 
 float exp_shifted_avx512(const float* x, float* y, std::int64_t n, float m) { return exp_shifted_run<F512>(x, y, n, m); }
+float max_avx512(const float* x, std::int64_t n) { return max_run<F512>(x, n); }
 void exp_slopes_avx512(float* p, float* g, std::int64_t n, float m, float c) {
   exp_slopes_run<F512>(p, g, n, m, c);
 }

@@ -5,7 +5,8 @@
 // R, n, set1, load, store, load_first / store_first (the first m lanes), add, sub, mul, div,
 // fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m (rounded once) for y in [1/2, 2]
 // and integral m in [-128, 128], zero_where_equal(a, b, x) (x, 0 in the lanes where a = b),
-// first_or(a, b, m) (a's first m lanes, then b's) and sum (across the lanes).
+// first_or(a, b, m) (a's first m lanes, then b's), nan_from(a, x) (a, with x's lanes where x is
+// NaN), sum and hmax (across the lanes; hmax of NaN-free lanes).
 #include <cstdint>
 
 #include "ops/rows.hpp"
@@ -132,6 +133,27 @@ void exp_slopes_run(float* p, float* g, std::int64_t n, float m, float c) {
     W::store_first(p + i, e, k);
     W::store_first(g + i, W::mul(e, W::sub(W::load_first(g + i, k), cv)), k);
   }
+}
+
+// The largest of x[0..n), NaN when one is (n > 0).
+template <class W>
+float max_run(const float* x, std::int64_t n) {
+  using R = typename W::R;
+  const R neg_inf = W::set1(-__builtin_inff());
+  R m = neg_inf, nan = neg_inf;  // nan: a NaN seen, in its lane
+  std::int64_t i = 0;
+  for (; i + W::n <= n; i += W::n) {
+    const R v = W::load(x + i);
+    m = W::max(m, v);
+    nan = W::nan_from(nan, v);
+  }
+  if (i < n) {
+    const R v = W::first_or(W::load_first(x + i, static_cast<int>(n - i)), neg_inf, static_cast<int>(n - i));
+    m = W::max(m, v);
+    nan = W::nan_from(nan, v);
+  }
+  const float h = W::hmax(m), any_nan = W::sum(nan);  // sum: NaN iff a lane is NaN (the others -inf)
+  return any_nan != any_nan ? any_nan : h;
 }
 
 }  // namespace
