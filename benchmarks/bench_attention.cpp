@@ -8,6 +8,7 @@
 //       [<peak MiB> <attention GFLOP/s>]   (the last two with --memory or --attention-flops)
 //   (* % of peak = FLOPs per CPU-second of the process over one core's FP32 peak)
 //   bench_attention --core composed      the composed attention core instead of the fused one
+//   bench_attention --dropout 0.1        dropout p = 0.1 on the attention weights (default 0)
 //   bench_attention --peak               only the FP32 peak, measured per core for each vector ISA the
 //                                        CPU runs, and the ISA the kernels are compiled for
 //                                        (bench_common.hpp says how)
@@ -43,6 +44,7 @@ struct Flags {
   bool peak_only = false, memory = false, memory_only = false, attention_flops = false, memory_check = false;
   int cpu_samples = -1;  // default: max(3, samples / 2)
   double max_gib = 0;
+  double dropout = 0;
 };
 
 void print_peak(const bench::PeakEstimate& peak, bool tsv) {
@@ -77,7 +79,7 @@ void measure(const bench::AttentionShape& s, int n, nn::AttentionCore core, cons
       f.max_gib, run.tsv ? fmt::format("over\t{}\t{}\t{}\n", s.name, n, f.max_gib)
                          : fmt::format("{:<16} {:>7}  skipped: resident memory above --max-gib {} GiB\n", s.name,
                                        n, f.max_gib));
-  bench::AttentionStep step(s, core);
+  bench::AttentionStep step(s, core, f.dropout);
   for (int i = 0; i < (s.is_long() ? 1 : 3); ++i) step();  // warm up: grads and caches exist
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const auto t0 = bench::Clock::now();
@@ -138,6 +140,8 @@ int main(int argc, char** argv) {
   app.add_flag("--memory-check", f.memory_check, "measure a known 256 MiB buffer with the peak-memory measure");
   app.add_option("--cpu-samples", f.cpu_samples, "CPU-time samples (default max(3, samples / 2); 0: none)")
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--dropout", f.dropout, "dropout probability on the attention weights (default 0)")
+      ->check(CLI::Range(0.0, 0.999))->type_name("P");
   app.add_option("--max-gib", f.max_gib, "stop when resident memory passes this many GiB (default 0: no limit)")
       ->check(CLI::NonNegativeNumber)->type_name("G");
   CLI11_PARSE(app, argc, argv);
@@ -161,8 +165,8 @@ int main(int argc, char** argv) {
     fmt::print("nn::MultiHeadAttention forward + backward, float32, need_weights = false, {} core: peak memory of one "
                "step above the baseline\n\n{:<16} {:>7} {:>12}\n", f.core_name, "shape", "threads", "peak MiB");
   } else if (!tsv) {
-    fmt::print("nn::MultiHeadAttention forward + backward, float32, need_weights = false, {} core\n",
-               core == nn::AttentionCore::Fused ? "fused" : "composed");
+    fmt::print("nn::MultiHeadAttention forward + backward, float32, need_weights = false, {} core, dropout {}\n",
+               core == nn::AttentionCore::Fused ? "fused" : "composed", f.dropout);
     fmt::print("kernels compiled for {}; FP32 peak per core ({}, measured): {:.1f} FLOP/cycle x {:.2f} GHz = "
                "{:.1f} GFLOP/s\n\n", peak.kernels_isa, peak.isa, peak.flops_per_cycle, peak.ghz, peak.gflops());
     fmt::print("{:<{}} {:>7} {:>12} {:>10} {:>12}", "shape", name_width, "threads", "time/step", "GFLOP/s",

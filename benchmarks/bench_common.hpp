@@ -66,16 +66,17 @@ inline double attention_core_flops(const AttentionShape& s) {
   return 12.0 * B * pairs * E;
 }
 
-// One training step of nn::MultiHeadAttention on a shape, float32: a module, an input that
-// requires grad (as inside a network), and a call that zeroes the gradients, runs forward with
-// need_weights = false, and backward from loss = sum of the output.
+// One training step of nn::MultiHeadAttention on a shape, float32: a module (in training mode,
+// with dropout p on the attention weights), an input that requires grad (as inside a network),
+// and a call that zeroes the gradients, runs forward with need_weights = false, and backward
+// from loss = sum of the output.
 struct AttentionStep {
   nn::MultiHeadAttention mha;
   autograd::Tensor x;
   nn::AttentionOptions options;
 
-  AttentionStep(const AttentionShape& s, nn::AttentionCore core)
-      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H, .core = core}) {
+  AttentionStep(const AttentionShape& s, nn::AttentionCore core, double dropout = 0.0)
+      : mha(nn::MultiHeadAttentionOptions{.embed_dim = s.E, .num_heads = s.H, .dropout = dropout, .core = core}) {
     autograd::Generator gen(42);
     x = autograd::randn({s.B, s.T, s.E}, autograd::Dtype::Float32, gen).requires_grad_();
     options.need_weights = false;

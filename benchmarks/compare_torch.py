@@ -32,6 +32,8 @@ Long sequences (benchmarks/long_attention.sh; shape groups `long` and `memory`, 
   compare_torch.py --kernels --shapes long          the attention kernels PyTorch's step calls
   compare_torch.py --memory-check                   the peak-memory measure on a known 256 MiB tensor
   --max-gib G: a process whose resident memory passes G GiB is stopped; its side reads `over`
+  --dropout P: both sides train with dropout P on the attention weights (nn.MultiheadAttention's
+        dropout, bench_attention --dropout); PyTorch's step then runs its O(T^2) math path
 """
 import argparse
 import ctypes
@@ -140,12 +142,12 @@ def flops(B, T, E):
     return 3.0 * (8.0 * B * T * E * E + 4.0 * B * T * T * E)
 
 
-def make_step(B, T, E, H, causal):
+def make_step(B, T, E, H, causal, dropout=0.0):
     import torch
     from torch import nn
 
     torch.manual_seed(42)
-    mha = nn.MultiheadAttention(E, H, batch_first=True)
+    mha = nn.MultiheadAttention(E, H, dropout=dropout, batch_first=True)  # training mode
     x = torch.randn(B, T, E, requires_grad=True)
     mask = nn.Transformer.generate_square_subsequent_mask(T) if causal else None
 
@@ -188,6 +190,8 @@ def samples(f, reps, n, clock=time.perf_counter):
 
 def ours_command(args, shape, threads, *extra):
     cmd = [args.ours, "--tsv", "--shapes", shape, "--threads", str(threads), *extra]
+    if args.dropout > 0:
+        cmd += ["--dropout", str(args.dropout)]
     if args.max_gib > 0:
         cmd += ["--max-gib", str(args.max_gib)]
     return cmd
@@ -223,13 +227,13 @@ def compare(args):
     import torch
 
     threads = [int(t) for t in args.threads.split(",")]
-    print(f"# torch {torch.__version__}, nn.MultiheadAttention(batch_first=True), need_weights=False",
-          file=sys.stderr)
+    print(f"# torch {torch.__version__}, nn.MultiheadAttention(batch_first=True, dropout={args.dropout}), "
+          "need_weights=False", file=sys.stderr)
     for n in threads:
         torch.set_num_threads(n)
         for name, B, T, E, H, causal, group in selected(args.shapes):
             resident_limit(args.max_gib, f"over\t{name}\t{n}\t{args.max_gib}")
-            step = make_step(B, T, E, H, causal)
+            step = make_step(B, T, E, H, causal, args.dropout)
             for _ in range(3 if group == "short" else 1):
                 step()
             t0 = time.perf_counter()
@@ -289,7 +293,7 @@ def memory_only(args):
                 else:
                     ours = proc.stdout.split("\t")[3].strip()
             resident_limit(args.max_gib, f"memory\t{name}\t{n}\t{ours}\tover")
-            step = make_step(B, T, E, H, causal)
+            step = make_step(B, T, E, H, causal, args.dropout)
             step()
             # PyTorch's figure varies by some MiB from step to step (ours does not): a median.
             mem = statistics.median(peak_mib_above_baseline(step) for _ in range(args.memory_steps))
@@ -496,6 +500,9 @@ def main():
     p.add_argument("--cpu-samples", type=int, default=None,
                    help="CPU-time samples per side per round (default samples // 2 here, bench_attention's own)")
     p.add_argument("--max-gib", type=float, default=0.0, help="stop a side whose resident memory passes G GiB")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout probability on the attention weights, both sides (default 0; PyTorch then "
+                        "leaves its flash kernel for the math path)")
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--memory-check", action="store_true", help="measure a known 256 MiB tensor")
     p.add_argument("--long-table", metavar="RESULTS")

@@ -12,7 +12,9 @@
 #        resident memory passes it is stopped and its side reads "over the limit"),
 #        SHAPES (default: the `long` group), MEMORY_SHAPES (default: the `memory` group; "none": skip),
 #        ROUNDS x SAMPLES per side for T <= 4096 (default 3 x 3), LONG_ROUNDS x LONG_SAMPLES for
-#        T = 8192 (default 2 x 2), HUGE_ROUNDS x HUGE_SAMPLES for T = 16384 (default 1 x 3)
+#        T = 8192 (default 2 x 2), HUGE_ROUNDS x HUGE_SAMPLES for T = 16384 (default 1 x 3),
+#        DROPOUT (default 0: dropout p on the attention weights, both sides; PyTorch's step then
+#        leaves its flash kernel for the O(T^2) math path: seconds and GiB at T = 8k)
 #
 # A step takes seconds at T = 8k and more at 16k: the whole run takes some minutes. Run it alone.
 set -euo pipefail
@@ -28,10 +30,10 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 
   { cat "$build/configure.log"; exit 1; }
 nice -n 10 cmake --build "$build" -j"${JOBS:-2}" --target bench_attention
 bin=$build/benchmarks/bench_attention
-compare=(python3 "$root/benchmarks/compare_torch.py" --ours "$bin" --max-gib "$max_gib")
+compare=(python3 "$root/benchmarks/compare_torch.py" --ours "$bin" --max-gib "$max_gib" --dropout "${DROPOUT:-0}")
 
 results=$build/long_attention_results.tsv
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uptime | sed 's/.*load/load/')" | tee "$results"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uptime | sed 's/.*load/load/'), dropout ${DROPOUT:-0}" | tee "$results"
 "$bin" --peak | sed 's/^/# /'
 "$bin" --peak --tsv >>"$results"
 "$bin" --memory-check | sed 's/^/# headgrad: /'

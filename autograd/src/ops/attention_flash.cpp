@@ -50,6 +50,17 @@ T exp_row(T* row, std::int64_t cols, T m, bool blocked) {
   return r.sum();
 }
 
+// The largest of row[0..cols), NaN when one is; -inf when cols = 0.
+template <class T>
+T row_max(const T* row, std::int64_t cols) {
+  if (cols <= 0) return -std::numeric_limits<T>::infinity();
+  if constexpr (std::is_same_v<T, float>) {
+    float m = 0;
+    if (rows::max(row, cols, m)) return m;
+  }
+  return ConstArrayView<T>(row, cols).template maxCoeff<Eigen::PropagateNaN>();
+}
+
 // Folds one tile of scores (in Sc, [rows, cols]) into the running state: Sc becomes
 // exp(S − m_new) (exactly 0 where S = -inf; a row with nothing seen yet stays all 0), l and the
 // partial output are rescaled by exp(m_old − m_new). A row that meets a NaN score (or a sum made
@@ -59,7 +70,7 @@ void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, 
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (std::int64_t i = 0; i < rows; ++i) {
     ArrayView<T> row(s.scores.data() + i * cols, cols);
-    const T tile_max = cols > 0 ? row.template maxCoeff<Eigen::PropagateNaN>() : neg_inf;
+    const T tile_max = row_max(row.data(), cols);
     if (std::isnan(tile_max) || std::isnan(s.l[i])) {  // a NaN score: the row's output is NaN
       s.l[i] = std::numeric_limits<T>::quiet_NaN();
       row.setZero();
@@ -79,8 +90,8 @@ void online_softmax(ForwardScratch<T>& s, std::int64_t rows, std::int64_t cols, 
 
 // Query block [r0, r1) of slice (b, h): its output rows and log-sum-exps.
 template <class T>
-void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOperands<T>& o, MaskStrides ms, T scale,
-                   bool causal, Tile t, std::int64_t block_k, ForwardScratch<T>& s) {
+void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOperands<T>& o, MaskStrides ms, bool causal,
+                   Tile t, std::int64_t block_k, ForwardScratch<T>& s) {
   const std::int64_t rows = t.rows(), lo = d.out.sr;
   s.scores.resize(static_cast<std::size_t>(rows * block_k));
   s.acc.assign(static_cast<std::size_t>(rows * d.d_v), T(0));
@@ -88,8 +99,8 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOpera
   s.l.assign(static_cast<std::size_t>(rows), T(0));
   const std::int64_t seen = keys_seen(d, t.r1, causal);  // key blocks above the diagonal skipped
   for (t.c0 = 0; t.c0 < seen; t.c0 += block_k) {
-    t.c1 = std::min(d.S, t.c0 + block_k);
-    const bool blocked = score_tile(d, o, x.mask, ms, scale, causal, t, s.scores.data());
+    t.c1 = std::min(seen, t.c0 + block_k);  // = seen_part(d, t, causal)
+    const bool blocked = score_tile(d, o, x.mask, ms, causal, t, s.scores.data());
     online_softmax(s, rows, t.cols(), d.d_v, blocked);
     // dropout: the output takes exp(S − m) ⊙ Z, the sums l (and so lse) the undropped weights
     if (x.dropout != nullptr) drop_tile(d, *x.dropout, t, s.z, s.scores.data());
@@ -134,8 +145,8 @@ void flash_forward(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, 
     for (std::int64_t item = 0; item < items; ++item) {
       const std::int64_t bh = item / blocks, r0 = (item % blocks) * tiles.block_q;
       const Tile t{bh / d.H, bh % d.H, r0, std::min(d.T, r0 + tiles.block_q), 0, 0};
-      operands.load(d, call, bh, x.q, x.k, x.v, nullptr);
-      forward_block(d, x, operands, ms, scale, causal, t, tiles.block_k, scratch);
+      operands.load(d, call, bh, tiles.block_k, scale, x.q, x.k, x.v, nullptr);
+      forward_block(d, x, operands, ms, causal, t, tiles.block_k, scratch);
     }
   });
 }

@@ -68,18 +68,32 @@ using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
 // run faster on them than on the rows of a packed or heads-last tensor, hundreds of elements
 // apart), and the keys and values also transposed, so that no product has a transposed right
 // operand (the slowest form of the matrix product at these sizes):
-//   q [T, d_k], kt = Kᵀ [d_k, S] (row stride S), and in the forward v [S, d_v];
-//   in the backward also k [S, d_k], vt = Vᵀ [d_v, S] (row stride S) and dout [T, d_v].
+//   q = scale·Q [T, d_k], kt = Kᵀ [d_k, S] and in the forward v [S, d_v];
+//   in the backward also k = scale·K [S, d_k], vt = Vᵀ [d_v, S] and dout [T, d_v].
+// q and k come scaled (each product that reads them has the scale as a factor), so that every
+// tile product is a plain op(A)·B (+ C), with no pass of its own for the scaling.
+// kt and vt are stored in panels of `panel` key columns (the key block), one after another,
+// each [d, width] with its own width as row stride (the last one may be narrower): a tile reads
+// one contiguous panel, where rows S apart (a multiple of 4 KiB at long S) would all fall in
+// the same few cache sets.
 // Each thread has one (thread_operands), kept between calls: a warm step allocates nothing.
 template <class T>
 struct SliceOperands {
   Scratch<T> q, k, kt, v, vt, dout;
-  std::int64_t bh = -1;
+  std::int64_t bh = -1, panel = 1;
   std::uint64_t call = 0;
 
-  // Slice bh of call `call`'s operands (dout null: the forward's set), unless already held.
-  void load(const Dims& d, std::uint64_t call, std::int64_t bh, const T* q, const T* k, const T* v, const T* dout);
-  std::int64_t kt_stride(const Dims& d) const { return std::max<std::int64_t>(d.S, 1); }
+  // Slice bh of call `call`'s operands (dout null: the forward's set), unless already held;
+  // panels of `panel` key columns; q and k times `scale`.
+  void load(const Dims& d, std::uint64_t call, std::int64_t bh, std::int64_t panel, T scale, const T* q,
+            const T* k, const T* v, const T* dout);
+  // Columns c0.. (c0 a multiple of `panel`) of Kᵀ (or Vᵀ, with the d_v rows of vt): the panel
+  // holding them and its row stride.
+  const T* kt_panel(std::int64_t c0, std::int64_t rows) const { return kt.data() + c0 * rows; }
+  const T* vt_panel(std::int64_t c0, std::int64_t rows) const { return vt.data() + c0 * rows; }
+  std::int64_t panel_stride(const Dims& d, std::int64_t c0) const {
+    return std::max<std::int64_t>(std::min(panel, d.S - c0), 1);
+  }
 };
 
 template <class T>
@@ -100,15 +114,23 @@ inline std::int64_t blocks_of(std::int64_t n, std::int64_t step) { return (n + s
 // The key columns query block [r0, r1) sees: all S, or 0..r1-1 when causal.
 inline std::int64_t keys_seen(const Dims& d, std::int64_t r1, bool causal) { return causal ? std::min(r1, d.S) : d.S; }
 
-// Sc = scale·Q_r·K_cᵀ + M_rc, [rows, cols] with row stride cols; causal entries j > i are -inf.
+// Tile t with its columns cut to those its query rows see (causal: none past the last row's
+// diagonal, j < r1); empty (cols() <= 0) when they see none. The forward and both backward
+// passes cut a tile alike, so its products have the same shapes in each.
+inline Tile seen_part(const Dims& d, Tile t, bool causal) {
+  t.c1 = std::min(t.c1, keys_seen(d, t.r1, causal));
+  return t;
+}
+
+// Sc = (scale·Q_r)·K_cᵀ + M_rc, [rows, cols] with row stride cols; causal entries j > i are -inf.
 // Returns whether an entry may be -inf (a mask, or a tile crossing the diagonal).
 template <class T>
-bool score_tile(const Dims& d, const SliceOperands<T>& o, const T* mask, MaskStrides ms, T scale, bool causal,
-                const Tile& t, T* Sc) {
+bool score_tile(const Dims& d, const SliceOperands<T>& o, const T* mask, MaskStrides ms, bool causal, const Tile& t,
+                T* Sc) {
   const std::int64_t rows = t.rows(), cols = t.cols(), dk = std::max<std::int64_t>(d.d_k, 1);
-  //   S = scale·Q·Kᵀ                                  [rows, d_k] x [d_k, cols] -> [rows, cols]
-  gemm<T>(false, false, rows, cols, d.d_k, scale, o.q.data() + t.r0 * dk, dk, o.kt.data() + t.c0, o.kt_stride(d),
-          T(0), Sc, std::max<std::int64_t>(cols, 1));
+  //   S = (scale·Q)·Kᵀ                                [rows, d_k] x [d_k, cols] -> [rows, cols]
+  gemm<T>(false, false, rows, cols, d.d_k, T(1), o.q.data() + t.r0 * dk, dk, o.kt_panel(t.c0, d.d_k),
+          o.panel_stride(d, t.c0), T(0), Sc, std::max<std::int64_t>(cols, 1));
   if (mask != nullptr) {  //   S += M
     const T* mb = mask + t.b * ms.sb + t.h * ms.sh + t.c0 * ms.ss;
     for (std::int64_t i = 0; i < rows; ++i) {

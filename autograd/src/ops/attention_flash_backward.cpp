@@ -79,6 +79,18 @@ void weights_row(T* row, std::int64_t cols, T lse, bool blocked) {
   }
 }
 
+// One tile row's weights and their slopes: p (the scores) becomes P as weights_row makes it, and
+// ds (dP) becomes dS = P ⊙ (dP − D_i), 0 wherever P is (with the AVX-512 or AVX2 kernel in one
+// pass, the same operations).
+template <class T>
+void weights_and_slopes_row(T* p, T* ds, std::int64_t cols, T lse, T Di, bool blocked) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (lse != std::numeric_limits<T>::infinity() && rows::exp_slopes(p, ds, cols, lse, Di)) return;
+  }
+  weights_row(p, cols, lse, blocked);
+  for (std::int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - Di);
+}
+
 // P and dS of one tile into s.p and s.ds, [rows, cols] with row stride cols; with dropout, s.p
 // then holds P ⊙ Z (what dV needs).
 template <class T>
@@ -87,20 +99,16 @@ void ds_tile(const BackwardArgs<T>& a, const SliceOperands<T>& o, const Tile& t,
   const std::int64_t rows = t.rows(), cols = t.cols(), bh = t.b * d.H + t.h, dv = std::max<std::int64_t>(d.d_v, 1);
   s.p.resize(static_cast<std::size_t>(rows * cols));
   s.ds.resize(static_cast<std::size_t>(rows * cols));
-  const bool blocked = score_tile(d, o, a.x.mask, a.ms, a.scale, a.causal, t, s.p.data());
-  for (std::int64_t i = 0; i < rows; ++i) weights_row(s.p.data() + i * cols, cols, a.x.lse[bh * d.T + t.r0 + i], blocked);
+  const bool blocked = score_tile(d, o, a.x.mask, a.ms, a.causal, t, s.p.data());
   //   => dP = dO·Vᵀ                                   [rows, d_v] x [d_v, cols] -> [rows, cols]
-  gemm<T>(false, false, rows, cols, d.d_v, T(1), o.dout.data() + t.r0 * dv, dv, o.vt.data() + t.c0, o.kt_stride(d),
-          T(0), s.ds.data(), std::max<std::int64_t>(cols, 1));
+  gemm<T>(false, false, rows, cols, d.d_v, T(1), o.dout.data() + t.r0 * dv, dv, o.vt_panel(t.c0, d.d_v),
+          o.panel_stride(d, t.c0), T(0), s.ds.data(), std::max<std::int64_t>(cols, 1));
   // dropout, forward: O = (P ⊙ Z)·V  =>  dP = (dO·Vᵀ) ⊙ Z, and D = rowsum(dO ⊙ O) = rowsum(dP ⊙ P) still
   if (a.x.dropout != nullptr) drop_tile(d, *a.x.dropout, t, s.z, s.ds.data());
-  //   => dS = P ⊙ (dP − D)   (0 wherever P is)
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const T Di = a.D[bh * d.T + t.r0 + i];
-    const T* p = s.p.data() + i * cols;
-    T* ds = s.ds.data() + i * cols;
-    for (std::int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - Di);
-  }
+  //   P = exp(S − lse),  => dS = P ⊙ (dP − D)   (0 wherever P is)
+  for (std::int64_t i = 0; i < rows; ++i)
+    weights_and_slopes_row(s.p.data() + i * cols, s.ds.data() + i * cols, cols, a.x.lse[bh * d.T + t.r0 + i],
+                           a.D[bh * d.T + t.r0 + i], blocked);
   if (a.x.dropout != nullptr) ArrayView<T>(s.p.data(), rows * cols) *= ConstArrayView<T>(s.z.data(), rows * cols);
 }
 
@@ -139,7 +147,7 @@ template <class T>
 void query_item(const BackwardArgs<T>& a, Tile t, std::int64_t block_k, BackwardScratch<T>& s) {
   const Dims& d = a.d;
   SliceOperands<T>& o = thread_operands<T>();
-  o.load(d, a.call, t.b * d.H + t.h, a.x.q, a.x.k, a.x.v, a.x.dout);
+  o.load(d, a.call, t.b * d.H + t.h, block_k, a.scale, a.x.q, a.x.k, a.x.v, a.x.dout);
   const std::int64_t dk = std::max<std::int64_t>(d.d_k, 1);
   // dQ's rows where the one pass has them (rows r0.. of a [T, d_k] accumulator): the products
   // see their operands at the same alignment, whichever scheme runs
@@ -151,11 +159,11 @@ void query_item(const BackwardArgs<T>& a, Tile t, std::int64_t block_k, Backward
   }
   const std::int64_t seen = keys_seen(d, t.r1, a.causal);
   for (t.c0 = 0; t.c0 < seen; t.c0 += block_k) {
-    t.c1 = std::min(d.S, t.c0 + block_k);
+    t.c1 = std::min(seen, t.c0 + block_k);  // = seen_part(d, t, causal)
     ds_tile(a, o, t, s);
-    //   => dQ += scale·dS·K                           [rows, cols] x [cols, d_k] -> [rows, d_k]
+    //   => dQ += dS·(scale·K)                         [rows, cols] x [cols, d_k] -> [rows, d_k]
     if (dQ != nullptr)
-      gemm<T>(false, false, t.rows(), d.d_k, t.cols(), a.scale, s.ds.data(), t.cols(), o.k.data() + t.c0 * dk, dk,
+      gemm<T>(false, false, t.rows(), d.d_k, t.cols(), T(1), s.ds.data(), t.cols(), o.k.data() + t.c0 * dk, dk,
               T(1), dQ, dk);
     if (a.x.dmask != nullptr) add_to_mask(d, a.ms, t, s.ds.data(), a.x.dmask);
   }
@@ -169,30 +177,36 @@ template <class T>
 void key_item(const BackwardArgs<T>& a, const SliceOperands<T>& o, Tile t, std::int64_t block_q, bool with_query,
               T* dQ, BackwardScratch<T>& s) {
   const Dims& d = a.d;
-  const std::int64_t cols = t.cols(), dk = std::max<std::int64_t>(d.d_k, 1), dv = std::max<std::int64_t>(d.d_v, 1);
-  T* dV = a.x.dv != nullptr ? zeroed(s.dv, cols, dv) : nullptr;
-  T* dK = a.x.dk != nullptr ? zeroed(s.dk, cols, dk) : nullptr;
+  const std::int64_t block_cols = t.cols(), dk = std::max<std::int64_t>(d.d_k, 1);
+  const std::int64_t dv = std::max<std::int64_t>(d.d_v, 1);
+  T* dV = a.x.dv != nullptr ? zeroed(s.dv, block_cols, dv) : nullptr;
+  T* dK = a.x.dk != nullptr ? zeroed(s.dk, block_cols, dk) : nullptr;
   // causal: query blocks entirely above key c0 see none of this block
+  const std::int64_t c1 = t.c1;
   for (t.r0 = a.causal ? t.c0 / block_q * block_q : 0; t.r0 < d.T; t.r0 += block_q) {
     t.r1 = std::min(d.T, t.r0 + block_q);
+    t.c1 = c1;
+    t = seen_part(d, t, a.causal);  // the query pass's tile (causal: the columns of rows < r1)
+    if (t.cols() <= 0) continue;
+    const std::int64_t cols = t.cols();
     ds_tile(a, o, t, s);
     //   => dV += (P ⊙ Z)ᵀ·dO                          [cols, rows] x [rows, d_v] -> [cols, d_v]
     if (dV != nullptr)
       gemm<T>(true, false, cols, d.d_v, t.rows(), T(1), s.p.data(), cols, o.dout.data() + t.r0 * dv, dv, T(1), dV,
               dv);
-    //   => dK += scale·dSᵀ·Q                          [cols, rows] x [rows, d_k] -> [cols, d_k]
+    //   => dK += dSᵀ·(scale·Q)                        [cols, rows] x [rows, d_k] -> [cols, d_k]
     if (dK != nullptr)
-      gemm<T>(true, false, cols, d.d_k, t.rows(), a.scale, s.ds.data(), cols, o.q.data() + t.r0 * dk, dk, T(1), dK,
+      gemm<T>(true, false, cols, d.d_k, t.rows(), T(1), s.ds.data(), cols, o.q.data() + t.r0 * dk, dk, T(1), dK,
               dk);
     if (!with_query) continue;
-    //   => dQ += scale·dS·K                           [rows, cols] x [cols, d_k] -> [rows, d_k]
+    //   => dQ += dS·(scale·K)                         [rows, cols] x [cols, d_k] -> [rows, d_k]
     if (dQ != nullptr)
-      gemm<T>(false, false, t.rows(), d.d_k, cols, a.scale, s.ds.data(), cols, o.k.data() + t.c0 * dk, dk, T(1),
+      gemm<T>(false, false, t.rows(), d.d_k, cols, T(1), s.ds.data(), cols, o.k.data() + t.c0 * dk, dk, T(1),
               dQ + t.r0 * dk, dk);
     if (a.x.dmask != nullptr) add_to_mask(d, a.ms, t, s.ds.data(), a.x.dmask);
   }
-  if (dV != nullptr) write_rows(dV, cols, d.d_v, a.x.dv + d.v.at(t.b, t.h) + t.c0 * d.v.sr, d.v.sr);
-  if (dK != nullptr) write_rows(dK, cols, d.d_k, a.x.dk + d.k.at(t.b, t.h) + t.c0 * d.k.sr, d.k.sr);
+  if (dV != nullptr) write_rows(dV, block_cols, d.d_v, a.x.dv + d.v.at(t.b, t.h) + t.c0 * d.v.sr, d.v.sr);
+  if (dK != nullptr) write_rows(dK, block_cols, d.d_k, a.x.dk + d.k.at(t.b, t.h) + t.c0 * d.k.sr, d.k.sr);
 }
 
 // The query pass's items: one per (b, h, query block), except that along a dim the mask's
@@ -228,7 +242,7 @@ void key_pass(const BackwardArgs<T>& a, bool with_query) {
 #pragma omp for schedule(dynamic)
     for (std::int64_t item = 0; item < d.slices() * nk / per_item; ++item) {
       const std::int64_t bh = item * per_item / nk, b = bh / d.H, h = bh % d.H;
-      operands.load(d, a.call, bh, a.x.q, a.x.k, a.x.v, a.x.dout);
+      operands.load(d, a.call, bh, tiles.block_k, a.scale, a.x.q, a.x.k, a.x.v, a.x.dout);
       T* dQ = with_query && a.x.dq != nullptr ? zeroed(scratch.dq, d.T, dk) : nullptr;
       for (std::int64_t kb = item * per_item % nk; kb < item * per_item % nk + per_item; ++kb) {
         const std::int64_t c0 = kb * tiles.block_k;

@@ -17,6 +17,8 @@
 #include <array>
 #include <cstdint>
 
+#include "rows.hpp"  // (beside this header: tests include it by its path)
+
 namespace autograd::philox {
 
 using Counter = std::array<std::uint32_t, 4>;
@@ -82,6 +84,7 @@ struct DropoutStream {
 // Groups of this many counters (4·kGroup elements) are computed side by side, in lanes the
 // compiler vectorises.
 inline constexpr int kGroup = 16;
+static_assert(kGroup == 16, "rows::philox_bits draws 16 counters");
 
 // The random bits of the 4·kGroup elements of counters c .. c + kGroup - 1: x[lane][g] is element
 // 4·(c + g) + lane.
@@ -118,6 +121,11 @@ void keep_factors(const DropoutStream& s, std::uint64_t first, std::int64_t coun
   for (; n < head_end; ++n) *out++ = s.bits(n) >= thr ? scale : T(0);
   std::uint32_t x[4][kGroup];
   for (; end - n >= 4 * kGroup; n += 4 * kGroup, out += 4 * kGroup) {
+    std::uint32_t* flat = &x[0][0];  // with AVX-512, the 4·kGroup draws in element order at once
+    if (rows::philox_bits(s.key[0], s.key[1], n / 4, flat)) {
+      for (int k = 0; k < 4 * kGroup; ++k) out[k] = flat[k] >= thr ? scale : T(0);
+      continue;
+    }
     bits_group(s.key, n / 4, x);
     for (int g = 0; g < kGroup; ++g)
       for (int lane = 0; lane < 4; ++lane) out[4 * g + lane] = x[lane][g] >= thr ? scale : T(0);

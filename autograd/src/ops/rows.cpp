@@ -41,4 +41,39 @@ bool exp_shifted(const float* x, float* y, std::int64_t n, float m, float& sum) 
   }
 }
 
+bool exp_slopes(float* p, float* g, std::int64_t n, float m, float c) {
+  switch (isa::active()) {
+#if HEADGRAD_ISA_AVX512
+    case isa::Isa::Avx512: exp_slopes_avx512(p, g, n, m, c); return true;
+#endif
+#if HEADGRAD_ISA_AVX2
+    case isa::Isa::Avx2: exp_slopes_avx2(p, g, n, m, c); return true;
+#endif
+    default: return false;
+  }
+}
+
+bool max(const float* x, std::int64_t n, float& max) {
+  switch (isa::active()) {
+#if HEADGRAD_ISA_AVX512
+    case isa::Isa::Avx512: max = max_avx512(x, n); return true;
+#endif
+#if HEADGRAD_ISA_AVX2
+    case isa::Isa::Avx2: max = max_avx2(x, n); return true;
+#endif
+    default: return false;
+  }
+}
+
+bool philox_bits(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out) {
+#if HEADGRAD_ISA_AVX512
+  if (isa::active() == isa::Isa::Avx512) {
+    philox_bits_avx512(k0, k1, c, out);
+    return true;
+  }
+#endif
+  (void)k0, (void)k1, (void)c, (void)out;
+  return false;
+}
+
 }  // namespace autograd::rows

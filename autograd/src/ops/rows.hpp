@@ -23,9 +23,25 @@ void gelu_backward_avx2(const float* dy, const float* x, float* dx, std::int64_t
 float exp_shifted_avx512(const float* x, float* y, std::int64_t n, float m);
 float exp_shifted_avx2(const float* x, float* y, std::int64_t n, float m);
 
+// p = exp(p − m), exactly 0 where p = −inf, and g = p·(g − c) with that new p, n elements, in
+// one pass (a softmax row's weights and the slopes dS = P ⊙ (dP − c) of its backward).
+void exp_slopes_avx512(float* p, float* g, std::int64_t n, float m, float c);
+void exp_slopes_avx2(float* p, float* g, std::int64_t n, float m, float c);
+
+// The largest of x[0..n) (n > 0), NaN when one of them is: a softmax row's maximum.
+float max_avx512(const float* x, std::int64_t n);
+float max_avx2(const float* x, std::int64_t n);
+
+// Philox-4x32-10 (ops/philox.hpp, whose numbering this keeps) of the 16 counters c .. c + 15
+// under key (k0, k1), in element order: out[4·g + lane] = word `lane` of counter c + g.
+void philox_bits_avx512(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out);
+
 // The same through the variant in use; false (nothing done) for the generic one.
 bool gelu(const float* x, float* y, std::int64_t n);
 bool gelu_backward(const float* dy, const float* x, float* dx, std::int64_t n);
 bool exp_shifted(const float* x, float* y, std::int64_t n, float m, float& sum);
+bool exp_slopes(float* p, float* g, std::int64_t n, float m, float c);
+bool max(const float* x, std::int64_t n, float& max);
+bool philox_bits(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out);  // AVX-512 only
 
 }  // namespace autograd::rows

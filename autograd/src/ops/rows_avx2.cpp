@@ -34,6 +34,12 @@ struct F256 {
     const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
   }
+  static float hmax(R a) {
+    const __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
+  }
+  static R nan_from(R a, R x) { return _mm256_blendv_ps(a, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
   static R div(R a, R b) { return _mm256_div_ps(a, b); }
   static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
@@ -57,6 +63,10 @@ void gelu_backward_avx2(const float* dy, const float* x, float* dx, std::int64_t
 }
 
 float exp_shifted_avx2(const float* x, float* y, std::int64_t n, float m) { return exp_shifted_run<F256>(x, y, n, m); }
+float max_avx2(const float* x, std::int64_t n) { return max_run<F256>(x, n); }
+void exp_slopes_avx2(float* p, float* g, std::int64_t n, float m, float c) {
+  exp_slopes_run<F256>(p, g, n, m, c);
+}
 
 }  // namespace autograd::rows
 #endif

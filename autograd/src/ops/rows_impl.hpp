@@ -3,9 +3,10 @@
 // included only by rows_avx512.cpp and rows_avx2.cpp. Everything here is in an unnamed namespace,
 // so each of those files has its own copy compiled with its own flags (see isa.hpp). W provides
 // R, n, set1, load, store, load_first / store_first (the first m lanes), add, sub, mul, div,
-// fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m for integral m in [-128, 128],
-// zero_where_equal(a, b, x) (x, 0 in the lanes where a = b), first_or(a, b, m) (a's first m lanes,
-// then b's) and sum (across the lanes).
+// fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m (rounded once) for y in [1/2, 2]
+// and integral m in [-128, 128], zero_where_equal(a, b, x) (x, 0 in the lanes where a = b),
+// first_or(a, b, m) (a's first m lanes, then b's), nan_from(a, x) (a, with x's lanes where x is
+// NaN), sum and hmax (across the lanes; hmax of NaN-free lanes).
 #include <cstdint>
 
 #include "ops/rows.hpp"
@@ -111,6 +112,48 @@ float exp_shifted_run(const float* x, float* y, std::int64_t n, float m) {
     W::store_first(y + i, one(W::first_or(W::load_first(x + i, k), neg_inf, k)), k);
   }
   return W::sum(acc);
+}
+
+// p = exp(p − m) (0 where p = −inf) and g = p·(g − c), n elements, as exp_shifted_run's
+// exponentials and the plain expression after them.
+template <class W>
+void exp_slopes_run(float* p, float* g, std::int64_t n, float m, float c) {
+  using R = typename W::R;
+  const R shift = W::set1(m), neg_inf = W::set1(-__builtin_inff()), cv = W::set1(c);
+  auto weight = [&](R v) { return W::zero_where_equal(v, neg_inf, exp<W>(W::sub(v, shift))); };
+  std::int64_t i = 0;
+  for (; i + W::n <= n; i += W::n) {
+    const R e = weight(W::load(p + i));
+    W::store(p + i, e);
+    W::store(g + i, W::mul(e, W::sub(W::load(g + i), cv)));
+  }
+  if (i < n) {
+    const int k = static_cast<int>(n - i);
+    const R e = weight(W::load_first(p + i, k));
+    W::store_first(p + i, e, k);
+    W::store_first(g + i, W::mul(e, W::sub(W::load_first(g + i, k), cv)), k);
+  }
+}
+
+// The largest of x[0..n), NaN when one is (n > 0).
+template <class W>
+float max_run(const float* x, std::int64_t n) {
+  using R = typename W::R;
+  const R neg_inf = W::set1(-__builtin_inff());
+  R m = neg_inf, nan = neg_inf;  // nan: a NaN seen, in its lane
+  std::int64_t i = 0;
+  for (; i + W::n <= n; i += W::n) {
+    const R v = W::load(x + i);
+    m = W::max(m, v);
+    nan = W::nan_from(nan, v);
+  }
+  if (i < n) {
+    const R v = W::first_or(W::load_first(x + i, static_cast<int>(n - i)), neg_inf, static_cast<int>(n - i));
+    m = W::max(m, v);
+    nan = W::nan_from(nan, v);
+  }
+  const float h = W::hmax(m), any_nan = W::sum(nan);  // sum: NaN iff a lane is NaN (the others -inf)
+  return any_nan != any_nan ? any_nan : h;
 }
 
 }  // namespace
