@@ -218,7 +218,7 @@ BOOST_AUTO_TEST_CASE(a_parameter_too_large_to_count_throws_naming_it) {
                         [](const auto& e) { return message_has(e, {"W_Q", "[4294967296, 4294967296]"}); });
 }
 
-BOOST_AUTO_TEST_CASE(masks_of_either_dtype_mean_the_same_and_take_no_gradient) {
+BOOST_AUTO_TEST_CASE(masks_of_either_dtype_mean_the_same_and_a_float_mask_takes_its_gradient) {
   for (auto core : {AttentionCore::Fused, AttentionCore::Composed}) {
     nn::MultiHeadAttention mha = make_mha(core);
     const ag::Tensor x = randn64({2, 3, 4}, 1);
@@ -230,7 +230,9 @@ BOOST_AUTO_TEST_CASE(masks_of_either_dtype_mean_the_same_and_take_no_gradient) {
     const nn::AttentionOutput ra = mha(x, x, x, a), rb = mha(x, x, x, b);
     BOOST_TEST(ra.output.to_vector() == rb.output.to_vector());
     ag::sum(rb.output).backward();
-    BOOST_TEST(!b.attn_mask.grad().defined());  // a mask is an input, not a parameter
+    // A float mask that requires grad gets its gradient, as in PyTorch (its values: test_mha_mask_grad.cpp)
+    BOOST_TEST(b.attn_mask.grad().defined());
+    BOOST_TEST(!a.attn_mask.grad().defined());
   }
 }
 

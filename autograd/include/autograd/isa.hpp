@@ -6,7 +6,7 @@
 //
 // The environment variable HEADGRAD_ISA (avx512, avx2 or generic), read at the first use, asks
 // for a lower one than the CPU supports; an unknown name, or one the CPU or build lacks, throws
-// std::invalid_argument from the first operation that uses the kernels.
+// std::invalid_argument from the first call that chooses the kernels (kernel_isa() itself, or an op).
 #include <string_view>
 
 namespace autograd {

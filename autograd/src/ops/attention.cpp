@@ -126,6 +126,8 @@ void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const 
     fail(op, "is_causal needs as many queries as keys (T == S); got q {} and k {}", shape_str(qs), shape_str(ks));
   if (mask.defined()) check_mask(op, mask, {qs[0], qs[1], qs[2], ks[2]}, dtype);
   if (!std::isfinite(scale)) fail(op, "scale must be finite, got {}", scale);
+  if (dtype == Dtype::Float32 && !std::isfinite(static_cast<float>(scale)))
+    fail(op, "scale {} is not finite as a float32 (the tensors' dtype)", scale);
   if (!(dropout_p >= 0.0 && dropout_p <= 1.0)) fail(op, "dropout_p must be in [0, 1], got {}", dropout_p);
 }
 
@@ -203,7 +205,11 @@ struct AttentionBackward {
 // Without weights, the tiled core takes every call (dropout included: it regenerates each tile's
 // mask from the call's stream) but those too small for tiling to pay (sdpa::FlashTiles).
 bool use_tiled(const sdpa::Dims& d, bool need_weights) {
-  return !need_weights && d.T * d.S >= sdpa::flash_tiles().min_tiled_scores;
+  // (T·S formed without overflow: an empty slice with huge T and S does not wrap.)
+  const std::int64_t min_scores = sdpa::flash_tiles().min_tiled_scores;
+  if (need_weights) return false;
+  if (min_scores <= 0) return true;
+  return d.T > 0 && d.S >= (min_scores + d.T - 1) / d.T;
 }
 
 SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_shape, const Operands& in,
@@ -287,6 +293,8 @@ SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t n
   if (qkv.dim() != 3) fail(op, "qkv must be 3-D (B, seq, 3 * heads * head_dim); got {}", shape_str(qkv.shape()));
   const std::int64_t H = num_heads;
   if (H <= 0) fail(op, "num_heads must be positive, got {}", H);
+  if (H > qkv.size(2) / 3)
+    fail(op, "the last dim of qkv {} must be divisible by 3 * num_heads, with num_heads = {}", shape_str(qkv.shape()), H);
   if (qkv.size(2) % (3 * H) != 0)
     fail(op, "the last dim of qkv {} must be divisible by 3 * num_heads = {}", shape_str(qkv.shape()), 3 * H);
   const std::int64_t B = qkv.size(0), T = qkv.size(1), dh = qkv.size(2) / (3 * H);

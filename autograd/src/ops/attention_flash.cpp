@@ -109,21 +109,29 @@ void forward_block(const Dims& d, const FlashForwardData<T>& x, const SliceOpera
     gemm<T>(false, false, rows, d.d_v, t.cols(), T(1), s.scores.data(), t.cols(), o.v.data() + t.c0 * dv, dv, T(1),
             s.acc.data(), dv);
   }
-  // O = acc / l; lse = m + log l. A fully blocked row (l = 0) gets O = 0 and lse = +inf, so that
-  // exp(S − lse) = 0 recomputes its zero weights in backward.
+  // O = acc / l; lse = m + log l, with its low part (FlashForwardData). A fully blocked row (l = 0)
+  // gets O = 0 and lse = +inf, so that exp(S − lse) = 0 recomputes its zero weights in backward.
   T* O = x.out + d.out.at(t.b, t.h) + t.r0 * lo;
-  T* lse = x.lse + (t.b * d.H + t.h) * d.T + t.r0;
+  T* lse = x.lse + 2 * ((t.b * d.H + t.h) * d.T + t.r0);
   for (std::int64_t i = 0; i < rows; ++i) {
     ArrayView<T> o(O + i * lo, d.d_v);
+    T& low = lse[2 * i + 1];
+    low = T(0);
     if (s.l[i] > T(0)) {
       o = ConstArrayView<T>(s.acc.data() + i * d.d_v, d.d_v) / s.l[i];
-      lse[i] = s.m[i] + std::log(s.l[i]);
+      const T m = s.m[i], log_l = std::log(s.l[i]);
+      const T sum = m + log_l;
+      // The error of that sum, exactly (Knuth's two-sum): kept when it is above 16 units.
+      const T back = sum - m;
+      const T lost = (m - (sum - back)) + (log_l - back);
+      lse[2 * i] = sum;
+      if (std::abs(lost) > T(16) * std::numeric_limits<T>::epsilon()) low = lost;
     } else if (std::isnan(s.l[i])) {  // NaN in, NaN out, as the untiled kernel gives
       o.setConstant(std::numeric_limits<T>::quiet_NaN());
-      lse[i] = std::numeric_limits<T>::quiet_NaN();
+      lse[2 * i] = std::numeric_limits<T>::quiet_NaN();
     } else {
       o.setZero();
-      lse[i] = std::numeric_limits<T>::infinity();
+      lse[2 * i] = std::numeric_limits<T>::infinity();
     }
   }
 }

@@ -26,7 +26,11 @@ struct FlashForwardData {
   const T* v;
   const T* mask;  // the additive mask, read through MaskStrides
   T* out;         // laid out as Dims::out
-  T* lse;         // (B, H, T): log Σ_j exp(S_ij); +inf for a row whose keys are all blocked
+  // (B, H, T, 2): per row lse = log Σ_j exp(S_ij) as the nearest T (+inf for a row whose keys
+  // are all blocked), then its low part: 0, or, when the rounding of m + log l lost more than
+  // 16 units of the last place of a weight (|m| large: say every key masked by -1e9), what it
+  // lost, so that backward forms exp((S − lse) − low) with that part kept.
+  T* lse;
   const philox::DropoutStream* dropout;  // null: no dropout
 };
 

@@ -106,9 +106,17 @@ void ds_tile(const BackwardArgs<T>& a, const SliceOperands<T>& o, const Tile& t,
   // dropout, forward: O = (P ⊙ Z)·V  =>  dP = (dO·Vᵀ) ⊙ Z, and D = rowsum(dO ⊙ O) = rowsum(dP ⊙ P) still
   if (a.x.dropout != nullptr) drop_tile(d, *a.x.dropout, t, s.z, s.ds.data());
   //   P = exp(S − lse),  => dS = P ⊙ (dP − D)   (0 wherever P is)
-  for (std::int64_t i = 0; i < rows; ++i)
-    weights_and_slopes_row(s.p.data() + i * cols, s.ds.data() + i * cols, cols, a.x.lse[bh * d.T + t.r0 + i],
-                           a.D[bh * d.T + t.r0 + i], blocked);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::int64_t row = bh * d.T + t.r0 + i;
+    T* p = s.p.data() + i * cols;
+    const T lse = a.x.lse[2 * row], low = a.x.lse[2 * row + 1];
+    if (low == T(0)) {
+      weights_and_slopes_row(p, s.ds.data() + i * cols, cols, lse, a.D[row], blocked);
+    } else {  // P = exp((S − lse) − low): S − lse first (exact near the maximum), then the low part
+      for (std::int64_t j = 0; j < cols; ++j) p[j] -= lse;
+      weights_and_slopes_row(p, s.ds.data() + i * cols, cols, low, a.D[row], blocked);
+    }
+  }
   if (a.x.dropout != nullptr) ArrayView<T>(s.p.data(), rows * cols) *= ConstArrayView<T>(s.z.data(), rows * cols);
 }
 

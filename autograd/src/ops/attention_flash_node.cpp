@@ -106,7 +106,7 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
   const Tensor& v = in.packed() ? in.q : in.v;
   const MaskStrides ms = in.mask.defined() ? mask_strides(in.mask.shape()) : MaskStrides{};
   Tensor output = Tensor::empty(out_shape, dtype);
-  Tensor lse = Tensor::empty({d.B, d.H, d.T}, dtype);
+  Tensor lse = Tensor::empty({d.B, d.H, d.T, 2}, dtype);  // (lse, its low part) per row
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     const T* mask = in.mask.defined() ? in.mask.data<T>() : nullptr;
