@@ -1,4 +1,5 @@
-// Matrix products on shapes around the libxsmm routing bounds (2^12 and 2^23 multiply-adds), with
+// Matrix products on shapes around libxsmm's routing bounds (2^12 and 2^23 multiply-adds, the upper
+// one since raised to 2^27), with
 // one row, one column or one term, float32 and float64: the forward product and both gradients
 // against a long double reference within the rounding bound of a sum of K products, the same bits
 // at 1, 2 and 3 threads, and within the bound under every instruction-set variant.
