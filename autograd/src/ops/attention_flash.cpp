@@ -156,6 +156,7 @@ void flash_forward(const Dims& d, const FlashForwardData<T>& x, MaskStrides ms, 
       operands.load(d, call, bh, tiles.block_k, scale, x.q, x.k, x.v, nullptr);
       forward_block(d, x, operands, ms, causal, t, tiles.block_k, scratch);
     }
+    trim_thread_operands<T>();
   });
 }
 

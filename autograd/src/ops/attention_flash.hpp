@@ -103,6 +103,22 @@ struct SliceOperands {
 template <class T>
 SliceOperands<T>& thread_operands();
 
+// The most bytes of per-thread copies a thread keeps after a call (64 MiB: the operands of a
+// slice of T = S = 16k with d = 64, about). Larger ones are freed when the thread's part of the
+// call ends, so no thread holds gigabytes after one long call; the next call that large
+// allocates again, which costs little next to the copies it makes anyway.
+inline constexpr std::size_t kKeptScratchBytes = std::size_t{64} << 20;
+
+// Frees buf when it holds more than kKeptScratchBytes.
+template <class T>
+void trim_scratch(Scratch<T>& buf) {
+  if (buf.capacity() * sizeof(T) > kKeptScratchBytes) Scratch<T>().swap(buf);
+}
+
+// Frees this thread's operand copies when together they hold more than kKeptScratchBytes.
+template <class T>
+void trim_thread_operands();
+
 // A number for each forward or backward call (never 0): SliceOperands::load tells calls apart by it.
 std::uint64_t next_call();
 

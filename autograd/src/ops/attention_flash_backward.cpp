@@ -259,6 +259,8 @@ void key_pass(const BackwardArgs<T>& a, bool with_query) {
       }
       if (dQ != nullptr) write_rows(dQ, d.T, d.d_k, a.x.dq + d.q.at(b, h), d.q.sr);
     }
+    trim_thread_operands<T>();
+    trim_scratch(scratch.dq);
   });
 }
 
@@ -283,6 +285,8 @@ void query_pass(const BackwardArgs<T>& a) {
             query_item(a, Tile{b, h, r0, std::min(d.T, r0 + tiles.block_q), 0, 0}, tiles.block_k, scratch);
           }
     }
+    trim_thread_operands<T>();
+    trim_scratch(scratch.dq);
   });
 }
 

@@ -75,9 +75,20 @@ SliceOperands<T>& thread_operands() {
   return operands;
 }
 
+template <class T>
+void trim_thread_operands() {
+  SliceOperands<T>& o = thread_operands<T>();
+  const std::size_t bytes =
+      (o.q.capacity() + o.k.capacity() + o.kt.capacity() + o.v.capacity() + o.vt.capacity() + o.dout.capacity()) *
+      sizeof(T);
+  if (bytes > kKeptScratchBytes) o = SliceOperands<T>();
+}
+
 template struct SliceOperands<float>;
 template struct SliceOperands<double>;
 template SliceOperands<float>& thread_operands<float>();
 template SliceOperands<double>& thread_operands<double>();
+template void trim_thread_operands<float>();
+template void trim_thread_operands<double>();
 
 }  // namespace autograd::sdpa
