@@ -1,10 +1,10 @@
-// The backward walk: micrograd's topological sort, made iterative and allocation-free.
+// The backward walk: Kahn's algorithm on consumer counts, iterative, allocation-free once warm.
 //
 //   discover  every node reachable from the roots gets a slot and a count of its consumers
 //   seed      the roots' gradients go to the outputs of their nodes
-//   walk      a node runs once all its consumers have run (Kahn's order, later-created first):
-//             its hooks, its backward rule, the checks of what the rule returned, and the
-//             passing of each input's gradient along its edge; then, without retain_graph,
+//   walk      a node runs once all its consumers have run (the ready ones by sequence number,
+//             latest first): its hooks, its backward rule, the checks of what the rule returned,
+//             and the passing of each input's gradient along its edge; then, without retain_graph,
 //             the node's saved tensors and edges are freed
 //   release   the walk lets go of the nodes it held (also when something threw)
 //

@@ -1,14 +1,14 @@
 #pragma once
 // The fused attention core: scaled dot-product attention over (batch, head) slices, with a
-// hand-derived backward (see docs/attention_backward.md). src/ops/attention.cpp.
+// hand-derived backward (docs/attention_backward.md): src/ops/attention*.cpp.
 //
 // Per slice (b, h), with M the additive mask and Z the dropout factors (0 or 1/(1-p)):
 //   S = scale·Q·Kᵀ + M        [T, S]
 //   P = softmax(S) by rows    [T, S]   <- `weights`
 //   O = (P ⊙ Z)·V             [T, d_v] <- `output`
-// Forward and backward are hand-written kernels (GEMMs on each slice through OpenBLAS or Eigen,
-// slices in parallel with OpenMP). Each slice is computed by one thread alone, so results do not
-// depend on the thread count.
+// Forward and backward are hand-written kernels: each slice's products go through the engine's
+// gemm (a small kernel of its own, libxsmm, OpenBLAS or Eigen, by shape), the slices run in
+// parallel with OpenMP, each on one thread alone, so results do not depend on the thread count.
 #include "autograd/random.hpp"
 #include "autograd/tensor.hpp"
 

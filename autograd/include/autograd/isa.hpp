@@ -1,8 +1,8 @@
 #pragma once
-// Which instruction set the engine's own vector kernels use (the small matrix-product kernel and
-// the row kernels). They are compiled for AVX-512, AVX2 + FMA and plain C++ in every x86 build,
-// portable ones (-DHEADGRAD_NATIVE=OFF) included, and the best one the CPU supports is chosen at
-// the first use. Large matrix products go to OpenBLAS, which chooses its own.
+// The instruction set of the engine's own vector kernels (small matrix products, rows, float32
+// elementwise arithmetic, layer_norm rows): AVX-512, AVX2 + FMA and plain C++ in every x86 build,
+// portable ones (-DHEADGRAD_NATIVE=OFF) included; the best the CPU supports is chosen at the first
+// use. libxsmm and OpenBLAS, for the larger products, choose their own ("generic" drops libxsmm).
 //
 // The environment variable HEADGRAD_ISA (avx512, avx2 or generic), read at the first use, asks
 // for a lower one than the CPU supports; an unknown name, or one the CPU or build lacks, throws

@@ -23,7 +23,7 @@ namespace autograd {
 
 using TensorList = std::vector<Tensor>;
 
-// ---- elementwise, binary (broadcasting) — src/ops/elementwise.cpp ----
+// ---- elementwise, binary (broadcasting) — src/ops/elementwise_binary.cpp ----
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -53,7 +53,7 @@ Tensor operator*(double a, const Tensor& b);
 Tensor operator/(double a, const Tensor& b);
 Tensor operator-(const Tensor& a);
 
-// ---- elementwise, unary ----
+// ---- elementwise, unary — src/ops/elementwise_unary.cpp ----
 Tensor neg(const Tensor& x);
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
@@ -67,7 +67,7 @@ Tensor relu(const Tensor& x);  // gradient 0 at 0
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);  // exact: x·Φ(x)
 Tensor clamp(const Tensor& x, double min, double max);  // gradient passes where min < x < max
 
-// ---- selection by mask — src/ops/elementwise.cpp ----
+// ---- selection by mask — src/ops/elementwise_binary.cpp ----
 // mask broadcasts to x's shape; where mask != 0, the result is `value` (gradient 0 there).
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 // cond, a and b broadcast together; result = cond != 0 ? a : b.
@@ -135,7 +135,7 @@ TensorList split(const Tensor& x, std::int64_t split_size, std::int64_t dim = 0)
 TensorList split(const Tensor& x, const std::vector<std::int64_t>& sizes, std::int64_t dim = 0);
 TensorList chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim = 0);
 
-// ---- indexing — src/ops/indexing.cpp ----
+// ---- indexing — src/ops/indexing.cpp, src/ops/gather.cpp ----
 // Rows (or slices along dim) picked by index; gradient scattered (added) back.
 Tensor index_select(const Tensor& x, std::int64_t dim, const std::vector<std::int64_t>& index);
 // Index tensors (here, in gather, embedding and cross_entropy's targets) are Int64, or Float32 /

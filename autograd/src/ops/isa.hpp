@@ -3,7 +3,7 @@
 // installed; the public side is autograd/isa.hpp).
 //
 // Each variant lives in its own source file compiled with its own -m flags (gemm_avx512.cpp,
-// gemm_avx2.cpp, rows_avx512.cpp, rows_avx2.cpp). Those files include nothing but <cstdint>,
+// gemm_avx2.cpp, rows_avx512.cpp, rows_avx2.cpp, ew_avx512.cpp, ew_avx2.cpp). Those files include nothing but <cstdint>,
 // <immintrin.h> and headers of plain declarations, and all their code has internal linkage
 // except the entry points, whose names carry the instruction set. The reason: an inline
 // function or template (Eigen's, the standard library's) instantiated in files compiled with
