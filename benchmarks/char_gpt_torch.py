@@ -351,7 +351,7 @@ def parity(cfg):
 
 
 def table(cfg):
-    """The README's tables from benchmarks/char_gpt.sh's results directory."""
+    """The tables of docs/benchmarks.md and docs/char_gpt.md, from benchmarks/char_gpt.sh's results."""
     speed_file = os.path.join(cfg.results, "speed.tsv")
     if os.path.exists(speed_file):
         rows = {}

@@ -15,7 +15,7 @@ which PyTorch then drops in favour of the flag).
         hit both sides alike; medians over all samples, and the ratio PyTorch / ours
   compare_torch.py --micro                          PyTorch's cost of a small op and of backward()
   compare_torch.py --memory                         peak RSS of one large-shape step (run alone)
-  compare_torch.py --table RESULTS.tsv              the README table from run.sh's results
+  compare_torch.py --table RESULTS.tsv              the docs/benchmarks.md table from run.sh's results
 
 Long sequences (benchmarks/long_attention.sh; shape groups `long` and `memory`, not in `all`):
   compare_torch.py --ours BIN --shapes long --step-memory --cpu-samples 0 --max-gib 8
@@ -28,7 +28,7 @@ Long sequences (benchmarks/long_attention.sh; shape groups `long` and `memory`, 
         only the peak memory of one step, no timing: memory <shape> <threads> <ours> <PyTorch>
         (PyTorch's varies by some MiB from step to step: the median of --memory-steps steps, and
         with --step-memory of one step per round; ours is the same to 0.1 MiB every time)
-  compare_torch.py --long-table RESULTS.tsv         the README tables from long_attention.sh's results
+  compare_torch.py --long-table RESULTS.tsv         the docs/benchmarks.md tables from long_attention.sh's results
   compare_torch.py --kernels --shapes long          the attention kernels PyTorch's step calls
   compare_torch.py --memory-check                   the peak-memory measure on a known 256 MiB tensor
   --max-gib G: a process whose resident memory passes G GiB is stopped; its side reads `over`

@@ -5,7 +5,7 @@
 # our samples (a bench_attention process) and PyTorch's alternate `rounds` times; medians. Also
 # the peak resident memory of one step above each process's baseline, our attention part's
 # GFLOP/s against the FP32 peak, and the peak memory of the series T = 1k, 2k, 4k, 8k, 16k.
-# Prints the README's tables at the end.
+# Prints docs/benchmarks.md's tables at the end.
 #
 #   benchmarks/long_attention.sh [build-dir]          (default build-dir: build-bench)
 #   env: JOBS (build jobs, default 2), THREADS (default 1,2), MAX_GIB (default 8: a process whose
