@@ -137,6 +137,67 @@ std::vector<std::string> missing_paths(const std::string& file, const std::strin
 
 bool is_word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
+// The name of every file in the repository (build directories and .git left out).
+std::set<std::string> repository_file_names() {
+  std::set<std::string> names;
+  for (auto it = fs::recursive_directory_iterator(kRoot); it != fs::recursive_directory_iterator(); ++it) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory() && (name.rfind("build", 0) == 0 || name == ".git")) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file()) names.insert(name);
+  }
+  return names;
+}
+
+// Files of other projects, or that a command writes, which texts name by their bare names.
+const std::set<std::string> kOtherFileNames = {
+    "sample.py",     // nanoGPT's (examples/char_gpt/sample.hpp)
+    "gemm_libs.md",  // what docs/gemm_choice.md's command writes
+};
+
+// "file:line: what" for every bare file name (`walk.cpp`, `gemm_avx*.cpp`, `guide.md`: a word
+// ending in .cpp, .hpp, .md, .sh, .py or .cmake that is not part of a path) that names no file
+// of the repository. With comments_only, only the part of each line after `//` is read.
+std::vector<std::string> missing_file_names(const std::string& file, const std::string& text, bool comments_only,
+                                            const std::set<std::string>& names) {
+  static const char* const kExtensions[] = {".cpp", ".hpp", ".md", ".sh", ".py", ".cmake"};
+  std::vector<std::string> out;
+  const std::vector<std::string> lines = lines_of(text);
+  for (std::size_t n = 0; n < lines.size(); ++n) {
+    std::string line = lines[n];
+    if (comments_only) {
+      const std::size_t comment = line.find("//");
+      if (comment == std::string::npos) continue;
+      line = line.substr(comment + 2);
+    }
+    for (std::size_t i = 0; i < line.size();) {
+      if (!(is_word_char(line[i]) || line[i] == '*' || line[i] == '-') ||
+          (i > 0 && (is_path_char(line[i - 1]) || line[i - 1] == '<'))) {
+        ++i;
+        continue;
+      }
+      std::size_t end = i;
+      while (end < line.size() && (is_word_char(line[end]) || line[end] == '*' || line[end] == '-')) ++end;
+      std::string found;
+      for (const char* ext : kExtensions) {
+        const std::string_view e(ext);
+        if (line.compare(end, e.size(), e) == 0 &&
+            (end + e.size() == line.size() || !is_word_char(line[end + e.size()]))) {
+          found = line.substr(i, end - i) + ext;
+          end += e.size();
+        }
+      }
+      if (!found.empty() && !kOtherFileNames.count(found) &&
+          std::none_of(names.begin(), names.end(), [&](const std::string& name) { return wildcard_match(found, name); }))
+        out.push_back(file + ":" + std::to_string(n + 1) + ": names `" + found + "`, but no file of that name exists");
+      i = end;
+    }
+  }
+  return out;
+}
+
 // Source text without its comments (// and /* */), so a name only a comment mentions is not
 // taken for a declaration.
 std::string without_comments(const std::string& code) {
@@ -293,6 +354,26 @@ BOOST_AUTO_TEST_CASE(every_path_a_code_comment_names_exists) {
   BOOST_TEST(problems.empty(), problems.size() << " missing path(s):" << joined(problems));
 }
 
+BOOST_AUTO_TEST_CASE(every_file_name_the_docs_and_code_comments_mention_exists) {
+  const std::set<std::string> names = repository_file_names();
+  BOOST_TEST(names.count("walk.cpp") == 1u);
+  std::vector<std::string> problems;
+  for (const std::string& doc : markdown_docs()) {
+    const std::vector<std::string> found = missing_file_names(doc, read(doc), false, names);
+    problems.insert(problems.end(), found.begin(), found.end());
+  }
+  for (const char* dir : {"autograd", "nn", "examples", "tests", "benchmarks", "fuzz"})
+    for (const auto& e : fs::recursive_directory_iterator(kRoot / dir)) {
+      const std::string ext = e.path().extension().string();
+      if (ext != ".cpp" && ext != ".hpp") continue;
+      const std::string file = fs::relative(e.path(), kRoot).generic_string();
+      if (file == "tests/test_docs.cpp") continue;
+      const std::vector<std::string> found = missing_file_names(file, read(file), true, names);
+      problems.insert(problems.end(), found.begin(), found.end());
+    }
+  BOOST_TEST(problems.empty(), problems.size() << " missing file(s):" << joined(problems));
+}
+
 BOOST_AUTO_TEST_CASE(every_ag_and_nn_name_in_the_docs_is_declared_in_a_public_header) {
   const std::set<std::string> declared = public_header_words();
   BOOST_TEST(declared.count("MultiHeadAttention") == 1u);
@@ -302,6 +383,23 @@ BOOST_AUTO_TEST_CASE(every_ag_and_nn_name_in_the_docs_is_declared_in_a_public_he
     problems.insert(problems.end(), found.begin(), found.end());
   }
   BOOST_TEST(problems.empty(), problems.size() << " undeclared name(s):" << joined(problems));
+}
+
+// A kernel compiled per instruction set is a file of its own with its own -m flags; the two
+// places that explain why such files share no inline code list them all.
+BOOST_AUTO_TEST_CASE(every_instruction_set_variant_file_is_named_in_isa_hpp_and_design_md) {
+  const std::string isa = read("autograd/src/ops/isa.hpp"), design = read("docs/design.md");
+  int variants = 0;
+  for (const auto& e : fs::directory_iterator(kRoot / "autograd/src/ops")) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".cpp" ||
+        (name.find("_avx2.") == std::string::npos && name.find("_avx512.") == std::string::npos))
+      continue;
+    BOOST_TEST(isa.find(name) != std::string::npos, "autograd/src/ops/isa.hpp does not name " << name);
+    BOOST_TEST(design.find("`" + name + "`") != std::string::npos, "docs/design.md does not name " << name);
+    ++variants;
+  }
+  BOOST_TEST(variants >= 6);
 }
 
 BOOST_AUTO_TEST_CASE(readme_is_a_page_of_at_most_250_lines) {
@@ -361,6 +459,17 @@ BOOST_AUTO_TEST_CASE(a_missing_path_is_reported_with_its_file_and_line) {
   BOOST_TEST(missing_paths("a.hpp", "see src/ops/nothing.cpp\n// src/ops/none.cpp", true).size() == 1u);
   BOOST_TEST(!path_resolves("tests/test_nothing_*.cpp"));
   BOOST_TEST(path_resolves("tests/test_double_backward_*.cpp"));
+}
+
+BOOST_AUTO_TEST_CASE(a_missing_file_name_is_reported_with_its_file_and_line) {
+  const std::set<std::string> names = repository_file_names();
+  const std::string text =
+      "`walk.cpp`, gemm_avx*.cpp, guide.md and autograd/src/walk.cpp exist, as does <immintrin.h>;\n"
+      "elementwise.cpp and rows_sse*.cpp do not.\n";
+  const std::vector<std::string> found = missing_file_names("docs/x.md", text, false, names);
+  BOOST_TEST_REQUIRE(found.size() == 2u, joined(found));
+  BOOST_TEST(found[0] == "docs/x.md:2: names `elementwise.cpp`, but no file of that name exists");
+  BOOST_TEST(found[1] == "docs/x.md:2: names `rows_sse*.cpp`, but no file of that name exists");
 }
 
 BOOST_AUTO_TEST_CASE(an_undeclared_name_is_reported_with_its_file_and_line) {

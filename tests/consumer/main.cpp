@@ -1,4 +1,4 @@
-// Uses the names fixed in API.md, as an outside program would.
+// Uses only the installed headers and their public names, as an outside program would.
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
