@@ -446,6 +446,15 @@ BOOST_AUTO_TEST_CASE(readme_engine_example_runs_and_its_gradcheck_passes) {
   BOOST_TEST(r.ok, r.message);
 }
 
+// docs/studying_attention.md counts correct positions with this expression (eq gives 0/1 Int64).
+BOOST_AUTO_TEST_CASE(studying_attentions_count_of_correct_positions_works_on_int64_targets) {
+  const ag::Tensor logits = ag::tensor({0, 1, 0, /**/ 2, 0, 0, /**/ 0, 0, 3, /**/ 1, 0, 0}, {2, 2, 3});
+  const std::vector<std::int64_t> ids = {1, 0, 1, -100};  // the last is ignore_index: never counted
+  const ag::Tensor targets = ag::tensor(ids, {2, 2});
+  BOOST_TEST(ag::sum(ag::eq(ag::argmax(logits, -1), targets)).item() == 2.0);
+  BOOST_TEST((ag::eq(ag::argmax(logits, -1), targets).dtype() == ag::Dtype::Int64));
+}
+
 // The checks themselves: a stale path, an undeclared name and a changed line are each found,
 // with the file and line in the message.
 BOOST_AUTO_TEST_CASE(a_missing_path_is_reported_with_its_file_and_line) {
