@@ -320,6 +320,63 @@ std::string code_source(const std::string& marker) {
   return marker.substr(head.size(), marker.size() - head.size() - tail.size());
 }
 
+// GitHub's anchor of a heading: lower case, spaces as '-', punctuation dropped (letters beyond
+// ASCII kept).
+std::string anchor_of(const std::string& heading) {
+  std::string out;
+  for (const char c : heading) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x80 || std::isalnum(u) || c == '-' || c == '_') out += static_cast<char>(std::tolower(u));
+    else if (c == ' ') out += '-';
+  }
+  return out;
+}
+
+// The anchors of a markdown file's headings (those in code blocks left out).
+std::set<std::string> anchors_of(const std::string& markdown) {
+  std::set<std::string> out;
+  bool in_code = false;
+  for (const std::string& line : lines_of(markdown)) {
+    if (line.rfind("```", 0) == 0) in_code = !in_code;
+    if (in_code || line.empty() || line[0] != '#') continue;
+    const std::size_t text = line.find_first_not_of('#');
+    if (text == std::string::npos || line[text] != ' ') continue;
+    out.insert(anchor_of(trimmed(line.substr(text + 1))));
+  }
+  return out;
+}
+
+// "file:line: what" for every markdown link of `doc` to a file of the repository that does not
+// exist, or to a heading (#anchor) that the file lacks. Links to web pages are left alone.
+std::vector<std::string> broken_links(const std::string& doc, const std::string& text) {
+  std::vector<std::string> out;
+  const fs::path dir = fs::path(doc).parent_path();
+  const std::vector<std::string> lines = lines_of(text);
+  for (std::size_t n = 0; n < lines.size(); ++n) {
+    const std::string& line = lines[n];
+    for (std::size_t i = line.find("]("); i != std::string::npos; i = line.find("](", i + 2)) {
+      const std::size_t end = line.find(')', i + 2);
+      if (end == std::string::npos) break;
+      const std::string target = line.substr(i + 2, end - i - 2);
+      if (target.empty() || target.find("://") != std::string::npos || target.rfind("mailto:", 0) == 0 ||
+          target.find(' ') != std::string::npos)
+        continue;
+      const std::size_t hash = target.find('#');
+      const std::string file = target.substr(0, hash);
+      const std::string relative = file.empty() ? doc : (dir / file).lexically_normal().generic_string();
+      const std::string where = doc + ":" + std::to_string(n + 1) + ": the link to `" + target + "`";
+      if (!fs::exists(kRoot / relative)) {
+        out.push_back(where + " leads to no file");
+        continue;
+      }
+      if (hash == std::string::npos) continue;
+      if (fs::path(relative).extension() != ".md" || !anchors_of(read(relative)).count(target.substr(hash + 1)))
+        out.push_back(where + " leads to no heading of " + relative);
+    }
+  }
+  return out;
+}
+
 std::string joined(const std::vector<std::string>& problems) {
   std::string out;
   for (const std::string& p : problems) out += "\n  " + p;
@@ -372,6 +429,15 @@ BOOST_AUTO_TEST_CASE(every_file_name_the_docs_and_code_comments_mention_exists) 
       problems.insert(problems.end(), found.begin(), found.end());
     }
   BOOST_TEST(problems.empty(), problems.size() << " missing file(s):" << joined(problems));
+}
+
+BOOST_AUTO_TEST_CASE(every_link_between_the_docs_leads_to_a_file_and_heading) {
+  std::vector<std::string> problems;
+  for (const std::string& doc : markdown_docs()) {
+    const std::vector<std::string> found = broken_links(doc, read(doc));
+    problems.insert(problems.end(), found.begin(), found.end());
+  }
+  BOOST_TEST(problems.empty(), problems.size() << " broken link(s):" << joined(problems));
 }
 
 BOOST_AUTO_TEST_CASE(every_ag_and_nn_name_in_the_docs_is_declared_in_a_public_header) {
@@ -479,6 +545,18 @@ BOOST_AUTO_TEST_CASE(a_missing_file_name_is_reported_with_its_file_and_line) {
   BOOST_TEST_REQUIRE(found.size() == 2u, joined(found));
   BOOST_TEST(found[0] == "docs/x.md:2: names `elementwise.cpp`, but no file of that name exists");
   BOOST_TEST(found[1] == "docs/x.md:2: names `rows_sse*.cpp`, but no file of that name exists");
+}
+
+BOOST_AUTO_TEST_CASE(a_broken_link_is_reported_with_its_file_and_line) {
+  BOOST_TEST(anchor_of("train_heads: accuracy and ablations") == "train_heads-accuracy-and-ablations");
+  BOOST_TEST(anchor_of("1. What differentiating a gradient means") == "1-what-differentiating-a-gradient-means");
+  const std::string text =
+      "[a](design.md#threads), [b](../README.md), [c](https://example.org/x.md), [d](#threads)\n"
+      "[e](design.md#no-such-heading) and [f](no_such_page.md)\n";
+  const std::vector<std::string> found = broken_links("docs/design.md", text);
+  BOOST_TEST_REQUIRE(found.size() == 2u, joined(found));
+  BOOST_TEST(found[0] == "docs/design.md:2: the link to `design.md#no-such-heading` leads to no heading of docs/design.md");
+  BOOST_TEST(found[1] == "docs/design.md:2: the link to `no_such_page.md` leads to no file");
 }
 
 BOOST_AUTO_TEST_CASE(an_undeclared_name_is_reported_with_its_file_and_line) {
