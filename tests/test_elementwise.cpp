@@ -413,7 +413,8 @@ BOOST_AUTO_TEST_CASE(mixed_dtypes_throw_naming_both) {
   const Tensor a = ag::zeros({2}), b = ag::zeros({2}, Dtype::Float64);
   BOOST_TEST(error_of([&] { ag::mul(a, b); }) == "mul: dtypes differ: Float32 and Float64");
   BOOST_TEST(error_of([&] { b + a; }) == "add: dtypes differ: Float64 and Float32");
-  BOOST_TEST(error_of([&] { ag::where(a, a, b); }) == "where: dtypes differ: Float32 and Float64");
+  BOOST_TEST(error_of([&] { ag::where(a, a, b); }) ==
+             "where: dtypes differ: second argument Float32 and third argument Float64");
 }
 
 BOOST_AUTO_TEST_CASE(masked_fill_rejects_a_mask_that_does_not_broadcast_to_x) {

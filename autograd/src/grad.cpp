@@ -1,5 +1,6 @@
 // grad(): the functional gradient, as torch.autograd.grad. The walk is backward()'s (walk.cpp),
 // told to hand back what arrives at the inputs instead of adding into .grad.
+#include <functional>
 #include <string>
 
 #include "autograd/grad_mode.hpp"
@@ -94,16 +95,21 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const GradO
   if (outputs.empty()) fail("grad", "no outputs given: nothing to differentiate");
   check_inputs(inputs);
   const TensorList seeds = seeds_for(outputs, options.grad_outputs);
-  TensorList grads = detail::capture_gradients(outputs, seeds, inputs, options.retain_graph, options.create_graph);
+  const auto unused = [&](std::size_t i) {
+    fail("grad", "{} {} is not used by the outputs: no gradient reaches it (set allow_unused to get an undefined "
+         "tensor for it instead)", tensor_label("input", i, inputs[i]), shape_str(inputs[i].shape()));
+  };
+  // An input the graph does not reach is refused before the walk runs (and frees) anything.
+  TensorList grads = detail::capture_gradients(outputs, seeds, inputs, options.retain_graph, options.create_graph,
+                                               options.allow_unused ? std::function<void(std::size_t)>() : unused);
   run_leaf_hooks(inputs, grads, options.create_graph);
   for (std::size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined()) {
       if (!options.create_graph) grads[i] = grads[i].detach();
       continue;
     }
-    if (!options.allow_unused)
-      fail("grad", "{} {} is not used by the outputs: no gradient reaches it (set allow_unused to get an undefined "
-           "tensor for it instead)", tensor_label("input", i, inputs[i]), shape_str(inputs[i].shape()));
+    // Reached, but every rule on the way returned no gradient for it (known only after the walk).
+    if (!options.allow_unused) unused(i);
     grads[i] = Tensor::undefined("grad(): the outputs do not depend on this input (allow_unused)");
   }
   return grads;

@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/random.hpp"
+#include "gradcheck_checks.hpp"
 
 namespace autograd {
 
@@ -50,11 +51,11 @@ class InputState {
   std::vector<Tensor> grads_;
 };
 
-Tensor evaluate(const GradcheckFn& fn, const std::vector<Tensor>& inputs) {
+Tensor evaluate(std::string_view op, const GradcheckFn& fn, const std::vector<Tensor>& inputs) {
   Tensor y = fn(inputs);
-  if (!y.defined()) fail("gradcheck", "the function returned an undefined tensor");
+  if (!y.defined()) fail(op, "the function returned an undefined tensor");
   if (y.dtype() != Dtype::Float64)
-    fail("gradcheck", "the function returned a {} tensor; gradcheck needs Float64 throughout", dtype_name(y.dtype()));
+    fail(op, "the function returned a {} tensor; {} needs Float64 throughout", dtype_name(y.dtype()), op);
   return y;
 }
 
@@ -106,26 +107,40 @@ std::string input_label(std::int64_t i, const Tensor& t) {
   return fmt::format("input {} {}", i, quoted(t.name()));
 }
 
-// The indices of the inputs to check (those that require grad), after checking each one.
-std::vector<std::size_t> checked_inputs(const std::vector<Tensor>& inputs) {
+}  // namespace
+
+namespace detail {
+
+std::vector<std::size_t> checked_gradcheck_inputs(std::string_view op, const std::vector<Tensor>& inputs) {
   std::vector<std::size_t> checked;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     const std::string label = input_label(static_cast<std::int64_t>(i), t);
-    if (!t.defined()) fail("gradcheck", "{} is {}", label, undefined_description(t));
+    if (!t.defined()) fail(op, "{} is {}", label, undefined_description(t));
     if (!t.requires_grad()) continue;
     if (t.dtype() != Dtype::Float64)
-      fail("gradcheck", "{} {} is {}; gradcheck needs Float64 inputs", label, shape_str(t.shape()),
-           dtype_name(t.dtype()));
-    if (!t.is_leaf()) fail("gradcheck", "{} is not a leaf (it was made by '{}')", label, printable(t.grad_fn()->name()));
+      fail(op, "{} {} is {}; {} needs Float64 inputs", label, shape_str(t.shape()), dtype_name(t.dtype()), op);
+    if (!t.is_leaf()) fail(op, "{} is not a leaf (it was made by '{}')", label, printable(t.grad_fn()->name()));
     checked.push_back(i);
   }
-  if (checked.empty()) fail("gradcheck", "no input requires grad, so there is nothing to check");
+  if (checked.empty()) fail(op, "no input requires grad, so there is nothing to check");
   return checked;
 }
 
+void check_gradcheck_options(std::string_view op, const GradcheckOptions& opt) {
+  if (!(opt.eps > 0)) fail(op, "eps must be positive, got {}", opt.eps);
+  if (!(opt.atol >= 0) || !(opt.rtol >= 0) || !std::isfinite(opt.atol) || !std::isfinite(opt.rtol))
+    fail(op, "atol and rtol must be finite and >= 0, got atol = {}, rtol = {}", opt.atol, opt.rtol);
+  if (opt.num_projections < 0) fail(op, "num_projections must not be negative, got {}", opt.num_projections);
+}
+
+}  // namespace detail
+
+namespace {
+
 // One gradcheck run: the function, its inputs (restored at the end) and the tally so far.
 struct Check {
+  std::string_view op;
   const GradcheckFn& fn;
   const std::vector<Tensor>& inputs;
   const GradcheckOptions& opt;
@@ -164,14 +179,14 @@ struct Check {
         const double x0 = state.original(i, static_cast<std::size_t>(k));
         x[k] = x0 + opt.eps;
         inputs[i].mark_modified();
-        const auto plus = evaluate(fn, inputs).to_vector();
+        const auto plus = evaluate(op, fn, inputs).to_vector();
         x[k] = x0 - opt.eps;
         inputs[i].mark_modified();
-        const auto minus = evaluate(fn, inputs).to_vector();
+        const auto minus = evaluate(op, fn, inputs).to_vector();
         x[k] = x0;
         inputs[i].mark_modified();
         if (static_cast<std::int64_t>(plus.size()) != m || static_cast<std::int64_t>(minus.size()) != m)
-          fail("gradcheck", "the function's output size changed between evaluations");
+          fail(op, "the function's output size changed between evaluations");
         for (std::int64_t j = 0; j < m; ++j) {
           const double numeric = (plus[j] - minus[j]) / (2.0 * opt.eps);
           tally.add(analytic[j][c][k], numeric, static_cast<std::int64_t>(i), k, j);
@@ -189,7 +204,7 @@ struct Check {
       for (std::size_t k = 0; k < u[c].size(); ++k) x[k] = state.original(i, k) + step * u[c][k];
       inputs[i].mark_modified();
     }
-    const auto out = evaluate(fn, inputs).to_vector();
+    const auto out = evaluate(op, fn, inputs).to_vector();
     double dot = 0.0;
     for (std::size_t j = 0; j < out.size(); ++j) dot += v[j] * out[j];
     return dot;
@@ -199,7 +214,7 @@ struct Check {
   void projections() {
     Generator gen(opt.seed);
     for (int p = 0; p < opt.num_projections; ++p) {
-      if (p > 0) y = evaluate(fn, inputs);  // a fresh graph: the last one saw perturbed inputs
+      if (p > 0) y = evaluate(op, fn, inputs);  // a fresh graph: the last one saw perturbed inputs
       Tensor v = randn(y.shape(), Dtype::Float64, gen);
       const auto g = vjp(v);
       std::vector<std::vector<double>> u;
@@ -220,12 +235,14 @@ struct Check {
 }  // namespace
 
 GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs, const GradcheckOptions& opt) {
-  if (!fn) fail("gradcheck", "no function given");
-  if (!(opt.eps > 0)) fail("gradcheck", "eps must be positive, got {}", opt.eps);
-  if (!(opt.atol >= 0) || !(opt.rtol >= 0) || !std::isfinite(opt.atol) || !std::isfinite(opt.rtol))
-    fail("gradcheck", "atol and rtol must be finite and >= 0, got atol = {}, rtol = {}", opt.atol, opt.rtol);
-  if (opt.num_projections < 0) fail("gradcheck", "num_projections must not be negative, got {}", opt.num_projections);
-  std::vector<std::size_t> checked = checked_inputs(inputs);
+  return detail::gradcheck_as("gradcheck", fn, inputs, opt);
+}
+
+GradcheckResult detail::gradcheck_as(std::string_view op, const GradcheckFn& fn, const std::vector<Tensor>& inputs,
+                                     const GradcheckOptions& opt) {
+  if (!fn) fail(op, "no function given");
+  check_gradcheck_options(op, opt);
+  std::vector<std::size_t> checked = checked_gradcheck_inputs(op, inputs);
   std::int64_t n_total = 0;
   for (auto i : checked) n_total += inputs[i].numel();
 
@@ -236,13 +253,13 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
   Tally tally{opt, r};
   InputState state(inputs, checked);
   EnableGradGuard grad_on;
-  Check check{fn, inputs, opt, std::move(checked), state, tally, evaluate(fn, inputs)};
+  Check check{op, fn, inputs, opt, std::move(checked), state, tally, evaluate(op, fn, inputs)};
   const std::int64_t m = check.y.numel();
   if (m == 0 || n_total == 0)
-    fail("gradcheck", "the output has {} elements and the checked inputs {}: nothing to compare", m, n_total);
+    fail(op, "the output has {} elements and the checked inputs {}: nothing to compare", m, n_total);
   r.projected = m * n_total > opt.max_full_jacobian;
   if (r.projected && opt.num_projections == 0)
-    fail("gradcheck",
+    fail(op,
          "nothing would be checked: the Jacobian ({} x {}) is above max_full_jacobian = {} and num_projections = 0",
          m, n_total, opt.max_full_jacobian);
   if (r.projected) {

@@ -6,6 +6,7 @@
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "autograd/random.hpp"
+#include "gradcheck_checks.hpp"
 
 namespace autograd {
 
@@ -58,9 +59,11 @@ std::string gradient_element(std::int64_t flat, const std::vector<Tensor>& input
 
 GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
                               const GradcheckOptions& options) {
-  if (!fn) fail("gradgradcheck", "no function given");
-  const std::vector<std::size_t> checked = requiring_grad(inputs);
-  if (checked.empty()) fail("gradgradcheck", "no input requires grad, so there is nothing to check");
+  constexpr std::string_view op = "gradgradcheck";
+  // Everything that can be checked before the function runs is checked first, naming this call.
+  if (!fn) fail(op, "no function given");
+  detail::check_gradcheck_options(op, options);
+  const std::vector<std::size_t> checked = detail::checked_gradcheck_inputs(op, inputs);
   // The random grad_outputs u of the first derivative, fixed for every evaluation.
   Generator gen(options.seed ^ 0x9E3779B97F4A7C15ull);
   const Tensor u = randn(evaluate_with_graph("gradgradcheck", fn, inputs).shape(), Dtype::Float64, gen);
@@ -83,7 +86,7 @@ GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& 
     for (std::size_t c = 0; c < wrt.size(); ++c) flat.push_back(reshape(or_zeros(g[c], wrt[c]), {-1}));
     return cat(flat, 0);
   };
-  GradcheckResult r = gradcheck(first_derivative, inputs, options);
+  GradcheckResult r = detail::gradcheck_as(op, first_derivative, inputs, options);
   if (!r.ok && !r.projected && r.worst_output >= 0) {
     const std::string name = r.worst_input_name.empty() ? std::string() : fmt::format(" {}", quoted(r.worst_input_name));
     r.message = fmt::format(

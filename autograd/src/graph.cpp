@@ -219,6 +219,9 @@ void connect(const std::shared_ptr<Node>& node, std::span<const Tensor> inputs, 
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const auto& impl = outputs[i].impl();
     node->output_meta.push_back({impl->shape, impl->dtype, impl->storage.get()});
+    // An integer output is not differentiable (as PyTorch marks it): it stays out of the graph,
+    // requires no grad, and its gradient reaches the rule as zeros (or undefined).
+    if (!is_floating(impl->dtype)) continue;
     impl->grad_fn = node;
     impl->output_nr = static_cast<std::uint32_t>(i);
     impl->requires_grad = false;

@@ -13,6 +13,7 @@
 // backward) without disturbing this one. Each thread reuses the tables of its finished walks.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <stdexcept>
@@ -287,6 +288,25 @@ class Walk {
     }
   }
 
+  // grad(), after locate(): the first input that no gradient can reach (its node is not reached,
+  // or no edge and no root leads to its output of that node), or kNoSlot when each can be reached.
+  std::size_t first_unreachable() const {
+    std::vector<char> reached(t_.first_grad.back(), 0);  // per node output
+    for (const auto& [slot, nr] : t_.roots) reached[t_.first_grad[slot] + nr] = 1;
+    for (std::size_t i = 0; i < t_.nodes.size(); ++i) {
+      const auto& edges = t_.nodes[i]->next_edges;
+      for (std::size_t j = 0; j < edges.size(); ++j) {
+        const std::size_t next = t_.edge_slots[t_.first_edge[i] + j];
+        if (next != kNoSlot) reached[t_.first_grad[next] + edges[j].input_nr] = 1;
+      }
+    }
+    for (std::size_t i = 0; i < capture_->at.size(); ++i) {
+      const auto [slot, nr] = capture_->at[i];
+      if (slot == kNoSlot || !reached[t_.first_grad[slot] + nr]) return i;
+    }
+    return kNoSlot;
+  }
+
   // Runs every node once all its consumers have run, latest-created first among the ready.
   void run(bool retain_graph) {
     for (std::size_t i = 0; i < t_.nodes.size(); ++i)
@@ -509,7 +529,8 @@ namespace detail {
 // grad()'s walk: the outputs' gradients seeded, the inputs' gradients captured where they
 // arrive, only the nodes in between run.
 TensorList capture_gradients(std::span<const Tensor> outputs, std::span<const Tensor> seeds,
-                             std::span<const Tensor> inputs, bool retain_graph, bool create_graph) {
+                             std::span<const Tensor> inputs, bool retain_graph, bool create_graph,
+                             const std::function<void(std::size_t)>& refuse_unreachable) {
   NestingDepth depth;
   WalkModes modes(create_graph, false);
   WalkTablesLease tables;
@@ -518,6 +539,9 @@ TensorList capture_gradients(std::span<const Tensor> outputs, std::span<const Te
   walk.discover(outputs);
   walk.seed(seeds);
   walk.locate(inputs);
+  // Before anything runs (or is freed): a refusal leaves the graph as it was.
+  if (refuse_unreachable)
+    if (const std::size_t i = walk.first_unreachable(); i != kNoSlot) refuse_unreachable(i);
   walk.run(retain_graph || create_graph);
   return std::move(capture.grads);
 }

@@ -2,6 +2,7 @@
 // What the backward walk on this thread is doing right now, for the pieces of the graph that
 // need to know: the node whose backward rule runs (a saved tensor looks for its own output
 // there when a graph of the backward is built), and whether gradients go into .grad.
+#include <functional>
 #include <span>
 
 #include "autograd/graph.hpp"
@@ -28,9 +29,12 @@ class RunningNode {
 };
 
 // grad()'s walk (walk.cpp): from `outputs` seeded with `seeds` (checked already), the gradients
-// that arrive at `inputs` (undefined where none does); writes no .grad.
+// that arrive at `inputs` (undefined where none does); writes no .grad. When
+// `refuse_unreachable` is given, it is called (and expected to throw) with the index of the first
+// input no gradient can reach, once the graph is discovered and before any node runs.
 TensorList capture_gradients(std::span<const Tensor> outputs, std::span<const Tensor> seeds,
-                             std::span<const Tensor> inputs, bool retain_graph, bool create_graph);
+                             std::span<const Tensor> inputs, bool retain_graph, bool create_graph,
+                             const std::function<void(std::size_t)>& refuse_unreachable = {});
 
 }  // namespace detail
 }  // namespace autograd

@@ -17,7 +17,8 @@
 // forward may return a Tensor or a TensorList; backward gets one gradient per output (zeros
 // where none arrived) and returns exactly one per Tensor argument (undefined where none is
 // needed), as in PyTorch; a list of another length, an empty one included, makes backward()
-// throw, naming the function.
+// throw, naming the function. An Int64 output is not differentiable (as PyTorch marks integer
+// outputs): it has no grad_fn and does not require grad, and backward gets zeros for it.
 // Check it with gradcheck.
 //
 // Second order: backward runs with grad mode on when a graph of the backward is being built

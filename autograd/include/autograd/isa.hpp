@@ -6,7 +6,10 @@
 //
 // The environment variable HEADGRAD_ISA (avx512, avx2 or generic), read at the first use, asks
 // for a lower one than the CPU supports; an unknown name, or one the CPU or build lacks, throws
-// std::invalid_argument from the first call that chooses the kernels (kernel_isa() itself, or an op).
+// std::invalid_argument from the first call that chooses the kernels: kernel_isa() itself, or any
+// op that computes (every op that runs a loop over its elements chooses first, on the calling
+// thread, whether or not it has kernel variants). Called from inside a thread region of the
+// caller's own, an op cannot throw: it runs the best variant and the next call outside throws.
 #include <string_view>
 
 namespace autograd {

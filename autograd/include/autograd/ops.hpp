@@ -8,7 +8,7 @@
 //
 // Int64 tensors (indices, class targets; see dtype.hpp) are taken by the ops that move, pick or
 // compare values: the factories, to(), clone, the shape ops, cat/stack/split, index_select,
-// gather, the comparisons, sum, max and argmax, and as indices, masks and conditions. The ops
+// gather, the comparisons, sum, max and argmax, masked_fill, and as indices, masks and conditions. The ops
 // that compute with values (arithmetic, the unary functions, mean, matmul, linear, softmax,
 // layer_norm, dropout, attention, cross_entropy's logits, embedding's weight) need Float32 or
 // Float64 and say so, naming themselves.
@@ -68,7 +68,9 @@ Tensor gelu(const Tensor& x, bool tanh_approximation = false);  // exact: x·Φ(
 Tensor clamp(const Tensor& x, double min, double max);  // gradient passes where min < x < max
 
 // ---- selection by mask — src/ops/elementwise_binary.cpp ----
-// mask broadcasts to x's shape; where mask != 0, the result is `value` (gradient 0 there).
+// mask broadcasts to x's shape; where mask != 0, the result is `value` (gradient 0 there). An
+// Int64 x (targets with -100 to clean out, say) takes an integral value within the Int64 range,
+// exactly; any other value is refused.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 // cond, a and b broadcast together; result = cond != 0 ? a : b.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);

@@ -238,8 +238,43 @@ Tensor ones(const Shape& shape, Dtype dtype = Dtype::Float32);
 Tensor full(const Shape& shape, double value, Dtype dtype = Dtype::Float32);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
+// [start, end) in steps of step (nonzero). With floating-point arguments the values are
+// start + i·step computed in doubles; into Int64 with integral arguments they are counted
+// exactly. With integer arguments (any integer types, chosen by overload) they are counted
+// exactly in 64-bit integers, over the whole Int64 range, whatever the dtype (a Float32 or
+// Float64 tensor then holds each value rounded to the nearest). A count past 2^63 - 1, or an
+// argument outside the Int64 range, throws.
 Tensor arange(double end, Dtype dtype = Dtype::Float32);
 Tensor arange(double start, double end, double step = 1.0, Dtype dtype = Dtype::Float32);
+
+namespace detail {
+Tensor arange_exact(std::int64_t start, std::int64_t end, std::int64_t step, Dtype dtype);
+[[noreturn]] void arange_argument_out_of_range(const char* what, std::uint64_t value);
+template <class I>
+std::int64_t arange_argument(const char* what, I value) {
+  if constexpr (std::is_unsigned_v<I>)
+    if (static_cast<std::uint64_t>(value) > static_cast<std::uint64_t>(INT64_MAX))
+      arange_argument_out_of_range(what, static_cast<std::uint64_t>(value));
+  return static_cast<std::int64_t>(value);
+}
+}  // namespace detail
+
+template <class I>
+concept ArangeInteger = std::is_integral_v<I> && !std::is_same_v<I, bool>;
+
+template <ArangeInteger A, ArangeInteger B, ArangeInteger C>
+Tensor arange(A start, B end, C step, Dtype dtype = Dtype::Float32) {
+  return detail::arange_exact(detail::arange_argument("start", start), detail::arange_argument("end", end),
+                              detail::arange_argument("step", step), dtype);
+}
+template <ArangeInteger A, ArangeInteger B>
+Tensor arange(A start, B end) {
+  return arange(start, end, std::int64_t{1});
+}
+template <ArangeInteger A>
+Tensor arange(A end, Dtype dtype = Dtype::Float32) {
+  return arange(std::int64_t{0}, end, std::int64_t{1}, dtype);
+}
 
 // Copies an Eigen matrix (any storage order) into a new 2-D tensor.
 template <class Derived>

@@ -27,8 +27,8 @@ namespace sdpa {
 // Dropout factors Z (0 or 1/(1-p)) of the whole (B, H, T, S), from the call's stream: element
 // ((b·H + h)·T + i)·S + j as ag::dropout numbers it, so the same generator state gives the same
 // mask as ag::dropout on the weights, whatever the thread count.
-Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& stream) {
-  Tensor keep = Tensor::empty({d.B, d.H, d.T, d.S}, dtype);
+Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& stream, std::string_view op) {
+  Tensor keep = Tensor::empty({d.B, d.H, d.T, d.S}, dtype, op);
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* z = keep.data<T>();
@@ -224,10 +224,11 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
   const Tensor& k = in.packed() ? in.q : in.k;
   const Tensor& v = in.packed() ? in.q : in.v;
   const sdpa::MaskStrides ms = in.mask.defined() ? sdpa::mask_strides(in.mask.shape()) : sdpa::MaskStrides{};
-  const Tensor keep = dropout_p > 0.0 ? sdpa::dropout_factors(d, dtype, stream) : Tensor();
+  // (The sizes were checked one by one; the op names itself when they multiply past a count.)
+  const Tensor keep = dropout_p > 0.0 ? sdpa::dropout_factors(d, dtype, stream, op) : Tensor();
 
-  Tensor output = Tensor::empty(out_shape, dtype);
-  Tensor weights = Tensor::empty({d.B, d.H, d.T, d.S}, dtype);
+  Tensor output = Tensor::empty(out_shape, dtype, op);
+  Tensor weights = Tensor::empty({d.B, d.H, d.T, d.S}, dtype, op);
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     auto ptr = [](const Tensor& t) -> const T* { return t.defined() ? t.data<T>() : nullptr; };

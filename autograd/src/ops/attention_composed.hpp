@@ -129,8 +129,9 @@ inline ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H,
 }
 
 // The dropout factors Z (0 or 1/(1-p)) of the whole (B, H, T, S), element ((b·H + h)·T + i)·S + j
-// drawn from the call's stream as ag::dropout numbers it (ops/philox.hpp). attention.cpp.
-Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& stream);
+// drawn from the call's stream as ag::dropout numbers it (ops/philox.hpp), for the op `op` (which
+// a shape too large to count names). attention.cpp.
+Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& stream, std::string_view op);
 
 // The op on the tiled core (need_weights = false; arguments checked, scale resolved; dropout
 // from the call's stream, inactive for p = 0): the output, weights undefined.

@@ -82,7 +82,7 @@ struct FlashBackward {
     if (mask.defined()) scores = add(scores, mask.get(op));
     if (causal) scores = add(scores, causal_additive(d.T, d.S, qt.dtype()));
     in.p = softmax(scores, -1);
-    if (dropout.active()) in.z = dropout_factors(d, qt.dtype(), dropout);  // the forward's mask, regenerated
+    if (dropout.active()) in.z = dropout_factors(d, qt.dtype(), dropout, op);  // the forward's mask, regenerated
     const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
     GradList grads;
     if (packed) {
@@ -105,8 +105,8 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
   const Tensor& k = in.packed() ? in.q : in.k;
   const Tensor& v = in.packed() ? in.q : in.v;
   const MaskStrides ms = in.mask.defined() ? mask_strides(in.mask.shape()) : MaskStrides{};
-  Tensor output = Tensor::empty(out_shape, dtype);
-  Tensor lse = Tensor::empty({d.B, d.H, d.T, 2}, dtype);  // (lse, its low part) per row
+  Tensor output = Tensor::empty(out_shape, dtype, op);
+  Tensor lse = Tensor::empty({d.B, d.H, d.T, 2}, dtype, op);  // (lse, its low part) per row
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     const T* mask = in.mask.defined() ? in.mask.data<T>() : nullptr;

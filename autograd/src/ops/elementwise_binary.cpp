@@ -338,12 +338,37 @@ Tensor operator-(const Tensor& a) { return neg(a); }
 
 // ---- selection by mask ----
 
+namespace {
+
+// masked_fill of an Int64 input (no gradient): `value` must be an integer the input can hold
+// exactly; the mask (any dtype) selects where it is nonzero.
+Tensor masked_fill_int64(const Tensor& x, const Tensor& mask, double value) {
+  if (!(value == std::trunc(value)) && !std::isinf(value))
+    fail("masked_fill", "value {} is not an integer, so an Int64 input cannot hold it", value);
+  if (!(value >= -0x1p63 && value < 0x1p63))  // the doubles whose integer fits in 64 bits
+    fail("masked_fill", "value {} is outside the Int64 range, so an Int64 input cannot hold it", value);
+  const auto fill = static_cast<std::int64_t>(value);
+  const Tensor m = mask.shape() == x.shape() ? mask : expand(mask.detach(), x.shape());
+  Tensor y = Tensor::empty(x.shape(), Dtype::Int64, "masked_fill");
+  const std::int64_t* in = x.data<std::int64_t>();
+  std::int64_t* out = y.data<std::int64_t>();
+  dispatch_all(m.dtype(), [&](auto zero) {
+    using M = decltype(zero);
+    const M* sel = m.data<M>();
+    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = sel[i] != M(0) ? fill : in[i];
+  });
+  return y;
+}
+
+}  // namespace
+
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_defined_args("masked_fill", x, mask);
-  check_floating("masked_fill", x, "the input");
+  if (x.dtype() != Dtype::Int64) check_floating("masked_fill", x, "the input");
   if (broadcast_shapes("masked_fill", x.shape(), mask.shape()) != x.shape())
     fail("masked_fill", "mask of shape {} cannot be broadcast to the input's shape {}", shape_str(mask.shape()),
          shape_str(x.shape()));
+  if (x.dtype() == Dtype::Int64) return masked_fill_int64(x, mask, value);
   const Tensor m = as_selector(mask, x.dtype());
   Tensor y = kernels::map<2>(x.shape(), {x, m}, [value](const auto& v, const auto& keep_out) {
     using T = scalar_t<decltype(v)>;
@@ -363,8 +388,16 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  // The values are where's second and third arguments (the condition is its first).
   check_defined("where", cond, "condition");
-  const Shape ab = check_binary("where", a, b);
+  check_defined("where", a, "second argument");
+  check_defined("where", b, "third argument");
+  check_floating("where", a, "second argument");
+  check_floating("where", b, "third argument");
+  if (a.dtype() != b.dtype())
+    fail("where", "dtypes differ: second argument {} and third argument {}", dtype_name(a.dtype()),
+         dtype_name(b.dtype()));
+  const Shape ab = a.shape() == b.shape() ? a.shape() : broadcast_shapes("where", a.shape(), b.shape());
   const Shape shape = broadcast_shapes("where", cond.shape(), ab);
   const Tensor c = as_selector(cond, a.dtype());
   Tensor y = kernels::map<3>(shape, {c, a, b}, [](const auto& take_a, const auto& x, const auto& z) {

@@ -269,6 +269,7 @@ void cut_product(Call call, bool hold_omp, bool trans_a, bool trans_b, std::int6
     }
   };
   if (cut.count > 1 && threads_available()) {
+    isa::choose();  // on the calling thread, before the region (see ops/parallel.hpp)
 #pragma omp parallel
     {
 #pragma omp for schedule(static)

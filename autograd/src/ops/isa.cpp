@@ -77,8 +77,10 @@ Isa active() {
   Isa chosen = best_supported();
   if (env != nullptr && *env != '\0') {
     // An exception must not leave an OpenMP region (it would end the process): inside one, a bad
-    // value is left for the next call outside, on the calling thread, to report.
-    if (omp_in_parallel()) {
+    // value is left for the next call outside, on the calling thread, to report. A region with
+    // one thread (OMP_THREAD_LIMIT, a nested region) is not "in parallel" but is a region all the
+    // same: omp_get_level counts it.
+    if (omp_get_level() > 0) {
       try {
         chosen = checked("HEADGRAD_ISA", env);
       } catch (const std::invalid_argument&) {
@@ -91,6 +93,8 @@ Isa active() {
   g_active.store(static_cast<int>(chosen), std::memory_order_relaxed);
   return chosen;
 }
+
+void choose() { (void)active(); }
 
 }  // namespace isa
 

@@ -17,7 +17,15 @@ enum class Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2 };
 
 // The variant in use: the best the CPU supports (and the build compiled), or lower when
 // HEADGRAD_ISA or set_kernel_isa asked for it. Cheap (one relaxed atomic load once known).
+// The first call reads HEADGRAD_ISA and throws std::invalid_argument for a bad value; inside a
+// thread region (active or not) it cannot throw, so there it leaves the choice to the next call
+// outside and runs the best variant meanwhile.
 Isa active();
+
+// Makes the choice of active() on the calling thread (throwing for a bad HEADGRAD_ISA). Every
+// entry to a thread region (parallel_for, parallel_region, parallel_chunks, the product's
+// region) calls it first, so the kernels inside a region never make the first choice.
+void choose();
 
 // The best variant this CPU supports among those compiled in.
 Isa best_supported();

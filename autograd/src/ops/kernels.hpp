@@ -117,6 +117,7 @@ void for_each_run(const BroadcastPlan<K>& plan, std::int64_t begin, std::int64_t
 // Splits [0, numel) over the threads (in cache-line multiples) when the work is large enough.
 template <class Chunk>
 void parallel_chunks(std::int64_t numel, Chunk&& chunk) {
+  isa::choose();  // on the calling thread, before any region (see parallel_for)
   const int threads = numel >= kParallelElementwise && threads_available() ? omp_get_max_threads() : 1;
   if (threads <= 1) {
     chunk(std::int64_t{0}, numel);

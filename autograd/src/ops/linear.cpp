@@ -32,6 +32,18 @@ void check_linear(const Tensor& x, const Tensor& w, const Tensor& b, std::string
   }
 }
 
+// The output's shape: x's with the last dim `out`; throws naming the op when its sizes multiply
+// past a 64-bit count (`weights` says what gave `out`: "weight [0, 4294967296]").
+Shape output_shape(std::string_view op, const Tensor& x, std::int64_t out, const std::string& weights) {
+  Shape shape = x.shape();
+  shape.back() = out;
+  std::int64_t numel = 0;
+  if (!numel_fits(shape, numel))
+    fail(op, "input {} and {} give shape {}, more elements than a 64-bit count can hold", shape_str(x.shape()),
+         weights, shape_str(shape));
+  return shape;
+}
+
 constexpr std::size_t kMaxCat = 4;  // weights of one linear_cat
 
 // linear's gradients composed of differentiable ops, for a backward that builds a graph:
@@ -54,9 +66,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   const std::int64_t in = w.size(0), out = w.size(1);
   std::int64_t rows = 1;
   for (std::int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  Shape out_shape = x.shape();
-  out_shape.back() = out;
-  Tensor y = Tensor::empty(out_shape, x.dtype());
+  const Shape out_shape = output_shape("linear", x, out, "weight " + shape_str(w.shape()));
+  Tensor y = Tensor::empty(out_shape, x.dtype(), "linear");
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if (b.defined())
@@ -213,15 +224,14 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
   l.n = n;
   for (std::size_t i = 0; i < n; ++i) {
     check_linear(x, weights[i], bias_list[i], op);
-    l.offset[i + 1] = l.offset[i] + weights[i].size(1);
+    l.offset[i + 1] = checked_add(op, l.offset[i], weights[i].size(1));
   }
   l.in = x.size(-1);
   l.out = l.offset[n];
   for (std::int64_t d = 0; d + 1 < x.dim(); ++d) l.rows *= x.size(d);
-  Shape out_shape = x.shape();
-  out_shape.back() = l.out;
-  Tensor y = Tensor::empty(out_shape, x.dtype());
-  Tensor w = Tensor::empty({l.in, l.out}, x.dtype());  // [W_0 | W_1 | …]
+  const Shape out_shape = output_shape(op, x, l.out, fmt::format("weights of {} columns", l.out));
+  Tensor y = Tensor::empty(out_shape, x.dtype(), op);
+  Tensor w = Tensor::empty({l.in, l.out}, x.dtype(), op);  // [W_0 | W_1 | …]
   dispatch(x.dtype(), [&](auto zero) { linear_cat_forward<decltype(zero)>(x, weights, bias_list, l, y, w); });
 
   const std::span<const Tensor> inputs(all_inputs.data(), 1 + 2 * n);

@@ -60,6 +60,14 @@ MatmulPlan make_plan(const Shape& a, const Shape& b) {
     sa *= da;
     sb *= db;
   }
+  // The product's shape, checked before any count is formed from it.
+  p.out_shape = batch;
+  if (a.size() > 1) p.out_shape.push_back(p.m);
+  if (b.size() > 1) p.out_shape.push_back(p.n);
+  std::int64_t out_numel = 0;
+  if (!numel_fits(p.out_shape, out_numel))
+    fail("matmul", "{} x {} gives shape {}, more elements than a 64-bit count can hold", shape_str(a), shape_str(b),
+         shape_str(p.out_shape));
   p.a_mats = sa;
   p.b_mats = sb;
   p.batch = shape_numel(batch);
@@ -80,9 +88,6 @@ MatmulPlan make_plan(const Shape& a, const Shape& b) {
     }
   }
 
-  p.out_shape = batch;
-  if (a.size() > 1) p.out_shape.push_back(p.m);
-  if (b.size() > 1) p.out_shape.push_back(p.n);
   return p;
 }
 
@@ -184,7 +189,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype())
     fail("matmul", "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
   auto plan = std::make_shared<const MatmulPlan>(make_plan(a.shape(), b.shape()));
-  Tensor c = Tensor::empty(plan->out_shape, a.dtype());
+  Tensor c = Tensor::empty(plan->out_shape, a.dtype(), "matmul");
   dispatch(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
     forward<T>(*plan, a.data<T>(), b.data<T>(), c.data<T>());

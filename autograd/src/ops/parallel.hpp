@@ -33,6 +33,8 @@
 
 #include <omp.h>
 
+#include "ops/isa.hpp"
+
 namespace autograd {
 
 namespace thread_policy {
@@ -120,6 +122,7 @@ bool measured_region(thread_policy::Site& site, F&& f) {
 // body(i) for i in [0, n), statically scheduled over the threads when `parallel` holds.
 template <class Body>
 void parallel_for(std::int64_t n, bool parallel, Body&& body) {
+  isa::choose();  // on the calling thread: a bad HEADGRAD_ISA throws here, not inside the region
   static thread_policy::Site site;  // one per call site (each passes its own lambda type)
   if (parallel && n > 1 &&
       measured_region(site, [&] {
@@ -135,6 +138,7 @@ void parallel_for(std::int64_t n, bool parallel, Body&& body) {
 // region's threads, or cover all of it when f runs alone; per-thread scratch lives inside f.
 template <class F>
 void parallel_region(bool parallel, F&& f) {
+  isa::choose();  // as in parallel_for
   static thread_policy::Site site;  // one per call site (each passes its own lambda type)
   if (parallel && measured_region(site, f)) return;
   f();
