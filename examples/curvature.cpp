@@ -18,7 +18,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -26,7 +28,9 @@
 #include <nlohmann/json.hpp>
 #include <nn/nn.hpp>
 
+#include "cli_checks.hpp"
 #include "curvature_study.hpp"
+#include "html_page.hpp"
 #include "report.hpp"
 #include "svg_charts.hpp"
 
@@ -49,21 +53,23 @@ struct Options {
 
 void add_options(CLI::App& app, Options& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--heads", o.heads, "head counts to compare (default 1,2)")->delimiter(',')->check(CLI::PositiveNumber);
-  app.add_option("--seeds", o.seeds, "seeds for weights and data (default 1)")->delimiter(',');
-  app.add_option("--steps", o.study.steps, "training steps (default 2000)")->check(CLI::PositiveNumber);
+  using cli_checks::integer_at_least, cli_checks::positive_number;
+  app.add_option("--heads", o.heads, "head counts to compare (default 1,2)")->delimiter(',')->transform(integer_at_least(1));
+  app.add_option("--seeds", o.seeds, "seeds for weights and data (default 1)")->delimiter(',')
+      ->transform(integer_at_least(0));
+  app.add_option("--steps", o.study.steps, "training steps (default 2000)")->transform(integer_at_least(1));
   app.add_option("--checkpoints", o.study.checkpoints, "steps at which λ_max is measured (default 0,100,250,500,750,1000,1500,2000)")
-      ->delimiter(',')->check(CLI::NonNegativeNumber);
+      ->delimiter(',')->transform(integer_at_least(0));
   app.add_option("--sequences", o.study.hessian_sequences, "held-out sequences of the measured loss (default 256)")
-      ->check(CLI::PositiveNumber);
+      ->transform(integer_at_least(1));
   app.add_option("--iterations", o.study.power.max_iterations, "most power iterations per measurement (default 100)")
-      ->check(CLI::PositiveNumber);
+      ->transform(integer_at_least(1));
   app.add_option("--tolerance", o.study.power.tolerance, "stop at ‖Hv − λv‖ <= tol·|λ| (default 1e-3)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--penalty", o.study.penalty, "λ of the gradient-penalty step (default 0.1)")->check(CLI::PositiveNumber);
+      ->check(positive_number());
+  app.add_option("--penalty", o.study.penalty, "λ of the gradient-penalty step (default 0.1)")->check(positive_number());
   app.add_option("--penalty-lr", o.study.penalty_lr,
                  "learning rate of the penalty step (default: 1 / (λ_max·(1 + 2λ·λ_max)) from the last measurement)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_flag("--attention-only", [&o](std::int64_t) { o.study.mlp = false; }, "no MLP in the block");
   app.add_option("--json", o.json, "write every measurement as JSON")->type_name("FILE");
   app.add_option("--svg", o.svg, "write a chart of log10 lambda_max along training")->type_name("FILE.svg");
@@ -71,8 +77,17 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--check", o.check,
                "exit 1 unless every power iteration converged, H is symmetric to 1e-9 and the penalty's\n"
                "gradient matches central differences and ∇L + 2λ·H∇L to 1e-6");
-  app.add_option("--threads", o.threads, "kernel threads (default 1)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "kernel threads (default 1)")->transform(cli_checks::integer_in(1, 256));
   app.add_flag("--quiet", o.quiet, "no progress lines");
+}
+
+// An output path that cannot be written is refused before the study, naming its flag.
+void check_output(const char* flag, const std::string& path) {
+  try {
+    html::check_writable(path);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("{} {}: {}", flag, path, e.what()));
+  }
 }
 
 void make_quick(StudyConfig& s) {
@@ -212,6 +227,8 @@ int main(int argc, char** argv) {
     for (auto h : o.heads)
       if (o.study.d_model % h != 0)
         throw std::invalid_argument(fmt::format("d_model {} is not divisible by {} heads", o.study.d_model, h));
+    for (const auto& [flag, path] : {std::pair{"--json", o.json}, std::pair{"--svg", o.svg}})
+      if (!path.empty()) check_output(flag, path);
     ag::set_num_threads(o.threads);
     fmt::print("task: {}; d_model {}, {}; {} steps; H of the mean loss on {} held-out sequences\n",
                o.study.task.describe(), o.study.d_model, o.study.mlp ? "with MLP" : "attention only", o.study.steps,

@@ -1,5 +1,6 @@
 #include "html_page.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -168,6 +169,32 @@ void write_file(const std::string& path, const std::string& text) {
     std::filesystem::remove(temp, ignored);
     throw std::runtime_error(fmt::format("cannot write {}: {}", path, ec.message()));
   }
+}
+
+void check_writable(const std::string& path) {
+  const std::filesystem::path target(path);
+  auto refuse = [&path](const std::string& reason) {
+    throw std::runtime_error(fmt::format("cannot write {}: {}", path, reason));
+  };
+  if (path.empty()) refuse("the path is empty");
+  std::error_code ec;
+  const auto status = std::filesystem::status(target, ec);
+  if (std::filesystem::is_directory(status)) refuse(std::strerror(EISDIR));
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    refuse("it exists and is not a regular file");
+  // A new file beside the target, as write_file's temporary file; O_EXCL: never an existing one.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::filesystem::path probe =
+        target.parent_path() / fmt::format(".{}.probe{}-{}", target.filename().string(), ::getpid(), attempt);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+      return;
+    }
+    if (errno != EEXIST) refuse(std::strerror(errno));
+  }
+  refuse("no probe file could be created beside it");
 }
 
 Page::Page(std::string title) : title_(std::move(title)) {}

@@ -25,6 +25,12 @@ std::string json_in_script(const nlohmann::json& value);
 // the reason when it cannot.
 void write_file(const std::string& path, const std::string& text);
 
+// Throws what write_file(path, ...) would throw for want of a directory, of permission, or because
+// path is a directory or a special file ("cannot write PATH: REASON"), so that a program can refuse
+// an output path before it does the work. Creates and removes a probe file beside path; an
+// existing file at path is left as it is.
+void check_writable(const std::string& path);
+
 // Pictures side by side (wrapping on narrow windows), each with an optional caption, as markup.
 std::string figures(const std::vector<std::string>& pictures, const std::vector<std::string>& captions = {});
 

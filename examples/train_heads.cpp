@@ -26,7 +26,6 @@
 // (nn::save_torch_state_dict: loads into torch.nn.TransformerEncoderLayer-based code, see
 // docs/torch_interop.md). Both carry the model's configuration, so --load needs nothing else.
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -34,14 +33,15 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
-#include <system_error>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nn/nn.hpp>
 
+#include "cli_checks.hpp"
 #include "heads_model.hpp"
 #include "heads_task.hpp"
 #include "report.hpp"
@@ -80,32 +80,6 @@ struct Config {
   bool mlp = true;
 };
 
-// Option values, checked with messages that say what was wanted and what came.
-CLI::Validator integer_at_least(std::int64_t low) {
-  return {[low](std::string& text) -> std::string {
-            std::int64_t n = 0;
-            const char* end = text.data() + text.size();
-            const auto parsed = std::from_chars(text.data(), end, n);
-            if (parsed.ec != std::errc{} || parsed.ptr != end || n < low)
-              return fmt::format("wants an integer >= {}, got '{}'", low, text);
-            text = std::to_string(n);  // decimal, as written ("010" is ten)
-            return {};
-          },
-          fmt::format("INT >= {}", low)};
-}
-
-CLI::Validator positive_number() {
-  return {[](std::string& text) -> std::string {
-            double x = 0;
-            const char* end = text.data() + text.size();
-            const auto parsed = std::from_chars(text.data(), end, x);
-            if (parsed.ec != std::errc{} || parsed.ptr != end || !(x > 0))
-              return fmt::format("wants a positive number, got '{}'", text);
-            return {};
-          },
-          "NUMBER > 0"};
-}
-
 const std::map<std::string, TaskKind> kTasks = {
     {"difference", TaskKind::Difference}, {"modular", TaskKind::Modular}, {"pair", TaskKind::Pair}};
 
@@ -118,6 +92,7 @@ CLI::Validator task_name() {
 }
 
 void add_options(CLI::App& app, Config& c) {
+  using cli_checks::integer_at_least, cli_checks::positive_number;
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated option: the last wins
   app.add_option_function<std::int64_t>("--heads", [&c](std::int64_t n) { c.heads = {n}; },
                                         "train only an N-head model (default: 1 head, then 2 heads)")
@@ -154,12 +129,13 @@ void add_options(CLI::App& app, Config& c) {
   app.add_option("--threads", c.threads,
                  "kernel threads (default 1: this model is so small that more threads only add\n"
                  "synchronisation); same seed and thread count give the same losses bit for bit")
-      ->type_name("N")->transform(integer_at_least(1));
+      ->type_name("N")->transform(cli_checks::integer_in(1, 256));
   app.add_flag("--quiet", c.quiet, "no progress line");
 }
 
-// An output file's directory exists and the path is not a directory: checked before training,
-// so that a typo does not cost the run.
+// An output file's directory exists, the path is not a directory and a file can be written
+// there: checked before training, so that a typo does not cost the run. An existing file is left
+// as it is until the run has its replacement.
 void check_output_path(const std::string& option, const std::string& path) {
   if (path.empty()) return;
   const std::filesystem::path p(path);
@@ -168,6 +144,32 @@ void check_output_path(const std::string& option, const std::string& path) {
     throw std::invalid_argument(fmt::format("{} {}: is a directory, wanted a file name", option, path));
   if (!std::filesystem::is_directory(dir))
     throw std::invalid_argument(fmt::format("{} {}: directory {} does not exist", option, path, dir.string()));
+  try {
+    html::check_writable(path);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("{} {}: {}", option, path, e.what()));
+  }
+}
+
+// The files a training run writes into --out (save_model, write_pictures): the directory is made
+// and each file checked before training.
+void check_out_dir(const Config& c) {
+  std::error_code ec;
+  std::filesystem::create_directories(c.out_dir, ec);
+  if (ec || !std::filesystem::is_directory(c.out_dir))
+    throw std::invalid_argument(fmt::format("--out {}: cannot make the directory ({})", c.out_dir,
+                                            ec ? ec.message() : "a file of that name exists"));
+  std::vector<std::string> names = {"loss.svg"};
+  for (auto h : c.heads)
+    for (const char* name : {"model_{}_heads.safetensors", "model_{}_heads.torch.safetensors", "attention_{}_heads.svg"})
+      names.push_back(fmt::format(fmt::runtime(name), h));
+  for (const auto& name : names) {
+    try {
+      html::check_writable(c.out_dir + "/" + name);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("--out {}: {}", c.out_dir, e.what()));
+    }
+  }
 }
 
 // The checks that involve more than one option, and the derived settings.
@@ -178,6 +180,11 @@ void finish_config(Config& c) {
     if (c.d_model % h != 0)
       throw std::invalid_argument(fmt::format("--d-model {} is not divisible by {} heads", c.d_model, h));
   c.warmup = std::min(c.warmup, c.steps / 10);
+  if (!c.summary.empty() && !c.report.empty() &&
+      std::filesystem::weakly_canonical(std::filesystem::absolute(c.summary)) ==
+          std::filesystem::weakly_canonical(std::filesystem::absolute(c.report)))
+    throw std::invalid_argument(fmt::format("--summary and --report name the same file, {}", c.report));
+  if (c.load.empty() && c.write_files) check_out_dir(c);
 }
 
 JobInfo job_info(const Config& c) {
@@ -288,12 +295,19 @@ RunRecord train(const Config& c, std::int64_t heads) {
     const Batch b = make_batch(data_gen, c.task, c.batch);
     const auto out = model.forward(b.token_tensor, false);
     ag::Tensor loss = nn::cross_entropy(out.logits, b.targets, ce);
+    const double value = loss.item();
+    if (!std::isfinite(value)) {  // nothing after this step would mean anything
+      progress.finish();
+      throw std::runtime_error(fmt::format("{} head{}: the training loss is {} at step {}; the learning rate (--lr {}) is "
+                                           "likely too large",
+                                           heads, heads == 1 ? "" : "s", value, step, c.lr));
+    }
     opt.zero_grad();
     loss.backward();
     nn::clip_grad_norm_(params, c.clip);
     opt.step();
     sched.step();
-    r.losses.push_back(loss.item());
+    r.losses.push_back(value);
     snapshot(model, c, test, step, r);
     if (c.quiet) continue;
     const bool last = step == c.steps;

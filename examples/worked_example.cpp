@@ -162,6 +162,14 @@ bool parse_args(int argc, char** argv, std::string& report) {
 int main(int argc, char** argv) {
   std::string report;
   if (!parse_args(argc, argv, report)) return 2;
+  if (!report.empty()) {
+    try {  // before the walk-through, so that a path that cannot be written costs nothing
+      html::check_writable(report);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "worked_example: --report {}: {}\n", report, e.what());
+      return 1;
+    }
+  }
   const ag::Dtype f64 = ag::Dtype::Float64;
   nn::MultiHeadAttention mha = seed_layer();
   // The projected rows. Head 1 (columns 1-2) is the seed's: Q-t1 [1,0], K-t1 [1,0], K-t2 [0,1],

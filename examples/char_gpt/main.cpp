@@ -18,6 +18,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -33,11 +34,11 @@ using namespace char_gpt;
 
 namespace {
 
-std::string sample_text(Gpt& model, const Vocabulary& vocab, const Options& o) {
-  const std::u32string start = decode_utf8(o.start, "--start");
-  std::vector<std::int32_t> context = vocab.encode(start.empty() ? std::u32string(1, vocab.chars()[0]) : start);
-  const auto tokens = generate(model, context, o.sample);
-  return encode_utf8(vocab.decode(tokens));
+// prompt: prompt_tokens(o, vocab), taken before the work, so that a prompt the corpus cannot
+// encode is refused before training.
+std::string sample_text(Gpt& model, const Vocabulary& vocab, const std::vector<std::int32_t>& prompt,
+                        const Options& o) {
+  return encode_utf8(vocab.decode(generate(model, prompt, o.sample)));
 }
 
 void print_sample(const std::string& text, const Options& o) {
@@ -48,10 +49,11 @@ void print_sample(const std::string& text, const Options& o) {
 int sample_only(const Options& o) {
   const std::string path = o.checkpoint();
   const CheckpointInfo info = read_checkpoint_info(path);
+  const std::vector<std::int32_t> prompt = prompt_tokens(o, info.vocab);
   auto model = load_model(path, info);
   fmt::print("{}: step {}, {} parameters, vocabulary {}\n", path, info.step, model->num_parameters(),
              info.vocab.size());
-  print_sample(sample_text(*model, info.vocab, o), o);
+  print_sample(sample_text(*model, info.vocab, prompt, o), o);
   return 0;
 }
 
@@ -76,7 +78,9 @@ double train_loop(Trainer& t, const Options& o) {
     window += dt;
     ++window_steps;
     if (!std::isfinite(loss))
-      throw std::runtime_error(fmt::format("char_gpt: the training loss is {} at step {}", loss, t.step()));
+      throw std::runtime_error(fmt::format("char_gpt: the training loss is {} at step {}; the learning rate (--lr {}) "
+                                           "is likely too large",
+                                           loss, t.step(), c.lr));
     if (!o.quiet && (t.step() % o.log_interval == 0 || t.step() == c.max_iters)) {
       fmt::print("step {}/{}: loss {:.4f}, lr {:.2e}, {:.0f} tokens/s ({:.1f} steps/s)\n", t.step(), c.max_iters,
                  loss, t.optimizer().lr(), tokens * static_cast<double>(window_steps) / window,
@@ -98,6 +102,7 @@ double train_loop(Trainer& t, const Options& o) {
 int train(const Options& o) {
   const std::u32string text = load_corpus(o.data);
   Vocabulary vocab(text);
+  const std::vector<std::int32_t> prompt = prompt_tokens(o, vocab);
   Split split = split_tokens(vocab.encode(text));
   TrainConfig config = o.config;
   if (o.resume) config = resumed_config(o, read_checkpoint_info(o.checkpoint()).config);
@@ -128,7 +133,7 @@ int train(const Options& o) {
   if (steps > 0) fmt::print("{:.1f} s training, {:.0f} tokens/s\n", run.seconds, run.tokens_per_second);
   run.history = t.history();
   if (o.sample.max_new_tokens > 0) {
-    run.sample = sample_text(t.model(), vocab, o);
+    run.sample = sample_text(t.model(), vocab, prompt, o);
     print_sample(run.sample, o);
   }
   const std::filesystem::path out(o.out);
@@ -144,7 +149,13 @@ int main(int argc, char** argv) {
   CLI::App app{"char_gpt: a character-level GPT trained with headgrad (nanoGPT's flags)"};
   Options o;
   add_options(app, o);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help: the usage
+    fmt::print(stderr, "char_gpt: {} (try --help)\n", e.what());
+    return 1;
+  }
   try {
     finish_options(app, o);
     ag::set_num_threads(o.threads);

@@ -1,6 +1,7 @@
 #pragma once
 // char_gpt's command line: nanoGPT's flag names (with dashes) for the settings, plus the
 // program's own (--data, --out, --resume, --sample, --threads, ...).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ struct Options {
   std::int64_t stop_at = 0;  // > 0: stop (save and exit) at this step, as if interrupted
   std::string save_init;     // the initial parameters, for benchmarks/char_gpt_torch.py parity
   std::string start = "\n";  // the sample's prompt
+  bool start_given = false;  // --start on the command line
   SampleOptions sample;
   std::vector<std::string> given_settings;  // setting flags given on the command line
 
@@ -37,5 +39,9 @@ void finish_options(const CLI::App& app, Options& o);
 // (std::invalid_argument naming it); --max-iters moves the end, with the learning-rate schedule
 // pinned to the checkpoint's.
 TrainConfig resumed_config(const Options& o, const TrainConfig& checkpoint);
+// The sample's prompt (--start) as tokens of vocab: std::invalid_argument naming --start and the
+// first character the corpus does not have. An empty prompt, and the default one (a newline) when
+// the corpus has no newline, is the vocabulary's first character.
+std::vector<std::int32_t> prompt_tokens(const Options& o, const Vocabulary& vocab);
 
 }  // namespace char_gpt

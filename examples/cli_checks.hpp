@@ -1,0 +1,84 @@
+#pragma once
+// The examples' command-line checks of numbers: CLI11 validators whose messages say what the
+// flag allows and what came ("--lr: must be a positive finite number, got '0'"), instead of a
+// range ending in the largest double. Integers are read in decimal, in full ("010" is ten, "1e3"
+// and "12abc" are refused); numbers must be finite (no "nan", "inf").
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <system_error>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+namespace cli_checks {
+
+namespace detail {
+
+inline bool parse_integer(const std::string& text, std::int64_t& n) {
+  const char* end = text.data() + text.size();
+  const auto parsed = std::from_chars(text.data(), end, n);
+  return parsed.ec == std::errc{} && parsed.ptr == end;
+}
+
+inline bool parse_finite(const std::string& text, double& x) {
+  const char* end = text.data() + text.size();
+  const auto parsed = std::from_chars(text.data(), end, x);
+  return parsed.ec == std::errc{} && parsed.ptr == end && std::isfinite(x);
+}
+
+}  // namespace detail
+
+// An integer in [low, high].
+inline CLI::Validator integer_in(std::int64_t low, std::int64_t high = std::numeric_limits<std::int64_t>::max()) {
+  const bool unbounded = high == std::numeric_limits<std::int64_t>::max();
+  const std::string wanted = unbounded ? fmt::format("an integer >= {}", low)
+                                       : fmt::format("an integer from {} to {}", low, high);
+  return {[low, high, wanted](std::string& text) -> std::string {
+            std::int64_t n = 0;
+            if (!detail::parse_integer(text, n) || n < low || n > high)
+              return fmt::format("must be {}, got '{}'", wanted, text);
+            text = std::to_string(n);  // decimal, as written
+            return {};
+          },
+          unbounded ? fmt::format("INT >= {}", low) : fmt::format("INT in [{}, {}]", low, high)};
+}
+
+inline CLI::Validator integer_at_least(std::int64_t low) { return integer_in(low); }
+
+// A finite number > 0.
+inline CLI::Validator positive_number() {
+  return {[](std::string& text) -> std::string {
+            double x = 0;
+            if (!detail::parse_finite(text, x) || !(x > 0))
+              return fmt::format("must be a positive finite number, got '{}'", text);
+            return {};
+          },
+          "NUMBER > 0"};
+}
+
+// A finite number >= 0.
+inline CLI::Validator non_negative_number() {
+  return {[](std::string& text) -> std::string {
+            double x = 0;
+            if (!detail::parse_finite(text, x) || !(x >= 0))
+              return fmt::format("must be a finite number >= 0, got '{}'", text);
+            return {};
+          },
+          "NUMBER >= 0"};
+}
+
+// A number in [low, high) (high itself excluded).
+inline CLI::Validator number_below(double low, double high) {
+  return {[low, high](std::string& text) -> std::string {
+            double x = 0;
+            if (!detail::parse_finite(text, x) || !(x >= low && x < high))
+              return fmt::format("must be a number >= {} and below {}, got '{}'", low, high, text);
+            return {};
+          },
+          fmt::format("NUMBER in [{}, {})", low, high)};
+}
+
+}  // namespace cli_checks
