@@ -33,20 +33,20 @@ LoadPlan plan_parameter_load(const NamedTensors& params, const NamedTensors& sto
     param_names.insert(name);
     const auto it = in_file.find(name);
     if (it == in_file.end()) {
-      missing.push_back("'" + prefix + name + "'");
+      missing.push_back(quote_name(prefix + name));
       continue;
     }
     const ag::Tensor& t = *it->second;
     if (t.shape() != p.shape()) {
-      problems.push_back(fmt::format("'{}{}' has shape {} in the file but the parameter is {}", prefix, name,
+      problems.push_back(fmt::format("{} has shape {} in the file but the parameter is {}", quote_name(prefix + name),
                                      ag::shape_str(t.shape()), ag::shape_str(p.shape())));
     } else if (t.dtype() != p.dtype() && ag::is_floating(t.dtype()) != ag::is_floating(p.dtype())) {
-      problems.push_back(fmt::format("'{}{}' is {} in the file but the parameter is {}: integer and floating-point "
+      problems.push_back(fmt::format("{} is {} in the file but the parameter is {}: integer and floating-point "
                                      "tensors do not convert into each other on load (not even with convert_dtype)",
-                                     prefix, name, detail::safetensors_dtype(t.dtype()),
+                                     quote_name(prefix + name), detail::safetensors_dtype(t.dtype()),
                                      detail::safetensors_dtype(p.dtype())));
     } else if (t.dtype() != p.dtype() && !options.convert_dtype) {
-      problems.push_back(fmt::format("'{}{}' is {} in the file but the parameter is {}", prefix, name,
+      problems.push_back(fmt::format("{} is {} in the file but the parameter is {}", quote_name(prefix + name),
                                      detail::safetensors_dtype(t.dtype()), detail::safetensors_dtype(p.dtype())));
     } else {
       // Converted here, so that applying the plan allocates nothing and cannot fail half-way.
@@ -54,7 +54,7 @@ LoadPlan plan_parameter_load(const NamedTensors& params, const NamedTensors& sto
     }
   }
   for (const auto& [name, t] : stored)
-    if (!param_names.count(name)) extra.push_back("'" + prefix + name + "'");
+    if (!param_names.count(name)) extra.push_back(quote_name(prefix + name));
   std::string message;
   auto add = [&](const std::string& part) { message += (message.empty() ? "" : "; ") + part; };
   if (options.strict && !missing.empty()) add("missing tensors " + join_names(missing));
@@ -87,7 +87,8 @@ void check_checkpoint_metadata(const SafetensorsData& file, const Module& module
   const auto name = metadata.find("optimizer");
   if (name == metadata.end() || name->second != optimizer.name())
     throw CheckpointError(fmt::format("{}: the checkpoint holds {} state but the optimizer is {}; nothing was changed",
-                                      where, name == metadata.end() ? "no optimizer" : name->second, optimizer.name()));
+                                      where, name == metadata.end() ? "no optimizer" : detail::printable_text(name->second),
+                                      detail::printable_text(optimizer.name())));
 }
 
 // Splits the file's tensors into the model part and the optimizer part (prefixes removed).
@@ -97,7 +98,7 @@ std::pair<NamedTensors, NamedTensors> split_checkpoint(const NamedTensors& tenso
   for (const auto& [name, t] : tensors) {
     if (name.starts_with("model.")) model_part.emplace_back(name.substr(6), t);
     else if (name.starts_with("optimizer.")) optimizer_part.emplace_back(name.substr(10), t);
-    else stray.push_back("'" + name + "'");
+    else stray.push_back(quote_name(name));
   }
   if (!stray.empty())
     throw CheckpointError(fmt::format("{}: unexpected tensors {} (neither model.* nor optimizer.*); nothing was changed",
@@ -135,7 +136,7 @@ std::string join_names(const std::vector<std::string>& names) {
 void save_parameters(const Module& module, const std::string& path, const Metadata& metadata) {
   NamedTensors tensors;
   for (const auto& [name, p] : module.named_parameters()) tensors.emplace_back(name, p.detach());
-  save_safetensors(path, tensors, detail::describe_file(module, metadata, "headgrad"));
+  detail::write_safetensors("save_parameters", path, tensors, detail::describe_file("save_parameters", module, metadata, "headgrad"));
 }
 
 Metadata load_parameters(Module& module, const std::string& path, const LoadOptions& options) {
@@ -154,13 +155,13 @@ void save_checkpoint(const std::string& path, const Module& module, const Optimi
   Metadata meta = metadata;
   for (const char* key : {"format", "optimizer"})
     if (meta.count(key)) throw CheckpointError(fmt::format("save_checkpoint: metadata key '{}' is reserved", key));
-  meta = detail::describe_file(module, meta, "headgrad");
+  meta = detail::describe_file("save_checkpoint", module, meta, "headgrad");
   meta["format"] = kFormat;
   meta["optimizer"] = optimizer.name();
   NamedTensors tensors;
   for (const auto& [name, p] : module.named_parameters()) tensors.emplace_back("model." + name, p.detach());
   for (auto& [name, t] : optimizer.state_dict()) tensors.emplace_back("optimizer." + name, t);
-  save_safetensors(path, tensors, meta);
+  detail::write_safetensors("save_checkpoint", path, tensors, meta);
 }
 
 Metadata load_checkpoint(const std::string& path, Module& module, Optimizer& optimizer) {

@@ -118,6 +118,9 @@ ActivationCache run_with_cache(Module& model, const std::function<ag::Tensor()>&
     if (!out.defined() || out.numel() != 1)
       ag::fail(kOp, "with backward = true, forward must return a one-element loss, got {}",
                out.defined() ? ag::shape_str(out.shape()) : std::string("an undefined tensor"));
+    if (!ag::is_floating(out.dtype()))
+      ag::fail(kOp, "with backward = true, forward must return a floating (Float32 or Float64) one-element loss to "
+               "differentiate, got {} {}", ag::dtype_name(out.dtype()), ag::shape_str(out.shape()));
     if (!out.requires_grad())
       ag::fail(kOp, "with backward = true, the loss must require grad (did forward run under NoGradGuard?)");
     out.backward();

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "nn/init.hpp"
+#include "parameter_budget.hpp"
 
 namespace nn {
 
@@ -20,6 +21,7 @@ Embedding::Embedding(const EmbeddingOptions& options, ag::Generator& gen) : Modu
   if (!ag::is_floating(options.dtype))
     ag::fail("Embedding", "dtype must be Float32 or Float64 (the weight's; indices may be Int64), got {}",
              ag::dtype_name(options.dtype));
+  detail::claim_parameter("Embedding", "weight", {options.num_embeddings, options.embedding_dim});
   weight_.bind(
       register_parameter("weight", ag::randn({options.num_embeddings, options.embedding_dim}, options.dtype, gen)));
 }
@@ -43,8 +45,12 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
   if (!ag::is_floating(options.dtype))
     ag::fail("LayerNorm", "dtype must be Float32 or Float64, got {}", ag::dtype_name(options.dtype));
   if (options.elementwise_affine) {
+    detail::claim_parameter("LayerNorm", "weight", options.normalized_shape);
     weight_.bind(register_parameter("weight", ag::ones(options.normalized_shape, options.dtype)));
-    if (options.bias) bias_.bind(register_parameter("bias", ag::zeros(options.normalized_shape, options.dtype)));
+    if (options.bias) {
+      detail::claim_parameter("LayerNorm", "bias", options.normalized_shape);
+      bias_.bind(register_parameter("bias", ag::zeros(options.normalized_shape, options.dtype)));
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "nn/init.hpp"
+#include "parameter_budget.hpp"
 
 namespace nn {
 
@@ -22,8 +23,12 @@ Linear::Linear(const LinearOptions& options, ag::Generator& gen) : Module("Linea
   if (options.in_features > std::numeric_limits<std::int64_t>::max() / bytes / options.out_features)
     ag::fail("Linear", "weight of shape [{}, {}] is too large: its size does not fit in 64 bits", options.in_features,
              options.out_features);
+  detail::claim_parameter("Linear", "weight", {options.in_features, options.out_features});
   weight_.bind(register_parameter("weight", ag::zeros({options.in_features, options.out_features}, options.dtype)));
-  if (options.bias) bias_.bind(register_parameter("bias", ag::zeros({options.out_features}, options.dtype)));
+  if (options.bias) {
+    detail::claim_parameter("Linear", "bias", {options.out_features});
+    bias_.bind(register_parameter("bias", ag::zeros({options.out_features}, options.dtype)));
+  }
   reset_parameters(gen);
 }
 

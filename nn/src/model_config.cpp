@@ -1,6 +1,7 @@
 // A module tree's configuration as JSON (the "headgrad.config" metadata of saved files, see
 // nn/checkpoint.hpp): nn's module types with their constructor options, any other module with
 // its type and children; and the parsed form with typed accessors.
+#include <limits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "nn/linear.hpp"
 #include "nn/multihead_attention.hpp"
 #include "safetensors.hpp"
+#include "strict_json.hpp"
 
 namespace nn {
 
@@ -54,7 +56,11 @@ json known_options(const Module& m) {
   return nullptr;
 }
 
-json describe(const Module& m) {
+// `where` names m in messages ("the root module", "module 'block.attn'"), `path` is its dotted name.
+json describe(const Module& m, std::string_view op, const std::string& path) {
+  const std::string where = path.empty() ? "the root module" : "module " + quote_name(path);
+  // The config is JSON text in the file's metadata, which is UTF-8.
+  detail::check_utf8(op, where + ": type name", m.type_name());
   json out = {{"type", m.type_name()}};
   const NamedTensors params = m.named_parameters();
   if (!params.empty()) out["dtype"] = dtype_text(params.front().second.dtype());
@@ -62,12 +68,13 @@ json describe(const Module& m) {
   if (!options.is_null()) {
     out["options"] = std::move(options);
   } else if (const std::string repr = m.extra_repr(); !repr.empty()) {
+    detail::check_utf8(op, fmt::format("{} ({}): extra_repr()", where, detail::printable_text(m.type_name())), repr);
     out["repr"] = repr;
   }
   const auto children = m.named_children();
   if (!children.empty()) {
     json c = json::object();
-    for (const auto& [name, child] : children) c[name] = describe(*child);
+    for (const auto& [name, child] : children) c[name] = describe(*child, op, path.empty() ? name : path + "." + name);
     out["children"] = std::move(c);
   }
   return out;
@@ -78,7 +85,7 @@ json describe(const Module& m) {
 }
 
 ModuleConfig parse_node(const json& v, std::string_view source, const std::string& path, int depth) {
-  const std::string where = path.empty() ? "the root module" : "module '" + path + "'";
+  const std::string where = path.empty() ? "the root module" : "module " + quote_name(path);
   if (depth > 64) bad_config(source, "nested more than 64 modules deep");
   if (!v.is_object()) bad_config(source, where + " is not a JSON object");
   ModuleConfig c;
@@ -97,7 +104,7 @@ ModuleConfig parse_node(const json& v, std::string_view source, const std::strin
   }
   if (c.type.empty()) bad_config(source, where + " has no \"type\"");
   if (!c.dtype.empty() && c.dtype != "float32" && c.dtype != "float64")
-    bad_config(source, fmt::format("{}: dtype \"{}\" is not float32 or float64", where, c.dtype));
+    bad_config(source, fmt::format("{}: dtype {} is not float32 or float64", where, quote_name(c.dtype)));
   return c;
 }
 
@@ -106,15 +113,26 @@ json option_value(const ModuleConfig& c, const std::string& key, const char* kin
   const auto it = c.options.find(key);
   if (it == c.options.end()) {
     std::string names;
-    for (const auto& [name, v] : c.options) names += (names.empty() ? "" : ", ") + name;
-    throw CheckpointError(fmt::format("module config ({}): no option '{}' ({} wanted); it has: {}", c.type, key, kind,
-                                      names.empty() ? "none" : names));
+    for (const auto& [name, v] : c.options) names += (names.empty() ? "" : ", ") + detail::printable_text(name);
+    throw CheckpointError(fmt::format("module config ({}): no option '{}' ({} wanted); it has: {}",
+                                      detail::printable_text(c.type), key, kind, names.empty() ? "none" : names));
   }
   return json::parse(it->second);
 }
 
 [[noreturn]] void wrong_kind(const ModuleConfig& c, const std::string& key, const char* kind, const json& v) {
-  throw CheckpointError(fmt::format("module config ({}): option '{}' is {}, not {}", c.type, key, v.dump(), kind));
+  throw CheckpointError(
+      fmt::format("module config ({}): option '{}' is {}, not {}", detail::printable_text(c.type), key, v.dump(), kind));
+}
+
+// An integer of the JSON text that int64 holds; the JSON's unsigned integers past INT64_MAX are
+// refused, naming the value as the text writes it (a cast would report -1 for 18446744073709551615).
+std::int64_t to_int64(const ModuleConfig& c, const std::string& key, const json& d, const json& whole) {
+  if (d.is_number_unsigned() && d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    throw CheckpointError(fmt::format("module config ({}): option '{}' is {}, which is past the largest integer an option "
+                                      "holds ({})", detail::printable_text(c.type), key, whole.dump(),
+                                      std::numeric_limits<std::int64_t>::max()));
+  return d.get<std::int64_t>();
 }
 
 }  // namespace
@@ -131,8 +149,8 @@ const ModuleConfig& ModuleConfig::child(const std::string& dotted_name) const {
     if (!next) {
       std::string names;
       for (const auto& [n, c] : at->children) names += (names.empty() ? "" : ", ") + quote_name(n);
-      throw CheckpointError(fmt::format("module config ({}): no child {}; its children are: {}", at->type,
-                                        quote_name(name), names.empty() ? "none" : names));
+      throw CheckpointError(fmt::format("module config ({}): no child {}; its children are: {}",
+                                        detail::printable_text(at->type), quote_name(name), names.empty() ? "none" : names));
     }
     at = next;
     start = dot + 1;
@@ -149,7 +167,7 @@ bool ModuleConfig::has_child(const std::string& name) const {
 std::int64_t ModuleConfig::integer(const std::string& key) const {
   const json v = option_value(*this, key, "an integer");
   if (!v.is_number_integer()) wrong_kind(*this, key, "an integer", v);
-  return v.get<std::int64_t>();
+  return to_int64(*this, key, v, v);
 }
 
 double ModuleConfig::number(const std::string& key) const {
@@ -176,7 +194,7 @@ ag::Shape ModuleConfig::shape(const std::string& key) const {
   if (!v.is_array()) wrong_kind(*this, key, "a list of integers", v);
   for (const auto& d : v) {
     if (!d.is_number_integer()) wrong_kind(*this, key, "a list of integers", v);
-    out.push_back(d.get<std::int64_t>());
+    out.push_back(to_int64(*this, key, d, v));
   }
   return out;
 }
@@ -185,22 +203,28 @@ ag::Dtype ModuleConfig::parameter_dtype() const {
   return dtype == "float64" ? ag::Dtype::Float64 : ag::Dtype::Float32;
 }
 
-std::string module_config_json(const Module& module) { return describe(module).dump(); }
+namespace detail {
 
-ModuleConfig module_config(const Module& module) { return parse_module_config(module_config_json(module)); }
+std::string config_json(std::string_view op, const Module& module) { return describe(module, op, "").dump(); }
 
+}  // namespace detail
+
+std::string module_config_json(const Module& module) { return detail::config_json("module_config_json", module); }
+
+ModuleConfig module_config(const Module& module) {
+  return parse_module_config(detail::config_json("module_config", module));
+}
+
+// Read strictly (strict_json.hpp): a key given twice, an integer past 64 bits or a NUL byte is
+// refused rather than read as something the text does not say.
 ModuleConfig parse_module_config(std::string_view text, std::string_view source) {
-  json v;
-  try {
-    v = json::parse(text);
-  } catch (const json::exception& e) {
-    bad_config(source, fmt::format("not valid JSON ({})", e.what()));
-  }
+  detail::StrictJsonReader<json> reader(fmt::format("{}: headgrad.config: ", source), "config", 200);
+  const json v = reader.read(text);
   return parse_node(v, source, "", 0);
 }
 
 ModuleConfig read_module_config(const std::string& path) {
-  const SafetensorsData data = load_safetensors(path);
+  const detail::Header data = detail::read_header(path);  // the metadata: no tensor's bytes are read
   const auto it = data.metadata.find(detail::kConfigKey);
   if (it == data.metadata.end())
     throw CheckpointError(fmt::format("read_module_config: {}: the file has no \"{}\" metadata (it was not written by "

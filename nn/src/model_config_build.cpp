@@ -8,6 +8,7 @@
 #include "nn/linear.hpp"
 #include "nn/multihead_attention.hpp"
 #include "nn/torch_state_dict.hpp"
+#include "parameter_budget.hpp"
 #include "safetensors.hpp"
 
 namespace nn {
@@ -48,10 +49,11 @@ bool push_as(Sequential& s, const std::string& name, const std::shared_ptr<Modul
 std::shared_ptr<Module> build_sequential(const ModuleConfig& c) {
   auto s = std::make_shared<Sequential>();
   for (const auto& [name, child] : c.children) {
+    const detail::BuildScope scope(name, "");
     const std::shared_ptr<Module> m = build_module(child);
     if (!push_as<Linear, Embedding, LayerNorm, ReLU, GELU, TransformerBlock, Sequential>(*s, name, m))
       throw CheckpointError(fmt::format("build_module: Sequential child {} ({}) has no one-tensor forward",
-                                        quote_name(name), child.type));
+                                        quote_name(name), detail::printable_text(child.type)));
   }
   return s;
 }
@@ -59,6 +61,7 @@ std::shared_ptr<Module> build_sequential(const ModuleConfig& c) {
 }  // namespace
 
 std::shared_ptr<Module> build_module(const ModuleConfig& c) {
+  const detail::BuildScope scope("", c.type);
   const ag::Dtype dtype = c.parameter_dtype();
   if (c.type == "Linear")
     return std::make_shared<Linear>(
@@ -77,21 +80,30 @@ std::shared_ptr<Module> build_module(const ModuleConfig& c) {
   if (c.type == "GELU") return std::make_shared<GELU>(c.text("approximate") == "tanh");
   if (c.type == "Sequential") return build_sequential(c);
   throw CheckpointError(fmt::format(
-      "build_module: type '{}' is not one of nn's modules (Linear, Embedding, LayerNorm, MultiHeadAttention, "
+      "build_module: type {} is not one of nn's modules (Linear, Embedding, LayerNorm, MultiHeadAttention, "
       "TransformerBlock, ReLU, GELU, Sequential); rebuild it with its own code from its config's options and "
       "children",
-      c.type));
+      quote_name(c.type)));
 }
 
+// The module is built under a bound (parameter_budget.hpp): its parameters cannot hold more
+// elements than the file's tensors, whose header is read first, so a small file whose config asks
+// for a huge module is refused before the memory is allocated; then its tensors load as usual.
 std::shared_ptr<Module> load_module(const std::string& path) {
   const ModuleConfig config = read_module_config(path);
+  const detail::Header header = detail::read_header(path);
+  std::int64_t elements = 0;  // fits: the file holds the tensors' bytes
+  for (const auto& e : header.entries) elements += ag::shape_numel(e.shape);
   std::shared_ptr<Module> m;
   try {
+    const detail::ParameterBudget budget(elements);
     m = build_module(config);
   } catch (const std::invalid_argument& e) {  // options no constructor accepts
     throw CheckpointError(fmt::format("load_module: {}: headgrad.config: {}", path, e.what()));
+  } catch (const CheckpointError& e) {  // a config build_module refuses, or one the file cannot hold
+    throw CheckpointError(fmt::format("load_module: {}: {}", path, e.what()));
   }
-  const Metadata metadata = load_safetensors(path).metadata;
+  const Metadata& metadata = header.metadata;
   const auto naming = metadata.find(detail::kNamingKey);
   if (naming != metadata.end() && naming->second == "torch") {
     load_torch_state_dict(*m, path);

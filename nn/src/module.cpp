@@ -1,20 +1,112 @@
 #include "nn/module.hpp"
 
 #include <stdexcept>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
+#include "names.hpp"
+
 namespace nn {
 
-std::string quote_name(std::string_view name) { return ag::quoted(name); }
+namespace detail {
 
 namespace {
 
-// PyTorch's rule for attribute names, plus no NUL byte (it would cut the name in C strings).
+// The length of the well-formed UTF-8 sequence at s[i] (1 to 4), or 0 when there is none there
+// (the ranges of the Unicode standard's table 3-7).
+std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char b0 = byte(i);
+  if (b0 < 0x80) return 1;
+  std::size_t n = 0;
+  unsigned char low = 0x80, high = 0xbf;  // the range of the second byte
+  if (b0 >= 0xc2 && b0 <= 0xdf) {
+    n = 2;
+  } else if (b0 >= 0xe0 && b0 <= 0xef) {
+    n = 3;
+    if (b0 == 0xe0) low = 0xa0;
+    if (b0 == 0xed) high = 0x9f;  // no UTF-16 surrogates
+  } else if (b0 >= 0xf0 && b0 <= 0xf4) {
+    n = 4;
+    if (b0 == 0xf0) low = 0x90;
+    if (b0 == 0xf4) high = 0x8f;  // nothing past U+10FFFF
+  } else {
+    return 0;
+  }
+  if (s.size() - i < n) return 0;
+  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (std::size_t k = 2; k < n; ++k)
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
+  return n;
+}
+
+void append_escaped(std::string& out, unsigned char byte) { out += fmt::format("\\x{:02x}", byte); }
+
+}  // namespace
+
+std::size_t invalid_utf8_at(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = utf8_sequence_length(s, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+std::string printable_text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    const auto byte = static_cast<unsigned char>(s[i]);
+    const std::size_t n = utf8_sequence_length(s, i);
+    if (n == 0) {  // not UTF-8: the byte alone, escaped
+      append_escaped(out, byte);
+      ++i;
+    } else if (n == 1) {
+      if (byte < 0x20 || byte == 0x7f) {
+        append_escaped(out, byte);
+      } else {
+        if (byte == '\\') out += '\\';
+        out += s[i];
+      }
+      ++i;
+    } else {
+      // U+0080..U+009F (C2 80..C2 9F) are the C1 controls, which terminals may act on (U+009B is CSI).
+      const bool c1 = n == 2 && byte == 0xc2 && static_cast<unsigned char>(s[i + 1]) <= 0x9f;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (c1) append_escaped(out, static_cast<unsigned char>(s[i + k]));
+        else out += s[i + k];
+      }
+      i += n;
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+std::string quote_name(std::string_view name) {
+  std::string out = "'";
+  for (const char c : detail::printable_text(name)) {
+    if (c == '\'') out += '\\';
+    out += c;
+  }
+  return out + "'";
+}
+
+
+namespace {
+
+// PyTorch's rule for attribute names, plus no NUL byte (it would cut the name in C strings) and
+// valid UTF-8 (saved files hold names as JSON text, which is UTF-8).
 void check_name(std::string_view op, const char* what, const std::string& name) {
   if (name.empty() || name.find('.') != std::string::npos || name.find('\0') != std::string::npos)
     ag::fail(op, "{} name {} must be non-empty and contain no '.' and no NUL byte", what, quote_name(name));
+  if (const std::size_t at = detail::invalid_utf8_at(name); at != std::string::npos)
+    ag::fail(op, "{} name {} is not valid UTF-8 (byte 0x{:02x} at position {}): names are saved as JSON text, "
+             "which is UTF-8", what, quote_name(name), static_cast<unsigned char>(name[at]), at);
 }
 
 std::string join_name(const std::string& prefix, const std::string& name) {

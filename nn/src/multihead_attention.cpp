@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "nn/init.hpp"
+#include "parameter_budget.hpp"
 
 namespace nn {
 
@@ -51,19 +52,24 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options,
   check_size("W_Q", {E, E}, o.dtype);
   check_size("W_K", {options_.kdim, E}, o.dtype);
   check_size("W_V", {options_.vdim, E}, o.dtype);
-  W_Q_.bind(register_parameter("W_Q", ag::zeros({E, E}, o.dtype)));
-  W_K_.bind(register_parameter("W_K", ag::zeros({options_.kdim, E}, o.dtype)));
-  W_V_.bind(register_parameter("W_V", ag::zeros({options_.vdim, E}, o.dtype)));
-  W_O_.bind(register_parameter("W_O", ag::zeros({E, E}, o.dtype)));
+  // Each parameter claimed (parameter_budget.hpp) just before it is allocated.
+  auto add = [&](Parameter& p, const char* name, const ag::Shape& shape) {
+    detail::claim_parameter(kOp, name, shape);
+    p.bind(register_parameter(name, ag::zeros(shape, o.dtype)));
+  };
+  add(W_Q_, "W_Q", {E, E});
+  add(W_K_, "W_K", {options_.kdim, E});
+  add(W_V_, "W_V", {options_.vdim, E});
+  add(W_O_, "W_O", {E, E});
   if (o.bias) {
-    b_Q_.bind(register_parameter("b_Q", ag::zeros({E}, o.dtype)));
-    b_K_.bind(register_parameter("b_K", ag::zeros({E}, o.dtype)));
-    b_V_.bind(register_parameter("b_V", ag::zeros({E}, o.dtype)));
-    b_O_.bind(register_parameter("b_O", ag::zeros({E}, o.dtype)));
+    add(b_Q_, "b_Q", {E});
+    add(b_K_, "b_K", {E});
+    add(b_V_, "b_V", {E});
+    add(b_O_, "b_O", {E});
   }
   if (o.add_bias_kv) {
-    bias_k_.bind(register_parameter("bias_k", ag::zeros({E}, o.dtype)));
-    bias_v_.bind(register_parameter("bias_v", ag::zeros({E}, o.dtype)));
+    add(bias_k_, "bias_k", {E});
+    add(bias_v_, "bias_v", {E});
   }
   reset_parameters(gen);
   dropout_gen_.manual_seed(gen.next_u64());

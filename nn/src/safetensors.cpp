@@ -67,11 +67,11 @@ void check_tiling(std::vector<TensorEntry>& entries, std::uint64_t data_size, st
   std::uint64_t cursor = 0;
   for (const auto& e : entries) {
     if (e.begin < cursor)
-      fail_file(source, fmt::format("corrupt header: tensor '{}' at bytes [{}, {}] overlaps the tensor before it", e.name,
-                                    e.begin, e.end));
+      fail_file(source, fmt::format("corrupt header: tensor {} at bytes [{}, {}] overlaps the tensor before it",
+                                    quote_name(e.name), e.begin, e.end));
     if (e.begin > cursor)
-      fail_file(source, fmt::format("corrupt header: {} bytes of data before tensor '{}' belong to no tensor",
-                                    e.begin - cursor, e.name));
+      fail_file(source, fmt::format("corrupt header: {} bytes of data before tensor {} belong to no tensor",
+                                    e.begin - cursor, quote_name(e.name)));
     cursor = e.end;
   }
   if (cursor > data_size)
@@ -82,16 +82,24 @@ void check_tiling(std::vector<TensorEntry>& entries, std::uint64_t data_size, st
                                   data_size - cursor));
 }
 
+// Reads and checks a file's length prefix, header and layout; the data section starts at 8 + n.
+template <class Source>
+detail::Header read_checked_header(const Source& file, std::string_view source, std::uint64_t& n) {
+  n = read_header_length(file, source);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  file.read(8, text.data(), text.size());
+  detail::Header header = detail::parse_header(text, source);
+  check_tiling(header.entries, file.size() - 8 - n, source);
+  return header;
+}
+
 // Reads and checks a whole file: length, header, layout, then the tensors' bytes (only once
 // everything before them is known to be right).
 template <class Source>
 SafetensorsData read_safetensors(const Source& file, std::string_view source) {
-  const std::uint64_t n = read_header_length(file, source);
-  std::string text(static_cast<std::size_t>(n), '\0');
-  file.read(8, text.data(), text.size());
-  detail::Header header = detail::parse_header(text, source);
+  std::uint64_t n = 0;
+  detail::Header header = read_checked_header(file, source, n);
   const std::uint64_t data_start = 8 + n;
-  check_tiling(header.entries, file.size() - data_start, source);
   SafetensorsData out;
   out.metadata = std::move(header.metadata);
   for (auto& e : header.entries) {
@@ -102,13 +110,20 @@ SafetensorsData read_safetensors(const Source& file, std::string_view source) {
   return out;
 }
 
-void check_for_saving(const NamedTensors& tensors) {
+// Everything that would make a file no reader accepts, before a byte is written: every name and
+// metadata string is JSON text in the header, so valid UTF-8.
+void check_for_saving(std::string_view op, const NamedTensors& tensors, const Metadata& metadata) {
   std::set<std::string_view> names;
   for (const auto& [name, t] : tensors) {
-    if (name == "__metadata__") throw CheckpointError("save_safetensors: '__metadata__' is reserved, not a tensor name");
-    if (!t.defined()) throw CheckpointError(fmt::format("save_safetensors: tensor '{}' is undefined", name));
+    if (name == "__metadata__") throw CheckpointError(fmt::format("{}: '__metadata__' is reserved, not a tensor name", op));
+    detail::check_utf8(op, "tensor name", name);
+    if (!t.defined()) throw CheckpointError(fmt::format("{}: tensor {} is undefined", op, quote_name(name)));
     if (!names.insert(name).second)
-      throw CheckpointError(fmt::format("save_safetensors: tensor name '{}' appears twice", name));
+      throw CheckpointError(fmt::format("{}: tensor name {} appears twice", op, quote_name(name)));
+  }
+  for (const auto& [key, value] : metadata) {
+    detail::check_utf8(op, "metadata key", key);
+    detail::check_utf8(op, fmt::format("metadata {}: its value", quote_name(key)), value);
   }
 }
 
@@ -128,8 +143,23 @@ std::vector<std::size_t> python_order(const NamedTensors& tensors) {
 
 }  // namespace
 
-std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata) {
-  check_for_saving(tensors);
+namespace detail {
+
+void check_utf8(std::string_view op, std::string_view what, std::string_view text) {
+  const std::size_t at = invalid_utf8_at(text);
+  if (at == std::string_view::npos) return;
+  throw CheckpointError(fmt::format("{}: {} {} is not valid UTF-8 (byte 0x{:02x} at position {}): a safetensors file "
+                                    "holds names and metadata as JSON text, which is UTF-8",
+                                    op, what, quote_name(text), static_cast<unsigned char>(text[at]), at));
+}
+
+Header read_header(const std::string& path) {
+  std::uint64_t n = 0;
+  return read_checked_header(RegularFile(path), path, n);
+}
+
+std::string serialize(std::string_view op, const NamedTensors& tensors, const Metadata& metadata) {
+  check_for_saving(op, tensors, metadata);
   const std::vector<std::size_t> order = python_order(tensors);
   std::vector<TensorEntry> entries;
   std::uint64_t offset = 0;
@@ -153,12 +183,23 @@ std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& m
   return out;
 }
 
+void write_safetensors(std::string_view op, const std::string& path, const NamedTensors& tensors,
+                       const Metadata& metadata) {
+  write_file_atomically(path, serialize(op, tensors, metadata));
+}
+
+}  // namespace detail
+
+std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata) {
+  return detail::serialize("serialize_safetensors", tensors, metadata);
+}
+
 SafetensorsData parse_safetensors(std::string_view bytes, std::string_view source) {
   return read_safetensors(MemoryBytes(bytes), source);
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
-  detail::write_file_atomically(path, serialize_safetensors(tensors, metadata));
+  detail::write_safetensors("save_safetensors", path, tensors, metadata);
 }
 
 SafetensorsData load_safetensors(const std::string& path) { return read_safetensors(detail::RegularFile(path), path); }

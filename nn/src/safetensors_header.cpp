@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "safetensors.hpp"
+#include "strict_json.hpp"
 
 namespace nn::detail {
 
@@ -18,86 +19,6 @@ template <class... Args>
 [[noreturn]] void corrupt(std::string_view source, fmt::format_string<Args...> f, Args&&... args) {
   throw CheckpointError(fmt::format("{}: corrupt header: {}", source, fmt::format(f, std::forward<Args>(args)...)));
 }
-
-// Builds the header's JSON value from nlohmann's SAX events, refusing what nlohmann's own DOM
-// parser lets through: a key that appears twice (it keeps the last), nesting deeper than
-// kMaxDepth levels, and integers too large for 64 bits (it turns them into doubles).
-class HeaderReader final : public nlohmann::json_sax<json> {
- public:
-  explicit HeaderReader(std::string_view source) : source_(source) {}
-  json take() { return std::move(root_); }
-
-  bool null() override { return add(nullptr); }
-  bool boolean(bool v) override { return add(v); }
-  bool number_integer(number_integer_t v) override { return add(v); }
-  bool number_unsigned(number_unsigned_t v) override { return add(v); }
-  bool number_float(number_float_t v, const string_t& text) override {
-    if (text.find_first_not_of("0123456789") == string_t::npos)
-      corrupt(source_, "the integer {} does not fit in 64 bits", text);
-    return add(v);
-  }
-  bool string(string_t& v) override { return add(std::move(v)); }
-  bool binary(binary_t& v) override { return add(std::move(v)); }  // JSON text has none
-  bool start_object(std::size_t) override { return open(json::object()); }
-  bool start_array(std::size_t) override { return open(json::array()); }
-  bool end_object() override { return close(); }
-  bool end_array() override { return close(); }
-  bool key(string_t& k) override {
-    if (open_.back()->contains(k)) corrupt(source_, "key \"{}\" appears twice", k);
-    key_ = std::move(k);
-    return true;
-  }
-
-  bool parse_error(std::size_t byte, const std::string&, const json::exception& e) override {
-    if (closed_) corrupt(source_, "unexpected characters after the header object (at header byte {})", byte);
-    std::string what = e.what();
-    if (what.find("ill-formed UTF-8") != std::string::npos) corrupt(source_, "not valid UTF-8 (at header byte {})", byte);
-    // nlohmann's text reads "[json.exception.parse_error.101] parse error at line 1, column 9:
-    // syntax error while parsing value - invalid literal; last read: '...'". Only the part that
-    // says what is wrong is kept (the bytes last read need not be valid UTF-8).
-    if (const auto p = what.find("] "); p != std::string::npos) what.erase(0, p + 2);
-    if (what.starts_with("parse error at ")) {
-      if (const auto p = what.find(": "); p != std::string::npos) what.erase(0, p + 2);
-    }
-    if (const auto p = what.find("; last read"); p != std::string::npos) what.erase(p);
-    corrupt(source_, "{} (at header byte {})", what, byte);
-  }
-
- private:
-  bool add(json v) {
-    place(std::move(v));
-    return true;
-  }
-  json* place(json v) {
-    if (open_.empty()) {
-      root_ = std::move(v);
-      return &root_;
-    }
-    json& top = *open_.back();
-    if (top.is_array()) {
-      top.push_back(std::move(v));
-      return &top.back();
-    }
-    return &(top[key_] = std::move(v));
-  }
-  // (A pointer into the innermost container stays valid: nothing is added to its parent until it closes.)
-  bool open(json container) {
-    if (open_.size() >= kMaxDepth) corrupt(source_, "nesting is deeper than {} levels", kMaxDepth);
-    open_.push_back(place(std::move(container)));
-    return true;
-  }
-  bool close() {
-    open_.pop_back();
-    closed_ = open_.empty();
-    return true;
-  }
-
-  std::string_view source_;
-  json root_;
-  std::vector<json*> open_;  // the containers being filled, innermost last
-  std::string key_;          // the key of the next member of the innermost object
-  bool closed_ = false;      // the outermost value is complete
-};
 
 const char* kind_name(const json& v) {
   if (v.is_null()) return "null";
@@ -120,7 +41,7 @@ void read_metadata(const json& v, std::string_view source, Metadata& out) {
   if (!v.is_object()) corrupt(source, "__metadata__ is {}, not an object", kind_name(v));
   for (const auto& item : v.items()) {
     if (!item.value().is_string())
-      corrupt(source, "metadata \"{}\" is {}, not a string", item.key(), kind_name(item.value()));
+      corrupt(source, "metadata \"{}\" is {}, not a string", printable_text(item.key()), kind_name(item.value()));
     out[item.key()] = item.value().get<std::string>();
   }
 }
@@ -136,7 +57,7 @@ ag::Dtype read_dtype(const json& v, std::string_view source, const std::string& 
                                                            "BF16", "I32", "U32", "U64", "C64"};
   if (known.count(name))
     throw CheckpointError(fmt::format("{}: {} has dtype {}; headgrad reads F32 and F64 only, plus I64 for integer tensors", source, what, name));
-  corrupt(source, "{} has an unknown dtype \"{}\"", what, name);
+  corrupt(source, "{} has an unknown dtype \"{}\"", what, printable_text(name));
 }
 
 // The shape, whose element and byte counts must fit in 64 bits, and so must every product of its
@@ -166,14 +87,14 @@ ag::Shape read_shape(const json& v, ag::Dtype dtype, std::string_view source, co
 }
 
 TensorEntry read_entry(const std::string& name, const json& info, std::string_view source) {
-  const std::string what = fmt::format("tensor '{}'", name);
+  const std::string what = "tensor " + quote_name(name);
   if (!info.is_object()) corrupt(source, "{} is {}, not an object", what, kind_name(info));
   const json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
   for (const auto& field : info.items()) {
     if (field.key() == "dtype") dtype = &field.value();
     else if (field.key() == "shape") shape = &field.value();
     else if (field.key() == "data_offsets") offsets = &field.value();
-    else corrupt(source, "{} has an unknown field \"{}\"", what, field.key());
+    else corrupt(source, "{} has an unknown field \"{}\"", what, printable_text(field.key()));
   }
   if (!dtype || !shape || !offsets)
     corrupt(source, "{} lacks \"{}\"", what, !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
@@ -203,6 +124,13 @@ std::string json_text(const json& v, const char* what) {
   }
 }
 
+// The format pads the header's JSON with spaces (0x20) and nothing else, not even the other JSON
+// whitespace, so no bytes hide inside the header's declared length: the byte at `at` is refused.
+[[noreturn]] void bad_padding(std::string_view text, std::size_t at, std::string_view source) {
+  corrupt(source, "byte 0x{:02x} at file offset {} (header byte {}): a header holds JSON text followed only by spaces "
+          "(0x20) up to its declared length of {} bytes", static_cast<unsigned char>(text[at]), 8 + at, at, text.size());
+}
+
 }  // namespace
 
 std::string_view safetensors_dtype(ag::Dtype d) {
@@ -211,9 +139,17 @@ std::string_view safetensors_dtype(ag::Dtype d) {
 
 Header parse_header(std::string_view text, std::string_view source) {
   if (text.empty() || text[0] != '{') corrupt(source, "it does not start with '{{'");
-  HeaderReader reader(source);
-  json::sax_parse(text.begin(), text.end(), &reader);  // the reader throws on every error
-  const json root = reader.take();
+  // A NUL byte is refused before nlohmann reads the text: its reader takes a NUL for the end of the
+  // text, and would accept whatever garbage follows it.
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos) bad_padding(text, nul, source);
+  const std::string_view json_part = text.substr(0, text.find_last_not_of(' ') + 1);
+  StrictJsonReader<json> reader(fmt::format("{}: corrupt header: ", source), "header", kMaxDepth);
+  const json root = reader.read(json_part);  // the reader throws on every error
+  // json_part is one object: what follows its closing brace is JSON whitespace, of which only
+  // spaces are padding.
+  const std::size_t end = json_part.find_last_of('}') + 1;
+  if (const auto other = json_part.find_first_not_of(' ', end); other != std::string_view::npos)
+    bad_padding(text, other, source);
   Header out;
   for (const auto& item : root.items()) {
     if (item.key() == "__metadata__") read_metadata(item.value(), source, out.metadata);

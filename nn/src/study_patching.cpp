@@ -54,19 +54,13 @@ void check_same_shape(std::string_view op, const std::string& z_point, const ag:
              ag::shape_str(clean.shape()), ag::shape_str(corrupted.shape()));
 }
 
-// Sets the parameters' gradients aside and puts them back when it ends.
-struct KeepGrads {
-  std::vector<ag::Tensor> params, grads;
-  explicit KeepGrads(const Module& m) : params(m.parameters()) {
-    for (auto& p : params) {
-      grads.push_back(p.grad());
-      p.set_grad(ag::Tensor());
-    }
-  }
-  ~KeepGrads() {
-    for (std::size_t i = 0; i < params.size(); ++i) params[i].set_grad(grads[i]);
-  }
-};
+// Attribution patching differentiates the metric: it must be a floating one-element tensor.
+void check_floating_metric(std::string_view op, const std::string& what, const ag::Tensor& m) {
+  if (!ag::is_floating(m.dtype()))
+    ag::fail(op, "the metric of {} is {} {}: attribution patching differentiates the metric, so run must return a "
+             "floating (Float32 or Float64) one-element tensor", what, ag::dtype_name(m.dtype()),
+             ag::shape_str(m.shape()));
+}
 
 }  // namespace
 
@@ -110,25 +104,41 @@ PatchingResult activation_patching(Module& model, const std::string& z_point, co
 
 AttributionPatchingResult attribution_patching(Module& model, const std::string& z_point, const RunFn& run,
                                                const ag::Tensor& clean_input, const ag::Tensor& corrupted_input) {
-  if (!run) ag::fail("attribution_patching", "run is empty");
-  const KeepGrads keep(model);
-  const ActivationCache clean = clean_run("attribution_patching", model, z_point, run, clean_input);
-  ActivationCache corrupted;
+  constexpr std::string_view op = "attribution_patching";
+  if (!run) ag::fail(op, "run is empty");
+  const ActivationCache clean = clean_run(op, model, z_point, run, clean_input);
+  check_floating_metric(op, "the clean run", clean.output);
+  // The corrupted run, with z replaced by a leaf of its own (the same values) that requires grad:
+  // ag::grad takes the metric's gradient with respect to that leaf alone and writes no .grad, so
+  // every tensor's .grad (the parameters', the inputs', anything run uses) stays as it was.
+  ag::Tensor zx, z_leaf, metric;
   {
     ag::EnableGradGuard grad_on;
-    corrupted = run_with_cache(model, [&] { return run(corrupted_input); }, {.names = {z_point}, .backward = true});
+    struct Remove {
+      HookHandle h;
+      ~Remove() { h.remove(); }
+    } handle{model.add_hook(z_point, [&zx, &z_leaf, op](const ag::Tensor& v, const std::string& name) {
+      if (z_leaf.defined())
+        ag::fail(op, "hook point {} was reached twice in one run (a module called twice?)", quote_name(name));
+      zx = v.detach().clone();
+      z_leaf = v.detach().clone().requires_grad_();
+      return z_leaf;
+    })};
+    metric = run(corrupted_input);
   }
   const ag::Tensor& zc = clean[z_point];
-  check_same_shape("attribution_patching", z_point, zc, corrupted.contains(z_point) ? corrupted[z_point] : ag::Tensor());
-  const ag::Tensor& zx = corrupted[z_point];
+  check_same_shape(op, z_point, zc, zx);
   if (zc.dim() != 4)
-    ag::fail("attribution_patching", "{} holds shape {}; a z point (B, H, T, d_k) is needed", quote_name(z_point),
-             ag::shape_str(zc.shape()));
-  metric_value("attribution_patching", "the corrupted run", corrupted.output);
+    ag::fail(op, "{} holds shape {}; a z point (B, H, T, d_k) is needed", quote_name(z_point), ag::shape_str(zc.shape()));
+  metric_value(op, "the corrupted run", metric);
+  check_floating_metric(op, "the corrupted run", metric);
+  if (!metric.requires_grad())
+    ag::fail(op, "the metric of the corrupted run does not require grad although z does: run computed it outside the "
+             "graph (under NoGradGuard, or from detached values)");
+  const ag::TensorList grads = ag::grad({metric}, {z_leaf}, {.allow_unused = true});
   const auto diff = (zc - zx).to_vector();
   // No gradient reached z: the metric does not depend on it, so its derivative there is 0.
-  const auto grad = corrupted.has_grad(z_point) ? corrupted.grad(z_point).to_vector()
-                                                : std::vector<double>(diff.size(), 0.0);
+  const auto grad = grads[0].defined() ? grads[0].to_vector() : std::vector<double>(diff.size(), 0.0);
   const std::int64_t B = zc.size(0), H = zc.size(1), T = zc.size(2), D = zc.size(3);
   AttributionPatchingResult r;
   r.estimate_per_head.assign(static_cast<std::size_t>(H), 0.0);

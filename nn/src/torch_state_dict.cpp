@@ -34,7 +34,7 @@ bool same_bits(const ag::Tensor& a, const ag::Tensor& b) {
 
 std::string part_names(const TorchTensor& entry) {
   std::string s;
-  for (const auto& part : entry.parts) s += (s.empty() ? "" : ", ") + part.name;
+  for (const auto& part : entry.parts) s += (s.empty() ? "" : ", ") + quote_name(part.name);
   return s;
 }
 
@@ -53,25 +53,26 @@ std::vector<PlannedCopy> plan_torch_load(const std::vector<TorchTensor>& layout,
     keys.insert(entry.key);
     const auto it = in_file.find(entry.key);
     if (it == in_file.end()) {
-      missing.push_back("'" + entry.key + "'");
+      missing.push_back(quote_name(entry.key));
       continue;
     }
     const ag::Tensor& t = *it->second;
     const ag::Dtype want = entry.parts.front().param.dtype();
     if (t.shape() != entry.shape) {
-      problems.push_back(fmt::format("'{}' has shape {} in the file but torch's layout of {} is {}", entry.key,
+      problems.push_back(fmt::format("{} has shape {} in the file but torch's layout of {} is {}", quote_name(entry.key),
                                      ag::shape_str(t.shape()), part_names(entry), ag::shape_str(entry.shape)));
       continue;
     }
     if (t.dtype() != want && ag::is_floating(t.dtype()) != ag::is_floating(want)) {
-      problems.push_back(fmt::format("'{}' is {} in the file but the parameters ({}) are {}: integer and "
-                                     "floating-point tensors do not convert into each other on load", entry.key,
+      problems.push_back(fmt::format("{} is {} in the file but the parameters ({}) are {}: integer and "
+                                     "floating-point tensors do not convert into each other on load",
+                                     quote_name(entry.key),
                                      detail::safetensors_dtype(t.dtype()), part_names(entry),
                                      detail::safetensors_dtype(want)));
       continue;
     }
     if (t.dtype() != want && !options.convert_dtype) {
-      problems.push_back(fmt::format("'{}' is {} in the file but the parameters ({}) are {}", entry.key,
+      problems.push_back(fmt::format("{} is {} in the file but the parameters ({}) are {}", quote_name(entry.key),
                                      detail::safetensors_dtype(t.dtype()), part_names(entry),
                                      detail::safetensors_dtype(want)));
       continue;
@@ -83,13 +84,14 @@ std::vector<PlannedCopy> plan_torch_load(const std::vector<TorchTensor>& layout,
       if (fresh) {
         plan.push_back({p, values[i], entry.key, &entry.parts[i].name});
       } else if (!same_bits(plan[at->second].value, values[i])) {
-        problems.push_back(fmt::format("'{}' and '{}' give different values to the tied parameter {}",
-                                       plan[at->second].key, entry.key, *plan[at->second].name));
+        problems.push_back(fmt::format("{} and {} give different values to the tied parameter {}",
+                                       quote_name(plan[at->second].key), quote_name(entry.key),
+                                       quote_name(*plan[at->second].name)));
       }
     }
   }
   for (const auto& [name, t] : stored)
-    if (!keys.count(name)) extra.push_back("'" + name + "'");
+    if (!keys.count(name)) extra.push_back(quote_name(name));
   std::string message;
   auto add = [&](const std::string& part) { message += (message.empty() ? "" : "; ") + part; };
   if (options.strict && !missing.empty()) add("missing tensors " + detail::join_names(missing));
@@ -128,9 +130,9 @@ bool looks_like_checkpoint(const NamedTensors& tensors) {
 
 namespace detail {
 
-Metadata describe_file(const Module& module, const Metadata& metadata, const char* naming) {
+Metadata describe_file(std::string_view op, const Module& module, const Metadata& metadata, const char* naming) {
   Metadata meta = metadata;
-  meta[kConfigKey] = module_config_json(module);
+  meta[kConfigKey] = config_json(op, module);
   meta[kNamingKey] = naming;
   return meta;
 }
@@ -176,9 +178,9 @@ void save_torch_state_dict(const Module& module, const std::string& path, const 
   NamedTensors tensors;
   for (const auto& entry : detail::torch_layout(module, "save_torch_state_dict"))
     tensors.emplace_back(entry.key, detail::torch_value(entry));
-  Metadata meta = detail::describe_file(module, metadata, "torch");
+  Metadata meta = detail::describe_file("save_torch_state_dict", module, metadata, "torch");
   meta.emplace("format", "pt");  // kept when the caller gave one
-  save_safetensors(path, tensors, meta);
+  detail::write_safetensors("save_torch_state_dict", path, tensors, meta);
 }
 
 void load_torch_state_dict(Module& module, const std::string& path, const LoadOptions& options) {

@@ -96,12 +96,20 @@ class LayoutWalker {
 
   // nn.TransformerEncoderLayer(norm_first=True, batch_first=True): self_attn, linear1, linear2,
   // norm1, norm2. Blocks without biases are not mapped (the layout of torch's bias=False layer is
-  // not checked against PyTorch here).
+  // not checked against PyTorch here), nor blocks with biases whose LayerNorms have none: torch's
+  // bias=True layer always has norm1.bias and norm2.bias, so its strict load_state_dict would
+  // refuse a state_dict without them.
   void block(const TransformerBlock& b, const std::string& key, const std::string& path) {
     if (!b.options().bias)
       throw CheckpointError(fmt::format(
           "{}: {} (TransformerBlock) has bias=false; only blocks with biases are written in the layout of "
           "torch's nn.TransformerEncoderLayer",
+          op_, describe_path(path)));
+    if (!b.ln_1().bias().defined() || !b.ln_2().bias().defined())
+      throw CheckpointError(fmt::format(
+          "{}: {} (TransformerBlock) has bias=true but layer_norm_bias=false: torch's "
+          "nn.TransformerEncoderLayer(bias=True) has norm1.bias and norm2.bias, which this block lacks, so "
+          "PyTorch's load_state_dict(strict=True) would refuse its state_dict",
           op_, describe_path(path)));
     attention(b.attn(), join(key, "self_attn"), join(path, "attn"));
     linear(b.fc_1(), join(key, "linear1"), join(path, "fc_1"));
@@ -141,8 +149,8 @@ ag::Dtype parts_dtype(const TorchTensor& entry) {
   const ag::Dtype d = entry.parts.front().param.dtype();
   for (const auto& part : entry.parts)
     if (part.param.dtype() != d)
-      throw CheckpointError(fmt::format("torch key '{}': its parts {} and {} have different dtypes ({} and {})",
-                                        entry.key, quote_name(entry.parts.front().name), quote_name(part.name),
+      throw CheckpointError(fmt::format("torch key {}: its parts {} and {} have different dtypes ({} and {})",
+                                        quote_name(entry.key), quote_name(entry.parts.front().name), quote_name(part.name),
                                         ag::dtype_name(d), ag::dtype_name(part.param.dtype())));
   return d;
 }

@@ -43,8 +43,10 @@ class Parameter : public ag::Tensor {
   void bind(ag::Tensor registered) { static_cast<ag::Tensor&>(*this) = std::move(registered); }
 };
 
-// name in single quotes with every byte visible: control bytes (NUL included) as \xNN, and
-// quotes and backslashes escaped, so a message never hides or cuts part of a name.
+// name in single quotes with every byte visible: control bytes (NUL, ESC and the rest of C0, DEL,
+// the C1 controls U+0080..U+009F) and bytes that are not part of valid UTF-8 as \xNN, quotes and
+// backslashes escaped, so a message never hides or cuts part of a name, nor sends a terminal
+// escape sequence, and is itself valid UTF-8. Valid UTF-8 otherwise shows as it is.
 std::string quote_name(std::string_view name);
 
 class Module {
@@ -57,7 +59,8 @@ class Module {
   Module& operator=(Module&&) = default;
 
   // Registers t as a parameter (a leaf that requires grad) and returns the handle. Names (here and
-  // in register_module) must be non-empty and hold no '.' and no NUL byte: std::invalid_argument.
+  // in register_module) must be non-empty, hold no '.' and no NUL byte, and be valid UTF-8 (saved
+  // files hold them as JSON text, which is UTF-8): else std::invalid_argument naming the name.
   // The same tensor may be registered under several names (tied weights). Each parameter's
   // tensor name is its dotted name in named_parameters() ("block.attn.W_Q", set again whenever a
   // module is registered above it), unless it had a name of its own (set_name) when registered.

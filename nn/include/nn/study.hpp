@@ -54,7 +54,9 @@ PatchingResult activation_patching(Module& model, const std::string& z_point,
 // Attribution patching: the first-order estimate (clean_z - corrupted_z) · d metric/d z at the corrupted
 // run, per head and per head and position, from one forward on each input and one backward; with the
 // real activation patching values and the largest absolute error of the estimate against them. The
-// model's parameter gradients are left as they were.
+// gradient is taken with respect to z alone (ag::grad): no tensor's .grad changes (the model's
+// parameters', an input's that requires grad, any other tensor's run uses). run's metric must be
+// a floating (Float32 or Float64) one-element tensor: an Int64 one is refused after the clean run.
 struct AttributionPatchingResult {
   PatchingResult actual;
   std::vector<double> estimate_per_head;                        // estimated metric change (patched - corrupted)
