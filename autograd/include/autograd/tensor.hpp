@@ -264,8 +264,9 @@ concept ArangeInteger = std::is_integral_v<I> && !std::is_same_v<I, bool>;
 
 template <ArangeInteger A, ArangeInteger B, ArangeInteger C>
 Tensor arange(A start, B end, C step, Dtype dtype = Dtype::Float32) {
-  return detail::arange_exact(detail::arange_argument("start", start), detail::arange_argument("end", end),
-                              detail::arange_argument("step", step), dtype);
+  const std::int64_t first = detail::arange_argument("start", start);  // checked in this order
+  const std::int64_t last = detail::arange_argument("end", end);
+  return detail::arange_exact(first, last, detail::arange_argument("step", step), dtype);
 }
 template <ArangeInteger A, ArangeInteger B>
 Tensor arange(A start, B end) {
