@@ -86,13 +86,13 @@ BOOST_AUTO_TEST_CASE(missing_extra_misshaped_and_mistyped_tensors_are_named) {
     for (auto& [k, v] : t)
       if (k == "attn.in_proj_weight") v = ag::zeros({6, 18}, F64);  // headgrad's (in, out) orientation
   });
-  expect_refused(m, load(shape), {"'attn.in_proj_weight' has shape [6, 18] in the file but torch's layout of attn.W_Q, "
-                                  "attn.W_K, attn.W_V is [18, 6]"});
+  expect_refused(m, load(shape), {"'attn.in_proj_weight' has shape [6, 18] in the file but torch's layout of 'attn.W_Q', "
+                                  "'attn.W_K', 'attn.W_V' is [18, 6]"});
   const std::string dtype = torch_file(dir, [](nn::NamedTensors& t) {
     for (auto& [k, v] : t)
       if (k == "fc.weight") v = v.to(F32);
   });
-  expect_refused(m, load(dtype), {"'fc.weight' is F32 in the file but the parameters (fc.weight) are F64"});
+  expect_refused(m, load(dtype), {"'fc.weight' is F32 in the file but the parameters ('fc.weight') are F64"});
   nn::load_torch_state_dict(m, dtype, {.convert_dtype = true});  // converting was asked for
   BOOST_CHECK(m.fc->weight().dtype() == F64);
   // Not strict: the missing key is skipped, everything else loads.
@@ -203,7 +203,7 @@ BOOST_AUTO_TEST_CASE(tied_parameters_are_saved_under_each_name_and_must_agree_on
   t[2].second = ag::zeros({2, 3}, F64);
   nn::save_safetensors(dir.file("disagree.safetensors"), t);
   expect_refused(m, [&] { nn::load_torch_state_dict(m, dir.file("disagree.safetensors")); },
-                 {"'a.weight' and 'b.weight' give different values to the tied parameter a.weight"});
+                 {"'a.weight' and 'b.weight' give different values to the tied parameter 'a.weight'"});
 }
 
 // ---- parameter handles ----

@@ -33,14 +33,15 @@ void check_linear(const Tensor& x, const Tensor& w, const Tensor& b, std::string
 }
 
 // The output's shape: x's with the last dim `out`; throws naming the op when its sizes multiply
-// past a 64-bit count (`weights` says what gave `out`: "weight [0, 4294967296]").
-Shape output_shape(std::string_view op, const Tensor& x, std::int64_t out, const std::string& weights) {
+// past a 64-bit count (the message names the weights; formatted only then, so a call allocates nothing).
+Shape output_shape(std::string_view op, const Tensor& x, std::int64_t out, const Tensor* w) {
   Shape shape = x.shape();
   shape.back() = out;
   std::int64_t numel = 0;
   if (!numel_fits(shape, numel))
     fail(op, "input {} and {} give shape {}, more elements than a 64-bit count can hold", shape_str(x.shape()),
-         weights, shape_str(shape));
+         w != nullptr ? "weight " + shape_str(w->shape()) : fmt::format("weights of {} columns", out),
+         shape_str(shape));
   return shape;
 }
 
@@ -66,7 +67,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   const std::int64_t in = w.size(0), out = w.size(1);
   std::int64_t rows = 1;
   for (std::int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  const Shape out_shape = output_shape("linear", x, out, "weight " + shape_str(w.shape()));
+  const Shape out_shape = output_shape("linear", x, out, &w);
   Tensor y = Tensor::empty(out_shape, x.dtype(), "linear");
   dispatch(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -229,7 +230,7 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
   l.in = x.size(-1);
   l.out = l.offset[n];
   for (std::int64_t d = 0; d + 1 < x.dim(); ++d) l.rows *= x.size(d);
-  const Shape out_shape = output_shape(op, x, l.out, fmt::format("weights of {} columns", l.out));
+  const Shape out_shape = output_shape(op, x, l.out, nullptr);
   Tensor y = Tensor::empty(out_shape, x.dtype(), op);
   Tensor w = Tensor::empty({l.in, l.out}, x.dtype(), op);  // [W_0 | W_1 | …]
   dispatch(x.dtype(), [&](auto zero) { linear_cat_forward<decltype(zero)>(x, weights, bias_list, l, y, w); });
