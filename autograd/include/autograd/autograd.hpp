@@ -2,6 +2,7 @@
 // headgrad's autograd engine: everything in namespace autograd.
 #include "autograd/anomaly.hpp"
 #include "autograd/attention.hpp"
+#include "autograd/curvature.hpp"
 #include "autograd/dtype.hpp"
 #include "autograd/dot.hpp"
 #include "autograd/format.hpp"

@@ -3,6 +3,7 @@
 #include <autograd/autograd.hpp>
 
 #include "nn/checkpoint.hpp"
+#include "nn/circuits.hpp"
 #include "nn/functional.hpp"
 #include "nn/hooks.hpp"
 #include "nn/init.hpp"

@@ -1,0 +1,213 @@
+#pragma once
+// Circuit analysis of attention heads from their weights and their patterns, with
+// TransformerLens's definitions (its FactoredMatrix, OV and QK circuits, composition scores and
+// head detectors) in our layout. docs/circuits.md describes each function and maps it to TL's name.
+//
+// Layout. nn::MultiHeadAttention projects row vectors, y = x·W + b, with W_Q, W_K, W_V (in x E) and
+// W_O (E x E); head h owns columns h·d_k .. (h+1)·d_k - 1 of W_Q, W_K, W_V and the same rows of W_O.
+// So head h's weights are TL's W_Q[h] (E x d_k), W_K[h], W_V[h] and W_O[h] (d_k x E), and
+//   OV circuit  W_V[h]·W_O[h]    (vdim x E): what the head writes for a source token's residual
+//   QK circuit  W_Q[h]·W_K[h]ᵀ   (E x kdim): the bilinear form of its attention scores (before 1/√d_k)
+// Every matrix here acts on row vectors on its left, as in TL.
+#include <complex>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <autograd/autograd.hpp>
+
+#include "nn/hooks.hpp"
+#include "nn/multihead_attention.hpp"
+
+namespace nn::circuits {
+
+// ---- per-head weights ----
+
+// Head h's slices of the layer's parameters: narrow()s of them, so differentiable in the
+// parameters (a gradient through W_Q reaches attn.W_Q's columns of head h only).
+struct HeadWeights {
+  ag::Tensor W_Q;  // (E, d_k)
+  ag::Tensor W_K;  // (kdim, d_k)
+  ag::Tensor W_V;  // (vdim, d_k)
+  ag::Tensor W_O;  // (d_k, E)
+  ag::Tensor b_Q, b_K, b_V;  // (d_k) each; undefined when the layer has no bias
+};
+HeadWeights head_weights(const MultiHeadAttention& attn, std::int64_t head);
+
+// Every head's weights stacked on a leading head dim (TL's attn.W_Q .. W_O and b_Q .. b_O):
+// W_Q (H, E, d_k), W_K (H, kdim, d_k), W_V (H, vdim, d_k), W_O (H, d_k, E), b_Q/b_K/b_V (H, d_k),
+// b_O (E). Reshapes of the parameters (differentiable); biases undefined without bias.
+struct StackedHeadWeights {
+  ag::Tensor W_Q, W_K, W_V, W_O;
+  ag::Tensor b_Q, b_K, b_V, b_O;
+};
+StackedHeadWeights stacked_head_weights(const MultiHeadAttention& attn);
+// Several layers of one shape, stacked again on a leading layer dim (TL's model.W_Q (L, H, E, d_k), ...).
+StackedHeadWeights stacked_head_weights(const std::vector<const MultiHeadAttention*>& layers);
+
+// ---- FactoredMatrix ----
+
+// The singular value decomposition of a FactoredMatrix, as TL's FactoredMatrix.svd returns it:
+// M = U · diag(S) · Vᵀ with U (..., m, k) and V (..., n, k) of orthonormal columns and S (..., k)
+// descending, k = min(m, r, n) (TL's .V, which its deprecated .Vh also returns).
+struct FactoredSvd {
+  ag::Tensor U, S, V;
+};
+
+// Eigenvalues of a square FactoredMatrix, as real and imaginary parts (..., r), r the inner
+// dimension: the eigenvalues of B·A, which are those of A·B except for A·B's m - r extra zeros
+// (TL's FactoredMatrix.eigenvalues). Sorted by decreasing magnitude, then by decreasing real part,
+// then by decreasing imaginary part (TL leaves LAPACK's order); a complex pair comes out as
+// (a + bi, a - bi).
+struct FactoredEigenvalues {
+  ag::Tensor real, imag;
+  // The values of an unbatched matrix (or all of them, the batch laid end to end).
+  std::vector<std::complex<double>> values() const;
+};
+
+// A matrix held as the product A·B of A (..., m, r) and B (..., r, n), never formed unless AB()
+// is asked for (TL's FactoredMatrix). Leading dims broadcast (A and B are expanded to the common
+// ones). The norm, the singular values and the eigenvalues come from the factors: the SVDs of A and
+// B and of an r x r middle matrix, and the eigenvalues of the r x r product B·A (Eigen's solvers,
+// in float64), at a cost independent of m and n beyond the factors' own SVDs.
+//
+// AB(), BA(), transpose, the products, indexing, norm() and the collapsed forms are ag ops and
+// differentiable in A and B; svd(), singular_values() and eigenvalues() are values outside any
+// graph, in A's dtype.
+class FactoredMatrix {
+ public:
+  FactoredMatrix(ag::Tensor A, ag::Tensor B);  // throws when the inner dims differ or leading dims do not broadcast
+
+  const ag::Tensor& A() const { return A_; }
+  const ag::Tensor& B() const { return B_; }
+  ag::Shape shape() const;                    // leading dims + (m, n)
+  std::int64_t ndim() const { return static_cast<std::int64_t>(shape().size()); }
+  ag::Shape leading_shape() const;            // the leading dims alone
+  std::int64_t ldim() const { return A_.size(-2); }  // m
+  std::int64_t mdim() const { return A_.size(-1); }  // r, the inner dimension
+  std::int64_t rdim() const { return B_.size(-1); }  // n
+
+  ag::Tensor AB() const;  // (..., m, n)
+  ag::Tensor BA() const;  // (..., r, r); needs m == n
+  FactoredMatrix T() const;  // (..., n, m) = Bᵀ·Aᵀ
+
+  // this · M for a matrix M (..., n, k), kept factored as TL does: (A, B·M) when n > r, else
+  // (A·B, M). A vector v (n) gives the vector A·(B·v) (..., m).
+  FactoredMatrix matmul(const ag::Tensor& M) const;
+  ag::Tensor matvec(const ag::Tensor& v) const;
+  // M · this for M (..., k, m): (M·A, B) when m > r, else (M, A·B). A vector v (m) gives (v·A)·B.
+  FactoredMatrix rmatmul(const ag::Tensor& M) const;
+  ag::Tensor vecmat(const ag::Tensor& v) const;
+  // this · other = (this · other.A) · other.B, by the rules above.
+  FactoredMatrix matmul(const FactoredMatrix& other) const;
+  FactoredMatrix scaled(double s) const;  // s·A, B
+
+  // Index the first leading dim (negative counts from the end), or insert a size-1 leading dim
+  // at `dim` (counting leading dims only, as TL's unsqueeze does on its factors).
+  FactoredMatrix operator[](std::int64_t index) const;
+  FactoredMatrix unsqueeze(std::int64_t dim) const;
+
+  // ‖A·B‖_F per matrix (leading dims): sqrt(Σ (AᵀA) ⊙ (BBᵀ)), from r x r Gram matrices.
+  ag::Tensor norm() const;
+  FactoredSvd svd() const;
+  ag::Tensor singular_values() const { return svd().S; }
+  FactoredEigenvalues eigenvalues() const;  // needs m == n
+  // TL's collapse_l (S·Vᵀ, (..., k, n)) and collapse_r (U·S, (..., m, k)): the product with its
+  // left (right) orthogonal factor removed, so ‖collapse_l()‖ = ‖collapse_r()‖ = ‖A·B‖. Values, no graph.
+  ag::Tensor collapse_l() const;
+  ag::Tensor collapse_r() const;
+  // TL's make_even: (U·√S, √S·Vᵀ), the same product with balanced factors. Values, no graph.
+  FactoredMatrix make_even() const;
+
+ private:
+  ag::Tensor A_, B_;
+};
+
+// ---- OV and QK circuits ----
+
+// One head: W_V[h]·W_O[h] (vdim x E) and W_Q[h]·W_K[h]ᵀ (E x kdim).
+FactoredMatrix ov_circuit(const MultiHeadAttention& attn, std::int64_t head);
+FactoredMatrix qk_circuit(const MultiHeadAttention& attn, std::int64_t head);
+// Every head of a layer (H, ., .), and every head of several layers (L, H, ., .) (TL's model.OV,
+// model.QK).
+FactoredMatrix ov_circuit(const MultiHeadAttention& attn);
+FactoredMatrix qk_circuit(const MultiHeadAttention& attn);
+FactoredMatrix ov_circuit(const std::vector<const MultiHeadAttention*>& layers);
+FactoredMatrix qk_circuit(const std::vector<const MultiHeadAttention*>& layers);
+
+// ---- composition scores (Elhage et al. 2021) ----
+
+// How a later head reads what an earlier head wrote, through the later head's queries (Q), keys
+// (K) or values (V).
+enum class Composition { Q, K, V };
+std::string composition_name(Composition c);  // "Q", "K", "V"
+
+// ‖L·R‖_F / (‖L‖_F ‖R‖_F) (TL's utils.composition_scores). With broadcast_dims, L's leading dims
+// come first and R's after them: L (a..., m, n) and R (b..., n, p) give (a..., b...); without, the
+// leading dims broadcast. Differentiable in the factors.
+ag::Tensor composition_scores(const FactoredMatrix& left, const FactoredMatrix& right, bool broadcast_dims = true);
+// The same for two plain matrices W_A (m x n) and W_B (n x p) (one-element result).
+ag::Tensor composition_score(const ag::Tensor& W_A, const ag::Tensor& W_B);
+
+// Every (earlier head i, later head j) pair of two layers, (H_earlier, H_later): the earlier head's
+// OV circuit on the left and, on the right, the later head's
+//   Q: QK circuit W_Q W_Kᵀ      K: its transpose W_K W_Qᵀ      V: OV circuit W_V W_O
+// (TL's HookedTransformer.all_composition_scores, for one pair of layers).
+ag::Tensor composition_scores(const MultiHeadAttention& earlier, const MultiHeadAttention& later, Composition mode);
+// Every pair of heads of a list of layers, (L, H, L, H), zero unless the second head's layer comes
+// after the first's (TL's all_composition_scores).
+ag::Tensor all_composition_scores(const std::vector<const MultiHeadAttention*>& layers, Composition mode);
+
+// The same score for random matrices of the same shapes: each factor of left and right (their
+// last two dims) redrawn with independent standard normal entries, the score computed, over
+// `samples` draws. It is the level a score must clearly exceed to mean anything: for Gaussian
+// matrices the score is about 1/√n, n the dimension the product contracts (the residual width for
+// two circuits; see docs/circuits.md).
+struct CompositionBaseline {
+  double mean = 0, std = 0;  // over the samples (std with n - 1)
+  int samples = 0;
+};
+CompositionBaseline random_composition_baseline(const FactoredMatrix& left, const FactoredMatrix& right,
+                                                ag::Generator& gen, int samples = 100);
+// For two layers: left an OV circuit of `earlier`'s shapes, right the `mode` circuit of `later`'s.
+CompositionBaseline random_composition_baseline(const MultiHeadAttention& earlier, const MultiHeadAttention& later,
+                                                Composition mode, ag::Generator& gen, int samples = 100);
+
+// ---- head detectors (TL's head_detector) ----
+
+enum class HeadKind { PreviousToken, DuplicateToken, Induction };
+std::string head_kind_name(HeadKind kind);  // TL's names: "previous_token_head", "duplicate_token_head", "induction_head"
+
+// The 0/1 pattern a head of that kind would show on `tokens` (T) or (B, T) (Int64, or integral
+// floats), as (T, T) or (B, T, T) Float64, lower triangular (TL's get_*_detection_pattern):
+//   previous token  D[i][j] = 1 for j = i - 1
+//   duplicate token D[i][j] = 1 for j < i with tokens[j] = tokens[i]
+//   induction       D[i][j] = 1 for 1 <= j <= i with tokens[j - 1] = tokens[i]
+ag::Tensor detection_pattern(HeadKind kind, const ag::Tensor& tokens);
+
+enum class ErrorMeasure {
+  Mul,  // Σ A⊙D / Σ A: the share of the head's attention that falls on the pattern's 1s
+  Abs,  // 1 - round(T · mean |A - D|, 3): TL's "abs", 1 for a perfect match
+};
+struct DetectorOptions {
+  bool exclude_bos = false;            // attention to key 0 left out (of both sums for Mul)
+  bool exclude_current_token = false;  // attention to key i from query i left out
+  ErrorMeasure error_measure = ErrorMeasure::Mul;
+};
+
+// Per-head scores (H) of attention patterns `pattern` (B, H, T, T) (our layout, e.g. a cache's
+// "….attn.pattern"; (H, T, T) for one sequence) against a detection pattern (T, T) or (B, T, T):
+// each sequence scored on its own, as TL's compute_head_attention_similarity_score, and the scores
+// averaged over the batch, as TL's detect_head averages over a list of sequences. Mul is
+// differentiable in the pattern. A head whose (excluded) attention sums to zero on some sequence
+// throws, naming it.
+ag::Tensor head_scores(const ag::Tensor& pattern, const ag::Tensor& detection, const DetectorOptions& options = {});
+// The same against the pattern of a head kind on tokens (B, T) ((T) for one sequence).
+ag::Tensor head_scores(const ag::Tensor& pattern, HeadKind kind, const ag::Tensor& tokens,
+                       const DetectorOptions& options = {});
+// Every layer of a cache, (L, H): the cached pattern points named (in that order), or when
+// `pattern_points` is empty every cached point whose name ends in "pattern", in the cache's order.
+ag::Tensor head_scores(const ActivationCache& cache, HeadKind kind, const ag::Tensor& tokens,
+                       const DetectorOptions& options = {}, const std::vector<std::string>& pattern_points = {});
+
+}  // namespace nn::circuits
