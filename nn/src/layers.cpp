@@ -38,6 +38,7 @@ LayerNorm::LayerNorm(std::int64_t normalized_size, double eps)
     : LayerNorm(LayerNormOptions{.normalized_shape = {normalized_size}, .eps = eps}) {}
 
 LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
+  declare_hook_points({"scale", "normalized"});
   if (options.normalized_shape.empty()) ag::fail("LayerNorm", "normalized_shape is empty");
   for (auto d : options.normalized_shape)
     if (d <= 0) ag::fail("LayerNorm", "normalized_shape {} must be positive", ag::shape_str(options.normalized_shape));
@@ -55,7 +56,19 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
 }
 
 ag::Tensor LayerNorm::forward(const ag::Tensor& x) const {
-  return ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);
+  const HookPoints& at = hook_points();
+  if (!at.any()) return ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);
+  // Composed, so that the scale point's value is the one the output is divided by.
+  const auto n = static_cast<std::int64_t>(options_.normalized_shape.size());
+  if (x.dim() < n) (void)ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);  // its error
+  std::vector<std::int64_t> dims;
+  for (std::int64_t d = x.dim() - n; d < x.dim(); ++d) dims.push_back(d);
+  const ag::Tensor centred = ag::sub(x, ag::mean(x, dims, true));
+  const ag::Tensor scale = at.run(0, ag::sqrt(ag::add(ag::mean(ag::square(centred), dims, true), options_.eps)));
+  ag::Tensor y = ag::div(centred, scale);
+  if (weight_.defined()) y = ag::mul(y, weight_);
+  if (bias_.defined()) y = ag::add(y, bias_);
+  return at.run(1, y);
 }
 
 std::string LayerNorm::extra_repr() const {
@@ -79,8 +92,9 @@ namespace nn {
 
 namespace {
 
-// The block's hook points, in the order the forward reaches them.
-enum BlockPoint : std::size_t { kResidPre, kResidMid, kMlpHidden, kResidPost };
+// The block's hook points, in the order the forward reaches them; the attention-only form has
+// the first five and resid_post.
+enum BlockPoint : std::size_t { kResidPre, kQInput, kKInput, kVInput, kAttnOut, kResidMid, kMlpPre, kMlpHidden, kMlpOut };
 
 }  // namespace
 
@@ -92,7 +106,11 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options)
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& options, ag::Generator& gen)
     : Module("TransformerBlock"), options_(options) {
-  declare_hook_points({"resid_pre", "resid_mid", "mlp_hidden", "resid_post"});
+  if (options_.mlp)
+    declare_hook_points({"resid_pre", "q_input", "k_input", "v_input", "attn_out", "resid_mid", "mlp_pre",
+                         "mlp_hidden", "mlp_out", "resid_post"});
+  else
+    declare_hook_points({"resid_pre", "q_input", "k_input", "v_input", "attn_out", "resid_post"});
   if (options_.d_model <= 0) ag::fail("TransformerBlock", "d_model must be positive, got {}", options_.d_model);
   if (options_.d_ff == 0) options_.d_ff = 4 * options_.d_model;
   if (options_.d_ff < 0) ag::fail("TransformerBlock", "d_ff must be positive, got {}", options_.d_ff);
@@ -101,7 +119,8 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options, ag::G
   if (!options_.layer_norm_bias) options_.layer_norm_bias = o.bias;
   LayerNormOptions ln{.normalized_shape = {o.d_model}, .eps = o.layer_norm_eps, .bias = *o.layer_norm_bias,
                       .dtype = o.dtype};
-  ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(ln));
+  const bool norm = o.normalization == Normalization::LayerNorm;
+  if (norm) ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(ln));
   MultiHeadAttentionOptions mha;
   mha.embed_dim = o.d_model;
   mha.num_heads = o.num_heads;
@@ -109,7 +128,8 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options, ag::G
   mha.bias = o.bias;
   mha.dtype = o.dtype;
   attn_ = register_module("attn", std::make_shared<MultiHeadAttention>(mha, gen));
-  ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(ln));
+  if (!o.mlp) return;
+  if (norm) ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(ln));
   fc_1_ = register_module("fc_1", std::make_shared<Linear>(LinearOptions{o.d_model, o.d_ff, o.bias, o.dtype}, gen));
   fc_2_ = register_module("fc_2", std::make_shared<Linear>(LinearOptions{o.d_ff, o.d_model, o.bias, o.dtype}, gen));
 }
@@ -123,18 +143,49 @@ ag::Tensor TransformerBlock::forward(const ag::Tensor& x) const {
 TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const AttentionOptions& options) const {
   // Each hook point returns its value unchanged (no call, no allocation) when it has no hook.
   const HookPoints& at = hook_points();
-  const ag::Tensor x0 = at.run(kResidPre, x);                   // (B, T, d_model)
-  const ag::Tensor h = ln_1_->forward(x0);                      // (B, T, d_model)
-  AttentionOutput a = attn_->forward(h, h, h, options);         // (B, T, d_model)
-  const ag::Tensor x1 = at.run(kResidMid, ag::add(x0, a.output));  // residual
-  const ag::Tensor m = ln_2_->forward(x1);                      // (B, T, d_model)
-  const ag::Tensor f = fc_1_->forward(m);                       // (B, T, d_ff)
-  const ag::Tensor act = at.run(kMlpHidden, options_.gelu ? ag::gelu(f) : ag::relu(f));
-  return {at.run(kResidPost, ag::add(x1, fc_2_->forward(act))), a.weights};  // residual
+  const std::size_t resid_post = at.names().size() - 1;
+  const auto norm = [](const std::shared_ptr<LayerNorm>& ln, const ag::Tensor& v) { return ln ? ln->forward(v) : v; };
+  const ag::Tensor x0 = at.run(kResidPre, x);  // (B, T, d_model)
+  AttentionOutput a;
+  if (at.hooked(kQInput) || at.hooked(kKInput) || at.hooked(kVInput)) {  // each input on its own
+    const ag::Tensor q = norm(ln_1_, at.run(kQInput, x0));
+    const ag::Tensor k = norm(ln_1_, at.run(kKInput, x0));
+    const ag::Tensor v = norm(ln_1_, at.run(kVInput, x0));
+    a = attn_->forward(q, k, v, options);
+  } else {
+    const ag::Tensor h = norm(ln_1_, x0);
+    a = attn_->forward(h, h, h, options);
+  }
+  const ag::Tensor x1 = ag::add(x0, at.run(kAttnOut, a.output));  // residual
+  if (!options_.mlp) return {at.run(resid_post, x1), a.weights};
+  const ag::Tensor x1h = at.run(kResidMid, x1);
+  const ag::Tensor f = at.run(kMlpPre, fc_1_->forward(norm(ln_2_, x1h)));  // (B, T, d_ff)
+  const ag::Tensor act = at.run(kMlpHidden, options_.gelu ? ag::gelu(f, options_.gelu_tanh) : ag::relu(f));
+  return {at.run(resid_post, ag::add(x1h, at.run(kMlpOut, fc_2_->forward(act)))), a.weights};  // residual
 }
 
+namespace {
+template <class M>
+M& child(const std::shared_ptr<M>& m, const char* name, const char* why) {
+  if (!m) ag::fail("TransformerBlock", "this block has no {} ({})", name, why);
+  return *m;
+}
+}  // namespace
+
+LayerNorm& TransformerBlock::ln_1() const { return child(ln_1_, "ln_1", "normalization is None"); }
+LayerNorm& TransformerBlock::ln_2() const {
+  return child(ln_2_, "ln_2", options_.mlp ? "normalization is None" : "it is attention-only");
+}
+Linear& TransformerBlock::fc_1() const { return child(fc_1_, "fc_1", "it is attention-only"); }
+Linear& TransformerBlock::fc_2() const { return child(fc_2_, "fc_2", "it is attention-only"); }
+
 std::string TransformerBlock::extra_repr() const {
-  return fmt::format("d_model={}, num_heads={}, d_ff={}", options_.d_model, options_.num_heads, options_.d_ff);
+  std::string s = options_.mlp ? fmt::format("d_model={}, num_heads={}, d_ff={}", options_.d_model, options_.num_heads,
+                                             options_.d_ff)
+                               : fmt::format("d_model={}, num_heads={}, attention-only", options_.d_model,
+                                             options_.num_heads);
+  if (options_.normalization == Normalization::None) s += ", normalization=none";
+  return s;
 }
 
 }  // namespace nn

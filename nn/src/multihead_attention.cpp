@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "nn/init.hpp"
+#include "nn/study.hpp"
 #include "parameter_budget.hpp"
 
 namespace nn {
@@ -13,8 +14,10 @@ namespace nn {
 namespace {
 
 constexpr std::string_view kOp = "MultiHeadAttention";
-// The hook points, in the order the forward reaches them; "out" last.
-constexpr std::size_t kOutPoint = 8;
+// The hook points, in the order the forward reaches them; "result" and "out" last.
+constexpr std::size_t kZPoint = 6;
+constexpr std::size_t kResultPoint = 8;
+constexpr std::size_t kOutPoint = 9;
 
 // The parameter of this shape fits in memory's arithmetic: its element and byte counts are
 // 64-bit numbers (a wrapped count would make a tiny buffer for a huge shape).
@@ -37,7 +40,7 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options, ag::Generator& gen)
     : Module("MultiHeadAttention"), options_(options) {
-  declare_hook_points({"q", "k", "v", "raw_scores", "scores", "pattern", "z", "concat", "out"});
+  declare_hook_points({"q", "k", "v", "raw_scores", "scores", "pattern", "z", "concat", "result", "out"});
   const auto& o = options;
   if (o.embed_dim <= 0 || o.num_heads <= 0)
     ag::fail(kOp, "embed_dim and num_heads must be positive, got {} and {}", o.embed_dim, o.num_heads);
@@ -131,24 +134,36 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
   }
   config.core = options_.core;
   config.study = options_.study ? &study : nullptr;
-  // A hook on an attention-internal point (q .. concat) runs the layer on the composed core with
-  // the callback; "out" is run here, on either core. No hook: neither (the fused path as it was).
+  // A hook on an attention-internal point (q .. concat, result) runs the layer on the composed core
+  // with the callback; "result" and "out" are run here. No hook: neither (the fused path as it was).
   const HookPoints& points = hook_points();
   std::function<ag::Tensor(const char*, const ag::Tensor&)> on_point;
+  ag::Tensor z;  // the z point's value after its hooks, when the result point needs it
   if (points.any()) {
     bool inside = false;
     for (std::size_t i = 0; i < kOutPoint; ++i) inside = inside || points.hooked(i);
     if (inside) {
-      on_point = [&points](const char* point, const ag::Tensor& v) {
+      on_point = [&points, &z](const char* point, const ag::Tensor& v) {
         const std::size_t i = points.index(point);
-        return i == kOutPoint ? ag::Tensor() : points.run(i, v);
+        if (i == kOutPoint) return ag::Tensor();
+        ag::Tensor r = points.run(i, v);
+        if (i == kZPoint) z = r.defined() ? r : v;
+        return r;
       };
       config.hooks = &on_point;
     }
   }
   AttentionOutput result = functional::multi_head_attention_forward(query, key, value, functional_weights(), config, ao);
+  const bool batched = query.dim() == 3;
+  if (points.hooked(kResultPoint)) {
+    // Each head's share z_h · W_O[h] (B, H, T, E); the output is their sum plus b_O (the same as
+    // concat · W_O + b_O, to rounding), so a replaced head result changes the output.
+    const ag::Tensor r = points.run(kResultPoint, study::head_results(*this, z));
+    ag::Tensor out = ag::sum(r, 1);
+    if (b_O_.defined()) out = ag::add(out, b_O_);
+    result.output = batched ? out : ag::squeeze(out, 0);
+  }
   if (points.hooked(kOutPoint)) {  // the out point is batched, as the others
-    const bool batched = query.dim() == 3;
     const ag::Tensor out = points.run(kOutPoint, batched ? result.output : ag::unsqueeze(result.output, 0));
     result.output = batched ? out : ag::squeeze(out, 0);
   }

@@ -68,6 +68,10 @@ struct LayerNormOptions {
   ag::Dtype dtype = ag::Dtype::Float32;
 };
 
+// Hook points (TransformerLens's LayerNorm hooks): "scale" √(var + eps), shaped x with its
+// normalised dims kept as 1, and "normalized", the output (after weight and bias). With a hook on
+// either, the forward is composed from elementwise ops (the same values, to rounding) so that a
+// replaced scale changes the output; with none it is the fused op.
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(std::int64_t normalized_size, double eps = 1e-5);
@@ -145,20 +149,65 @@ class Sequential : public Module {
   std::vector<std::function<ag::Tensor(const ag::Tensor&)>> layers_;
 };
 
+// ---- ModuleList: modules kept in order, children named "0", "1", ... (no forward of its own) ----
+//   auto blocks = std::make_shared<nn::ModuleList>();
+//   blocks->push_back(std::make_shared<nn::TransformerBlock>(options, gen));
+//   auto& b0 = blocks->at<nn::TransformerBlock>(0);
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  template <class M>
+  ModuleList& push_back(std::shared_ptr<M> module) {
+    if (!module) ag::fail("ModuleList", "module {} is null", modules_.size());
+    register_module(std::to_string(modules_.size()), module);
+    modules_.push_back(std::move(module));
+    return *this;
+  }
+  std::size_t size() const { return modules_.size(); }
+  Module& operator[](std::size_t i) const { return *modules_.at(check(i)); }
+  // The module at i as an M; throws naming i and the module's type when it is not one.
+  template <class M>
+  M& at(std::size_t i) const {
+    auto* m = dynamic_cast<M*>(modules_.at(check(i)).get());
+    if (m == nullptr) ag::fail("ModuleList", "module {} is a {}, not the type asked for", i, modules_[i]->type_name());
+    return *m;
+  }
+
+ private:
+  std::size_t check(std::size_t i) const {
+    if (i >= modules_.size()) ag::fail("ModuleList", "index {} is out of range for {} modules", i, modules_.size());
+    return i;
+  }
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+
+// The MLP's activation and the normalisation of a TransformerBlock (and of nn::TransformerLM).
+enum class Activation { Gelu, GeluTanh, Relu };  // GELU exact, GELU's tanh form (TL's gelu_new), ReLU
+enum class Normalization { LayerNorm, None };
+
 // ---- TransformerBlock: pre-LayerNorm attention and MLP, each added back into the residual stream ----
 //   x = x + attn(ln_1(x), ln_1(x), ln_1(x))      (the seed's "add back into the residual stream")
 //   x = x + fc_2(act(fc_1(ln_2(x))))
 // Children, in order: "ln_1" (LayerNorm), "attn" (MultiHeadAttention), "ln_2" (LayerNorm),
 // "fc_1" (Linear d_model -> d_ff), "fc_2" (Linear d_ff -> d_model).
-// Hook points (nn/hooks.hpp), shaped as x (batched or not): "resid_pre" (the input x),
-// "resid_mid" (x after attention is added), "mlp_hidden" (the activation's output, d_ff wide),
-// "resid_post" (the output); with the child's "attn.q" .. "attn.out".
+// Hook points (nn/hooks.hpp), in the order forward reaches them, shaped as x (batched or not):
+// "resid_pre" (the input x); "q_input", "k_input", "v_input" (the residual stream the layer's
+// queries, keys and values are made from, before ln_1: a hook on one of them changes that input
+// alone, as TransformerLens's use_split_qkv_input, but shared by the heads, (B, T, d_model), where
+// TL has one per head); "attn_out" (attention's output), "resid_mid" (x after attention is added),
+// "mlp_pre" (fc_1's output, d_ff wide), "mlp_hidden" (the activation's output), "mlp_out" (fc_2's),
+// "resid_post" (the output); with the children's "attn.q" .. "attn.out", "ln_1.scale", ...
+// The attention-only form (mlp = false) has no ln_2, fc_1, fc_2 and no resid_mid or mlp points:
+// x = x + attn(ln_1(x)). Normalization::None drops ln_1 and ln_2 (the identity in their place).
 struct TransformerBlockOptions {
   std::int64_t d_model = 0;
   std::int64_t num_heads = 1;
   std::int64_t d_ff = 0;        // 0 means 4 * d_model
   double dropout = 0.0;         // attention-weight dropout, as MultiHeadAttention's
   bool gelu = true;             // GELU (exact) in the MLP, or ReLU
+  bool gelu_tanh = false;       // with gelu: GELU's tanh approximation (TransformerLens's gelu_new)
+  bool mlp = true;              // false: attention-only (no ln_2, fc_1, fc_2)
+  Normalization normalization = Normalization::LayerNorm;
   bool bias = true;             // false: no bias in fc_1, fc_2, attn, nor in ln_1, ln_2 (PyTorch's bias=False)
   double layer_norm_eps = 1e-5;
   ag::Dtype dtype = ag::Dtype::Float32;
@@ -185,11 +234,13 @@ class TransformerBlock : public Module {
   ag::Tensor operator()(const ag::Tensor& x) const { return forward(x); }
 
   const TransformerBlockOptions& options() const { return options_; }
-  LayerNorm& ln_1() const { return *ln_1_; }
+  // The children; each throws naming itself when the block's form has none (attention-only, no norm).
+  LayerNorm& ln_1() const;
   MultiHeadAttention& attn() const { return *attn_; }
-  LayerNorm& ln_2() const { return *ln_2_; }
-  Linear& fc_1() const { return *fc_1_; }
-  Linear& fc_2() const { return *fc_2_; }
+  LayerNorm& ln_2() const;
+  Linear& fc_1() const;
+  Linear& fc_2() const;
+  bool has_mlp() const { return options_.mlp; }
   std::string extra_repr() const override;
 
  private:

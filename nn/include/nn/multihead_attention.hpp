@@ -26,8 +26,10 @@
 //       pattern       (B, H, T, S')      the softmax weights, before dropout
 //       z             (B, H, T, d_k)     per-head context: (dropped) pattern · v
 //       concat        (B, T, E)          the heads side by side: W_O's input
+//       result        (B, H, T, E)       each head's share z_h · W_O[h] (TL's hook_result); when
+//                                        hooked, out is their sum plus b_O (equal to rounding)
 //       out           (B, T, E)          the output after W_O
-//     A hook (or a cache) on q .. concat runs the layer on the Composed core; one on out alone
+//     A hook (or a cache) on q .. concat or result runs the layer on the Composed core; one on out alone
 //     keeps the core. With no hook, forward is the hook-free path (fused core, packed projection).
 #include <cstdint>
 #include <string>

@@ -15,3 +15,4 @@
 #include "nn/optim.hpp"
 #include "nn/study.hpp"
 #include "nn/torch_state_dict.hpp"
+#include "nn/transformer_lm.hpp"
