@@ -8,12 +8,14 @@
 #   negative        broken copies of a page that the checker must reject, each for its reason; and
 #                   --report paths the examples refuse, with messages naming them
 #   broken          one page with a script error through the checker (fails: a WILL_FAIL test)
+#   viewer          nn::viewer's pictures (tests/browser/viewer_page.cpp), and a page without its
+#                   script or with a wrong value rejected
 # Pages, terminal output and screenshots stay in OUT_DIR.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 check=$here/tests/browser/check_page.sh
 if (($# != 3)); then
-  echo "usage: $0 train_heads|worked_example|negative|broken BUILD_DIR OUT_DIR" >&2
+  echo "usage: $0 train_heads|worked_example|negative|broken|viewer BUILD_DIR OUT_DIR" >&2
   exit 2
 fi
 case_name=$1 build=$2 out=$3
@@ -85,6 +87,17 @@ case $case_name in
     refuses "--report $out: is a directory" "$build/examples/train_heads" --steps 1 --no-files --report "$out"
     refuses "cannot write $out/no_such_dir/w.html: No such file or directory" \
       "$build/examples/worked_example" --report "$out/no_such_dir/w.html"
+    ;;
+  viewer)
+    "$build/tests/viewer_page" "$out/viewer.html"
+    "$check" "$out/viewer.html" "$here/tests/browser/viewer.expect" "$out/viewer.png"
+    # The same checks must reject the page with a value changed or without its last script.
+    sed 's|attends to key .the. (0): 1</title>|attends to key \x27the\x27 (0): 0.9</title>|' "$out/viewer.html" >"$out/neg_viewer_value.html"
+    if "$check" "$out/neg_viewer_value.html" "$here/tests/browser/viewer.expect" "$out/neg_viewer_value.png" >"$out/neg_viewer_value.log" 2>&1; then
+      echo "negative control 'neg_viewer_value': the checker accepted a changed value" >&2
+      exit 1
+    fi
+    echo "negative control 'neg_viewer_value': rejected"
     ;;
   broken)
     worked_page

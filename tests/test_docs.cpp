@@ -480,6 +480,19 @@ BOOST_AUTO_TEST_CASE(readme_links_every_doc) {
       BOOST_TEST(readme.find("](" + doc + ")") != std::string::npos, "README.md does not link " << doc);
 }
 
+// docs/circuits.md's study is a program that CI builds and runs: its block is that file's code.
+BOOST_AUTO_TEST_CASE(the_circuits_study_block_is_code_that_is_built) {
+  int checked = 0;
+  for (const Block& b : blocks_of(read("docs/circuits.md"))) {
+    const std::string source = code_source(b.marker);
+    if (b.fence != "```cpp" || source.empty()) continue;
+    const std::string missing = first_line_not_in(b.lines, read(source));
+    BOOST_TEST(missing.empty(), "docs/circuits.md:" << b.line << ": the line `" << missing << "` is not in " << source);
+    ++checked;
+  }
+  BOOST_TEST(checked >= 1, "docs/circuits.md shows no block of a built program");
+}
+
 BOOST_AUTO_TEST_CASE(every_cpp_block_of_the_readme_is_code_that_is_built) {
   int checked = 0;
   for (const Block& b : blocks_of(read("README.md"))) {

@@ -10,6 +10,7 @@
 //   QK circuit  W_Q[h]·W_K[h]ᵀ   (E x kdim): the bilinear form of its attention scores (before 1/√d_k)
 // Every matrix here acts on row vectors on its left, as in TL.
 #include <complex>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 
 #include "nn/hooks.hpp"
 #include "nn/multihead_attention.hpp"
+#include "nn/transformer_lm.hpp"
 
 namespace nn::circuits {
 
@@ -209,5 +211,67 @@ ag::Tensor head_scores(const ag::Tensor& pattern, HeadKind kind, const ag::Tenso
 // `pattern_points` is empty every cached point whose name ends in "pattern", in the cache's order.
 ag::Tensor head_scores(const ActivationCache& cache, HeadKind kind, const ag::Tensor& tokens,
                        const DetectorOptions& options = {}, const std::vector<std::string>& pattern_points = {});
+
+// ---- the residual stream of a TransformerLM: logit lens, decompositions, attributions ----
+// Each reads a cache of the model's forward (nn::run_with_cache) and names what it needs from it.
+// A stack is (n, B, T, E) with a label per component, in TransformerLens's order and names.
+
+struct ResidualStack {
+  ag::Tensor stack;                 // (n, B, T, E)
+  std::vector<std::string> labels;  // n
+};
+
+// The residual stream before each block 0 .. `layer` (-1 or n_layers: all, and after the last):
+// labels "0_pre", ("0_mid" with incl_mid, ignored for an attention-only model as TL does), "1_pre",
+// ..., "final_post" (TL's accumulated_resid).
+// Needs blocks.i.resid_pre (resid_mid, blocks.{L-1}.resid_post) cached; with apply_ln also the
+// scale point apply_ln_to_stack reads.
+ResidualStack accumulated_resid(const TransformerLM& model, const ActivationCache& cache, std::int64_t layer = -1,
+                                bool incl_mid = false, bool apply_ln = false);
+// What each component wrote into the residual stream before `layer` (-1: all): "embed",
+// "pos_embed", then per layer "{l}_attn_out" and "{l}_mlp_out" (TL's decompose_resid); their sum is
+// the residual stream there. Needs embed_out, pos_embed_out, blocks.l.attn_out, blocks.l.mlp_out.
+ResidualStack decompose_resid(const TransformerLM& model, const ActivationCache& cache, std::int64_t layer = -1,
+                              bool apply_ln = false);
+// Each head's result, "L{l}H{h}", for the layers before `layer` (-1: all) (TL's stack_head_results).
+// Needs blocks.l.attn.result.
+ResidualStack stack_head_results(const TransformerLM& model, const ActivationCache& cache, std::int64_t layer = -1,
+                                 bool apply_ln = false);
+// TL's apply_ln_to_stack: each component centred (over E) and divided by the cached LayerNorm
+// scale of the stream at `layer` (-1 or n_layers: ln_final.scale; else blocks.{layer}.ln_1.scale),
+// as the whole stream is, so the components of a sum add up to the normalised stream before the
+// LayerNorm's weight and bias. The identity for a model without LayerNorm.
+ag::Tensor apply_ln_to_stack(const TransformerLM& model, const ActivationCache& cache, const ag::Tensor& stack,
+                             std::int64_t layer = -1);
+// The logit lens: the logits each accumulated residual stream would give if the model stopped
+// there (the full ln_final, its own scale, and the unembedding): (n, B, T, d_vocab).
+ag::Tensor logit_lens(const TransformerLM& model, const ResidualStack& accumulated);
+// The residual directions of tokens' logits (n_tokens, E): ln_final.weight ⊙ W_U[:, token], so
+// that apply_ln_to_stack(stack) · direction is each component's share of that logit, up to the
+// logit's constant part (ln_final's bias · W_U[:, token] + b_U[token]).
+ag::Tensor logit_directions(const TransformerLM& model, const std::vector<std::int64_t>& tokens);
+// stack (n, B, T, E) · direction (E) or (B, T, E) -> (n, B, T). Differentiable.
+ag::Tensor residual_stack_to_logit(const ag::Tensor& stack, const ag::Tensor& direction);
+
+// ---- interventions on a TransformerLM ----
+
+// Path patching (Wang et al. 2022, TL issue #111): the metric of the corrupted run when only the
+// direct path from a sender head to one receiver head's queries, keys or values carries the
+// clean run: the receiver head's input is the corrupted residual stream plus the sender's result
+// from the clean run minus its result from the corrupted run, and every other head and layer runs
+// on the corrupted input. per_pair (H_sender x H_receiver). 2 + H·(H + 1) forwards, no graph.
+// metric(logits) returns one finite element; receiver_layer > sender_layer.
+struct PathPatchingResult {
+  double clean_metric = 0, corrupted_metric = 0;
+  std::vector<std::vector<double>> per_pair;
+};
+PathPatchingResult path_patching(TransformerLM& model, const std::function<ag::Tensor(const ag::Tensor& logits)>& metric,
+                                 const ag::Tensor& clean_tokens, const ag::Tensor& corrupted_tokens,
+                                 std::int64_t sender_layer, std::int64_t receiver_layer, Composition receiver_input);
+
+// Resample ablation: a forward hook for a z point that replaces head's z in each sequence of the
+// batch with its z from another sequence of `source_z` (B, H, T, d_k) (a cache of the same point
+// on other inputs), chosen by a random permutation with no fixed point drawn from gen (B >= 2).
+ForwardHook resample_ablate_head(std::int64_t head, const ag::Tensor& source_z, ag::Generator& gen);
 
 }  // namespace nn::circuits

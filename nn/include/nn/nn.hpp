@@ -16,3 +16,4 @@
 #include "nn/study.hpp"
 #include "nn/torch_state_dict.hpp"
 #include "nn/transformer_lm.hpp"
+#include "nn/viewer.hpp"

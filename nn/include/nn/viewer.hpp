@@ -1,0 +1,82 @@
+#pragma once
+// nn::viewer: self-contained HTML pages of what a study computed (inline SVG, CSS and script;
+// nothing fetched, opens from file://), in the spirit of CircuitsVis:
+//   - attention patterns, one map per head, layer by layer, with the tokens on both axes and the
+//     query, key and weight of any cell under the pointer;
+//   - heatmaps of study results (patching per layer × head or head × position, scores), with a
+//     diverging colour scale centred on 0 when the values have both signs;
+//   - line charts (a logit lens across layers, a loss curve).
+//
+//   nn::viewer::Page page("Induction heads");
+//   page.section("Layer 0").attention_patterns(cache["blocks.0.attn.pattern"], tokens, "L0");
+//   page.section("Patching").heatmap({.title = "z patching", .values = result.per_head_position, ...});
+//   page.save("study.html");
+//
+// The page checks itself: its script counts any script error on <html data-script-errors> ("0"
+// when none) and writes it into <pre id="script-errors">, sets <html data-js-ready="1"> once it has
+// run, builds the contents list from the sections and the tooltip (tests/browser/check_page.sh).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <autograd/autograd.hpp>
+
+namespace nn::viewer {
+
+namespace ag = autograd;
+
+struct Heatmap {
+  std::string title;
+  std::vector<std::vector<double>> values;  // rows x columns; NaN cells are drawn blank ("none")
+  std::vector<std::string> row_labels;      // one per row (or empty: 0, 1, ...)
+  std::vector<std::string> col_labels;      // one per column (or empty)
+  std::string row_axis = "row", col_axis = "column", value_name = "value";
+};
+
+struct Series {
+  std::string name;
+  std::vector<double> x, y;  // the same length
+};
+
+struct LineChart {
+  std::string title;
+  std::vector<Series> series;
+  std::string x_axis = "x", y_axis = "y";
+  std::vector<std::string> x_labels;  // optional names of the x values 0, 1, ... (e.g. layer labels)
+  std::vector<double> marks;          // x values marked with a vertical line (e.g. a phase change)
+};
+
+class Page {
+ public:
+  explicit Page(std::string title);
+
+  // A section: a heading with an entry in the contents list.
+  Page& section(const std::string& heading);
+  Page& paragraph(const std::string& text);  // plain text
+
+  // pattern (H, T, S) or (B, H, T, S) (a cache's "blocks.l.attn.pattern"; `batch` picks the
+  // sequence), tokens the T (= S) token strings: one map per head, labelled `label` + "H" + h.
+  // Throws naming the shapes when the tokens do not fit or `batch` is out of range.
+  Page& attention_patterns(const ag::Tensor& pattern, const std::vector<std::string>& tokens,
+                           const std::string& label = "", std::int64_t batch = 0);
+  Page& heatmap(const Heatmap& map);
+  // values (R, C) as a heatmap (any dtype; Int64 and floats).
+  Page& heatmap(const std::string& title, const ag::Tensor& values, std::vector<std::string> row_labels = {},
+                std::vector<std::string> col_labels = {}, std::string row_axis = "row", std::string col_axis = "column");
+  Page& line_chart(const LineChart& chart);
+  // A table of plain text cells, the first row its header.
+  Page& table(const std::vector<std::vector<std::string>>& rows);
+
+  std::string html() const;
+  // Writes the page atomically (a reader never sees half a file); throws naming the path.
+  void save(const std::string& path) const;
+
+ private:
+  std::string title_, body_;
+  int sections_ = 0, figures_ = 0;
+};
+
+// The text with &, <, >, " and ' written as entities.
+std::string escape(const std::string& text);
+
+}  // namespace nn::viewer

@@ -1,0 +1,297 @@
+// nn::TransformerLM and the blocks it is made of: the forward against the same model written by
+// hand from its modules, the attention-only and normalisation-free forms, the q/k/v input,
+// result and LayerNorm hook points, partial runs, TransformerLens's state-dict layout and the
+// errors of each. (tests/test_transformer_lens_parity.cpp compares the same model with
+// TransformerLens itself.)
+#define BOOST_TEST_MODULE transformer_lm
+#include <boost/test/unit_test.hpp>
+
+#include <string>
+#include <vector>
+
+#include <nn/nn.hpp>
+
+#include "test_support.hpp"
+
+namespace ag = autograd;
+using namespace test_support;
+
+namespace {
+
+nn::TransformerLMConfig small_config(std::int64_t d_mlp = 0) {
+  nn::TransformerLMConfig c;
+  c.n_layers = 2;
+  c.d_model = 8;
+  c.n_heads = 2;
+  c.d_mlp = d_mlp;
+  c.d_vocab = 7;
+  c.n_ctx = 6;
+  c.dtype = ag::Dtype::Float64;
+  return c;
+}
+
+// Every parameter moved off its initial value (biases 0 and gains 1 would hide layout mistakes).
+void randomise(nn::Module& m, std::uint64_t seed) {
+  ag::Generator gen(seed);
+  ag::NoGradGuard g;
+  for (auto& [name, p] : m.named_parameters()) {
+    ag::Tensor t = p;
+    t.copy_(ag::add(ag::mul(ag::randn(p.shape(), p.dtype(), gen), 0.5), name.find("ln") != std::string::npos ? 1.0 : 0.0));
+  }
+}
+
+const ag::Tensor kTokens = ag::tensor(std::vector<std::int64_t>{1, 2, 3, 1, 2, 4, 0, 6, 5, 0, 6, 5}, {2, 6});
+
+bool has(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// The model's forward written out from its modules: embed + positions, x += attn(ln_1(x)) per
+// block (and the MLP), then ln_final and the unembedding.
+ag::Tensor by_hand(const nn::TransformerLM& m, const ag::Tensor& tokens) {
+  const std::int64_t T = tokens.size(1);
+  ag::Tensor x = m.embed().forward(tokens);
+  if (m.config().positional_embedding == nn::PositionalEmbedding::Learned)
+    x = ag::add(x, m.pos_embed().forward(ag::arange(std::int64_t{0}, T, std::int64_t{1}, ag::Dtype::Int64)));
+  const bool norm = m.config().normalization == nn::Normalization::LayerNorm;
+  nn::AttentionOptions o;
+  o.is_causal = true;
+  for (std::int64_t i = 0; i < m.config().n_layers; ++i) {
+    auto& b = m.block(i);
+    const ag::Tensor h = norm ? b.ln_1().forward(x) : x;
+    x = ag::add(x, b.attn().forward(h, h, h, o).output);
+    if (b.has_mlp()) {
+      const ag::Tensor f = b.fc_1().forward(norm ? b.ln_2().forward(x) : x);
+      x = ag::add(x, b.fc_2().forward(m.config().activation == nn::Activation::Relu ? ag::relu(f)
+                                      : ag::gelu(f, m.config().activation == nn::Activation::GeluTanh)));
+    }
+  }
+  if (norm) x = m.ln_final().forward(x);
+  return ag::add(ag::matmul(x, m.W_U()), m.b_U().defined() ? m.b_U() : ag::zeros({m.config().d_vocab}, x.dtype()));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(an_attention_only_model_has_no_mlp_parameters_nor_points) {
+  nn::TransformerLM m(small_config());
+  std::vector<std::string> names;
+  for (const auto& [n, p] : m.named_parameters()) names.push_back(n);
+  BOOST_TEST(has(names, "blocks.1.attn.W_Q"));
+  BOOST_TEST(has(names, "blocks.0.ln_1.weight"));
+  BOOST_TEST(has(names, "unembed.bias"));
+  for (const auto& n : names) BOOST_TEST((n.find("fc_") == std::string::npos && n.find("ln_2") == std::string::npos), n);
+  const auto points = m.hook_point_names();
+  for (const char* p : {"embed_out", "pos_embed_out", "blocks.0.resid_pre", "blocks.0.q_input", "blocks.0.k_input",
+                        "blocks.0.v_input", "blocks.0.attn_out", "blocks.1.attn.result", "blocks.1.attn.pattern",
+                        "blocks.1.resid_post", "ln_final.scale", "ln_final.normalized", "logits"})
+    BOOST_TEST(has(points, p), p);
+  BOOST_TEST(!has(points, "blocks.0.resid_mid"));
+  BOOST_TEST(!has(points, "blocks.0.mlp_pre"));
+  BOOST_CHECK_THROW(m.block(0).fc_1(), std::invalid_argument);
+  check_message([&] { m.block(0).ln_2(); }, "attention-only");
+}
+
+BOOST_AUTO_TEST_CASE(forward_is_the_model_written_by_hand_in_each_form) {
+  for (const auto& [d_mlp, act, norm, pos, tied] :
+       std::vector<std::tuple<int, nn::Activation, nn::Normalization, nn::PositionalEmbedding, bool>>{
+           {0, nn::Activation::Gelu, nn::Normalization::LayerNorm, nn::PositionalEmbedding::Learned, false},
+           {12, nn::Activation::Gelu, nn::Normalization::LayerNorm, nn::PositionalEmbedding::Learned, false},
+           {12, nn::Activation::GeluTanh, nn::Normalization::None, nn::PositionalEmbedding::None, true},
+           {12, nn::Activation::Relu, nn::Normalization::LayerNorm, nn::PositionalEmbedding::Learned, true}}) {
+    nn::TransformerLMConfig c = small_config(d_mlp);
+    c.activation = act;
+    c.normalization = norm;
+    c.positional_embedding = pos;
+    c.tied_embeddings = tied;
+    nn::TransformerLM m(c);
+    randomise(m, 7);
+    const ag::Tensor logits = m.forward(kTokens);
+    BOOST_TEST(ag::shape_str(logits.shape()) == "[2, 6, 7]");
+    BOOST_TEST(max_abs_diff(logits, by_hand(m, kTokens)) <= 1e-12, m.extra_repr());
+    // One sequence unbatched gives its row of the batch.
+    BOOST_TEST(max_abs_diff(m.forward(ag::reshape(ag::narrow(kTokens, 0, 1, 1), {6})), ag::reshape(ag::narrow(logits, 0, 1, 1), {6, 7})) <= 1e-12);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(loss_is_the_mean_next_token_cross_entropy) {
+  nn::TransformerLM m(small_config(12));
+  randomise(m, 3);
+  const ag::Tensor logits = m.forward(kTokens);
+  const ag::Tensor lp = ag::log_softmax(logits, -1);
+  const auto v = lp.to_vector();
+  const auto t = kTokens.to_vector();
+  double sum = 0;
+  for (int b = 0; b < 2; ++b)
+    for (int i = 0; i < 5; ++i) sum -= v[(b * 6 + i) * 7 + static_cast<int>(t[b * 6 + i + 1])];
+  BOOST_TEST(std::abs(m.loss(kTokens).item() - sum / 10) <= 1e-13);
+  check_message([&] { m.loss(ag::narrow(kTokens, 1, 0, 1)); }, "T >= 2");
+}
+
+BOOST_AUTO_TEST_CASE(a_hook_on_one_input_changes_that_input_alone) {
+  nn::TransformerLM m(small_config());
+  randomise(m, 11);
+  const ag::Tensor delta = input({2, 6, 8}, 5);
+  const ag::Tensor x = m.residual_at(kTokens, 1);
+  nn::AttentionOptions o;
+  o.is_causal = true;
+  auto& b = m.block(1);
+  const auto ln = [&](const ag::Tensor& v) { return b.ln_1().forward(v); };
+  const std::vector<std::string> inputs = {"q_input", "k_input", "v_input"};
+  for (std::size_t which = 0; which < 3; ++which) {
+    nn::HookHandle h = m.add_hook("blocks.1." + inputs[which],
+                                  [&](const ag::Tensor& v, const std::string&) { return ag::add(v, delta); });
+    const ag::Tensor got = m.forward(kTokens);
+    h.remove();
+    const ag::Tensor xd = ag::add(x, delta);
+    const ag::Tensor a = b.attn().forward(ln(which == 0 ? xd : x), ln(which == 1 ? xd : x), ln(which == 2 ? xd : x), o).output;
+    const ag::Tensor want = m.forward_from(2, ag::add(x, a));
+    BOOST_TEST(max_abs_diff(got, want) <= 1e-12, inputs[which]);
+    BOOST_TEST(max_abs_diff(got, m.forward(kTokens)) > 1e-3, inputs[which] << " changed nothing");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_result_point_holds_each_heads_share_of_the_output) {
+  nn::TransformerLM m(small_config());
+  randomise(m, 13);
+  const ag::Tensor plain = m.forward(kTokens);
+  const nn::ActivationCache cache = nn::run_with_cache(
+      m, [&] { return m.forward(kTokens); }, {.names = {"blocks.0.attn.z", "blocks.0.attn.result", "blocks.0.attn_out"}});
+  const ag::Tensor r = cache["blocks.0.attn.result"];
+  BOOST_TEST(ag::shape_str(r.shape()) == "[2, 2, 6, 8]");
+  BOOST_TEST(max_abs_diff(r, nn::study::head_results(m.attn(0), cache["blocks.0.attn.z"])) <= 1e-13);
+  BOOST_TEST(max_abs_diff(ag::add(ag::sum(r, 1), m.attn(0).b_O()), cache["blocks.0.attn_out"]) <= 1e-12);
+  BOOST_TEST(max_abs_diff(cache.output, plain) <= 1e-12);  // equal to rounding with the point hooked
+  // Removing head 1's result is zero-ablating its z.
+  nn::HookHandle h = m.add_hook("blocks.0.attn.result", [](const ag::Tensor& v, const std::string&) {
+    return ag::cat({ag::narrow(v, 1, 0, 1), ag::zeros_like(ag::narrow(v, 1, 1, 1))}, 1);
+  });
+  const ag::Tensor by_result = m.forward(kTokens);
+  h.remove();
+  h = m.add_hook("blocks.0.attn.z", nn::study::zero_ablate_head(1));
+  const ag::Tensor by_z = m.forward(kTokens);
+  h.remove();
+  BOOST_TEST(max_abs_diff(by_result, by_z) <= 1e-12);
+  BOOST_TEST(max_abs_diff(by_result, plain) > 1e-3);
+}
+
+BOOST_AUTO_TEST_CASE(a_hooked_layer_norm_is_the_fused_one_and_its_scale_divides_the_output) {
+  nn::LayerNorm ln(nn::LayerNormOptions{.normalized_shape = {5}, .dtype = ag::Dtype::Float64});
+  randomise(ln, 2);
+  const ag::Tensor x = input({3, 5}, 9);
+  const ag::Tensor fused = ln.forward(x);
+  const nn::ActivationCache c = nn::run_with_cache(ln, [&] { return ln.forward(x); });
+  BOOST_TEST(max_abs_diff(c.output, fused) <= 1e-13);
+  BOOST_TEST(ag::shape_str(c["scale"].shape()) == "[3, 1]");
+  const ag::Tensor var = ag::mean(ag::square(ag::sub(x, ag::mean(x, -1, true))), -1, true);
+  BOOST_TEST(max_abs_diff(c["scale"], ag::sqrt(ag::add(var, 1e-5))) <= 1e-14);
+  // Doubling the scale halves the normalised part.
+  nn::HookHandle h = ln.add_hook("scale", [](const ag::Tensor& v, const std::string&) { return ag::mul(v, 2.0); });
+  const ag::Tensor halved = ln.forward(x);
+  h.remove();
+  const ag::Tensor want = ag::add(ag::mul(ag::sub(fused, ln.bias()), 0.5), ln.bias());
+  BOOST_TEST(max_abs_diff(halved, want) <= 1e-13);
+}
+
+BOOST_AUTO_TEST_CASE(partial_runs_compose_to_the_forward_and_their_gradients_check) {
+  nn::TransformerLM m(small_config(12));
+  randomise(m, 17);
+  const ag::Tensor full = m.forward(kTokens);
+  for (std::int64_t l = 0; l <= 2; ++l)
+    BOOST_TEST(max_abs_diff(m.forward_from(l, m.residual_at(kTokens, l)), full) <= 1e-12, "layer " << l);
+  const ag::Tensor r0 = m.residual_at(kTokens, 0).detach();
+  check_gradients("forward_from(0, residual)", [&](const ag::TensorList& in) { return ag::sum(ag::square(m.forward_from(0, in[0]))); },
+                  {r0.requires_grad_(true)});
+  check_message([&] { m.forward_from(3, r0); }, "out of range");
+  check_message([&] { m.residual_at(kTokens, -1); }, "out of range");
+}
+
+BOOST_AUTO_TEST_CASE(bad_configs_and_tokens_are_refused_naming_the_setting) {
+  nn::TransformerLMConfig c = small_config();
+  c.n_heads = 3;
+  check_message([&] { nn::TransformerLM m(c); }, "d_model 8 is not divisible by n_heads 3");
+  c = small_config();
+  c.d_head = 2;
+  check_message([&] { nn::TransformerLM m(c); }, "d_head 2");
+  c = small_config();
+  c.d_vocab = 0;
+  check_message([&] { nn::TransformerLM m(c); }, "d_vocab must be positive");
+  c = small_config();
+  c.dtype = ag::Dtype::Int64;
+  check_message([&] { nn::TransformerLM m(c); }, "dtype");
+  nn::TransformerLM m(small_config());
+  check_message([&] { m.forward(ag::zeros({1, 7}, ag::Dtype::Int64)); }, "n_ctx = 6");
+  check_message([&] { m.forward(ag::zeros({1, 2, 3}, ag::Dtype::Int64)); }, "(B, T) or (T)");
+  BOOST_CHECK_THROW(m.forward(ag::full({1, 3}, 7.0, ag::Dtype::Int64)), std::invalid_argument);
+  BOOST_CHECK_THROW(m.block(2), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(the_transformer_lens_layout_round_trips_and_refusals_change_nothing) {
+  for (bool tied : {false, true}) {
+    nn::TransformerLMConfig c = small_config(12);
+    c.tied_embeddings = tied;
+    nn::TransformerLM a(c), b(c);
+    randomise(a, 21);
+    const nn::NamedTensors sd = nn::transformer_lens_state_dict(a);
+    for (const auto& [name, t] : sd)
+      if (name == "blocks.0.attn.W_Q") BOOST_TEST(ag::shape_str(t.shape()) == "[2, 8, 4]");
+      else if (name == "blocks.0.attn.W_O") BOOST_TEST(ag::shape_str(t.shape()) == "[2, 4, 8]");
+      else if (name == "blocks.0.attn.b_K") BOOST_TEST(ag::shape_str(t.shape()) == "[2, 4]");
+    nn::load_transformer_lens_state_dict(b, sd);
+    BOOST_TEST(max_abs_diff(a.forward(kTokens), b.forward(kTokens)) == 0.0);
+    // Head 1's query weights are columns 4..7 of W_Q: TL's W_Q[1].
+    for (const auto& [name, t] : sd)
+      if (name == "blocks.1.attn.W_Q")
+        BOOST_TEST(max_abs_diff(ag::reshape(ag::narrow(t, 0, 1, 1), {8, 4}), ag::narrow(a.attn(1).W_Q(), 1, 4, 4)) == 0.0);
+  }
+  nn::TransformerLM a(small_config(12)), b(small_config(12));
+  randomise(a, 1);
+  randomise(b, 2);
+  const ag::Tensor before = b.forward(kTokens);
+  const auto refused = [&](nn::NamedTensors sd, const std::string& fragment) {
+    check_message([&] { nn::load_transformer_lens_state_dict(b, sd); }, fragment);
+    BOOST_TEST(max_abs_diff(b.forward(kTokens), before) == 0.0, fragment);
+  };
+  nn::NamedTensors sd = nn::transformer_lens_state_dict(a);
+  auto wrong = sd;
+  for (auto& [n, t] : wrong)
+    if (n == "blocks.1.mlp.W_out") t = ag::zeros({12, 9}, ag::Dtype::Float64);
+  refused(wrong, "'blocks.1.mlp.W_out' has shape [12, 9], the model needs [12, 8]");
+  auto missing = sd;
+  missing.pop_back();
+  refused(missing, "is missing");
+  auto extra = sd;
+  extra.emplace_back("blocks.0.attn.W_X", ag::zeros({1}, ag::Dtype::Float64));
+  refused(extra, "'blocks.0.attn.W_X' is not a parameter");
+  extra = sd;
+  extra.emplace_back("blocks.0.attn.IGNORE", ag::zeros({1}, ag::Dtype::Float64));  // TL's buffers are skipped
+  nn::load_transformer_lens_state_dict(b, extra);
+  BOOST_TEST(max_abs_diff(b.forward(kTokens), a.forward(kTokens)) == 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(the_transformer_lens_config_names_every_setting) {
+  nn::TransformerLMConfig c = small_config();
+  const std::string j = nn::transformer_lens_config_json(c);
+  for (const char* part : {"\"n_layers\":2", "\"d_model\":8", "\"n_heads\":2", "\"d_head\":4", "\"attn_only\":true",
+                           "\"d_vocab\":7", "\"n_ctx\":6", "\"normalization_type\":\"LN\"", "\"act_fn\":\"gelu\""})
+    BOOST_TEST(contains(j, part), part << " in " << j);
+  c.d_mlp = 16;
+  c.activation = nn::Activation::Relu;
+  c.normalization = nn::Normalization::None;
+  const std::string k = nn::transformer_lens_config_json(c);
+  BOOST_TEST(contains(k, "\"d_mlp\":16"));
+  BOOST_TEST(contains(k, "\"act_fn\":\"relu\""));
+  BOOST_TEST(contains(k, "\"normalization_type\":null"));
+}
+
+BOOST_AUTO_TEST_CASE(module_list_keeps_order_and_refuses_bad_access) {
+  nn::ModuleList list;
+  list.push_back(std::make_shared<nn::Linear>(2, 3)).push_back(std::make_shared<nn::ReLU>());
+  BOOST_TEST(list.size() == 2u);
+  BOOST_TEST(list.at<nn::Linear>(0).weight().size(1) == 3);
+  std::vector<std::string> names;
+  for (const auto& [n, p] : list.named_parameters()) names.push_back(n);
+  BOOST_TEST(names == (std::vector<std::string>{"0.weight", "0.bias"}));
+  check_message([&] { list.at<nn::Linear>(1); }, "module 1 is a ReLU");
+  check_message([&] { list[2]; }, "index 2 is out of range for 2 modules");
+  check_message([&] { list.push_back(std::shared_ptr<nn::Linear>()); }, "module 2 is null");
+}
