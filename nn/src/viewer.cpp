@@ -117,20 +117,20 @@ std::string heatmap_svg(const Heatmap& m, double cell, Title cell_title) {
       if (!std::isnan(v)) lo = std::min(lo, v), hi = std::max(hi, v);
   if (!(lo <= hi)) lo = hi = 0;
   const double left = 70, top = 60, w = cell * static_cast<double>(C), h = cell * static_cast<double>(R);
-  std::string s = fmt::format(R"(<svg class="heatmap" width="{}" height="{}" role="img" aria-label="{}">)",
+  std::string s = fmt::format(R"~(<svg class="heatmap" width="{}" height="{}" role="img" aria-label="{}">)~",
                               left + w + 10, top + h + 50, escape(m.title));
   for (std::size_t c = 0; c < C; ++c)
-    s += fmt::format(R"(<text class="col-label" transform="translate({},{}) rotate(-60)">{}</text>)",
+    s += fmt::format(R"~(<text class="col-label" transform="translate({},{}) rotate(-60)">{}</text>)~",
                      left + cell * (static_cast<double>(c) + 0.5), top - 4, escape(label_at(m.col_labels, c)));
   for (std::size_t r = 0; r < R; ++r) {
     if (m.values[r].size() != C)
       ag::fail(kOp, "heatmap '{}': row {} has {} values, row 0 has {}", m.title, r, m.values[r].size(), C);
-    s += fmt::format(R"(<text class="row-label" x="{}" y="{}" text-anchor="end">{}</text>)", left - 4,
+    s += fmt::format(R"~(<text class="row-label" x="{}" y="{}" text-anchor="end">{}</text>)~", left - 4,
                      top + cell * (static_cast<double>(r) + 0.7), escape(label_at(m.row_labels, r)));
     for (std::size_t c = 0; c < C; ++c) {
       const double v = m.values[r][c];
-      s += fmt::format(R"(<rect class="cell" data-r="{}" data-v="{}" x="{}" y="{}" width="{}" height="{}" fill="{}">)"
-                       R"(<title>{}</title></rect>)",
+      s += fmt::format(R"~(<rect class="cell" data-r="{}" data-v="{}" x="{}" y="{}" width="{}" height="{}" fill="{}">)~"
+                       R"~(<title>{}</title></rect>)~",
                        r, num(v), left + cell * static_cast<double>(c), top + cell * static_cast<double>(r), cell, cell,
                        colour(v, lo, hi), escape(cell_title(r, c, v)));
     }
@@ -139,12 +139,12 @@ std::string heatmap_svg(const Heatmap& m, double cell, Title cell_title) {
   const double y = top + h + 12;
   for (int i = 0; i <= 20; ++i) {
     const double v = lo + (hi - lo) * i / 20.0;
-    s += fmt::format(R"(<rect class="colour-scale" x="{}" y="{}" width="{}" height="10" fill="{}"/>)",
+    s += fmt::format(R"~(<rect class="colour-scale" x="{}" y="{}" width="{}" height="10" fill="{}"/>)~",
                      left + w * i / 21.0, y, w / 21.0 + 0.5, colour(v, lo, hi));
   }
-  s += fmt::format(R"(<text class="scale-tick" x="{}" y="{}">{}</text>)", left, y + 24, num(lo));
-  s += fmt::format(R"(<text class="scale-tick" x="{}" y="{}" text-anchor="end">{}</text>)", left + w, y + 24, num(hi));
-  s += fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">colour: {}</text></svg>)", left + w / 2, y + 36,
+  s += fmt::format(R"~(<text class="scale-tick" x="{}" y="{}">{}</text>)~", left, y + 24, num(lo));
+  s += fmt::format(R"~(<text class="scale-tick" x="{}" y="{}" text-anchor="end">{}</text>)~", left + w, y + 24, num(hi));
+  s += fmt::format(R"~(<text x="{}" y="{}" text-anchor="middle">colour: {}</text></svg>)~", left + w / 2, y + 36,
                    escape(m.value_name));
   return s;
 }
@@ -203,7 +203,7 @@ Page& Page::attention_patterns(const ag::Tensor& pattern, const std::vector<std:
   for (std::int64_t i = 0; i < T; ++i) labels.push_back(fmt::format("{} {}", tokens[static_cast<std::size_t>(i)], i));
   body_ += "<div class=\"figures\">\n";
   for (std::int64_t h = 0; h < H; ++h) {
-    Heatmap m{.title = fmt::format("{}H{}", label, h), .row_labels = labels, .col_labels = labels,
+    Heatmap m{.title = fmt::format("{}H{}", label, h), .values = {}, .row_labels = labels, .col_labels = labels,
               .row_axis = "query", .col_axis = "key", .value_name = "attention weight"};
     for (std::int64_t i = 0; i < T; ++i) {
       m.values.emplace_back();
@@ -237,7 +237,7 @@ Page& Page::heatmap(const std::string& title, const ag::Tensor& values, std::vec
     ag::fail(kOp, "heatmap '{}': values must be (rows, columns), got {}", title,
              values.defined() ? ag::shape_str(values.shape()) : "undefined");
   const std::vector<double> v = values_of(values);
-  Heatmap m{.title = title, .row_labels = std::move(row_labels), .col_labels = std::move(col_labels),
+  Heatmap m{.title = title, .values = {}, .row_labels = std::move(row_labels), .col_labels = std::move(col_labels),
             .row_axis = std::move(row_axis), .col_axis = std::move(col_axis)};
   for (std::int64_t r = 0; r < values.size(0); ++r)
     m.values.emplace_back(v.begin() + r * values.size(1), v.begin() + (r + 1) * values.size(1));
@@ -260,9 +260,9 @@ Page& Page::line_chart(const LineChart& chart) {
   const auto X = [&](double x) { return l + (x - x0) / (x1 - x0) * w; };
   const auto Y = [&](double y) { return t + h - (y - y0) / (y1 - y0) * h; };
   static const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"};
-  std::string s = fmt::format(R"(<svg class="line-chart" width="{}" height="{}" role="img" aria-label="{}">)", W, Hh,
+  std::string s = fmt::format(R"~(<svg class="line-chart" width="{}" height="{}" role="img" aria-label="{}">)~", W, Hh,
                               escape(chart.title));
-  s += fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>)", l, t, w, h);
+  s += fmt::format(R"~(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>)~", l, t, w, h);
   for (int i = 0; i <= 4; ++i) {
     const double xv = x0 + (x1 - x0) * i / 4, yv = y0 + (y1 - y0) * i / 4;
     std::string xl = num(xv);
@@ -271,14 +271,14 @@ Page& Page::line_chart(const LineChart& chart) {
       xl = r >= 0 && r < static_cast<double>(chart.x_labels.size()) && std::abs(r - xv) < 1e-9
                ? chart.x_labels[static_cast<std::size_t>(r)] : "";
     }
-    s += fmt::format(R"(<text class="x-tick" x="{}" y="{}" text-anchor="middle">{}</text>)", X(xv), t + h + 14, escape(xl));
-    s += fmt::format(R"(<text class="y-tick" x="{}" y="{}" text-anchor="end">{}</text>)", l - 4, Y(yv) + 4, num(yv));
+    s += fmt::format(R"~(<text class="x-tick" x="{}" y="{}" text-anchor="middle">{}</text>)~", X(xv), t + h + 14, escape(xl));
+    s += fmt::format(R"~(<text class="y-tick" x="{}" y="{}" text-anchor="end">{}</text>)~", l - 4, Y(yv) + 4, num(yv));
   }
-  s += fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">{}</text>)", l + w / 2, Hh - 8, escape(chart.x_axis));
-  s += fmt::format(R"(<text transform="translate(12,{}) rotate(-90)" text-anchor="middle">{}</text>)", t + h / 2,
+  s += fmt::format(R"~(<text x="{}" y="{}" text-anchor="middle">{}</text>)~", l + w / 2, Hh - 8, escape(chart.x_axis));
+  s += fmt::format(R"~(<text transform="translate(12,{}) rotate(-90)" text-anchor="middle">{}</text>)~", t + h / 2,
                    escape(chart.y_axis));
   for (double m : chart.marks)
-    s += fmt::format(R"(<line class="mark" x1="{0}" x2="{0}" y1="{1}" y2="{2}" stroke="#888" stroke-dasharray="4 3"/>)",
+    s += fmt::format(R"~(<line class="mark" x1="{0}" x2="{0}" y1="{1}" y2="{2}" stroke="#888" stroke-dasharray="4 3"/>)~",
                      X(m), t, t + h);
   for (std::size_t k = 0; k < chart.series.size(); ++k) {
     const auto& se = chart.series[k];
@@ -287,15 +287,15 @@ Page& Page::line_chart(const LineChart& chart) {
     for (std::size_t i = 0; i < se.x.size(); ++i)
       if (std::isfinite(se.x[i]) && std::isfinite(se.y[i]))
         path += fmt::format("{}{:.2f},{:.2f} ", path.empty() ? "M" : "L", X(se.x[i]), Y(se.y[i]));
-    s += fmt::format(R"(<g class="series" data-name="{}"><path d="{}" fill="none" stroke="{}" stroke-width="1.5"/>)",
+    s += fmt::format(R"~(<g class="series" data-name="{}"><path d="{}" fill="none" stroke="{}" stroke-width="1.5"/>)~",
                      escape(se.name), path, col);
     const std::size_t every = std::max<std::size_t>(1, se.x.size() / 60);
     for (std::size_t i = 0; i < se.x.size(); i += every)
       if (std::isfinite(se.x[i]) && std::isfinite(se.y[i]))
-        s += fmt::format(R"(<circle class="point" data-v="{}" cx="{:.2f}" cy="{:.2f}" r="2.5" fill="{}"><title>{}: {} {}, {} {}</title></circle>)",
+        s += fmt::format(R"~(<circle class="point" data-v="{}" cx="{:.2f}" cy="{:.2f}" r="2.5" fill="{}"><title>{}: {} {}, {} {}</title></circle>)~",
                          num(se.y[i]), X(se.x[i]), Y(se.y[i]), col, escape(se.name), escape(chart.x_axis), num(se.x[i]),
                          escape(chart.y_axis), num(se.y[i]));
-    s += fmt::format(R"(<text x="{}" y="{}" fill="{}">{}</text></g>)", l + w + 8, t + 14 + 16 * static_cast<double>(k),
+    s += fmt::format(R"~(<text x="{}" y="{}" fill="{}">{}</text></g>)~", l + w + 8, t + 14 + 16 * static_cast<double>(k),
                      col, escape(se.name));
   }
   s += "</svg>";
@@ -308,7 +308,7 @@ Page& Page::table(const std::vector<std::vector<std::string>>& rows) {
   body_ += "<table>\n";
   for (std::size_t r = 0; r < rows.size(); ++r) {
     body_ += "<tr>";
-    for (const auto& cell : rows[r]) body_ += fmt::format(r == 0 ? "<th>{}</th>" : "<td>{}</td>", escape(cell));
+    for (const auto& cell : rows[r]) body_ += fmt::format(fmt::runtime(r == 0 ? "<th>{}</th>" : "<td>{}</td>"), escape(cell));
     body_ += "</tr>\n";
   }
   body_ += "</table>\n";
