@@ -22,14 +22,12 @@ const ag::Tensor& cached(std::string_view op, const ActivationCache& cache, cons
   return cache[name];
 }
 
-ResidualStack stacked(std::vector<ag::Tensor> parts, std::vector<std::string> labels) {
+// The parts stacked on a new leading dim, normalised as apply_ln_to_stack does when asked.
+ResidualStack finish(std::string_view op, const TransformerLM& model, const ActivationCache& cache,
+                     std::vector<ag::Tensor> parts, std::vector<std::string> labels, bool apply_ln, std::int64_t layer) {
+  if (parts.empty()) ag::fail(op, "layer 0 has nothing before it to stack");
   for (auto& p : parts) p = ag::unsqueeze(p, 0);
-  return {ag::cat(parts, 0), std::move(labels)};
-}
-
-ResidualStack finish(std::string_view op, const TransformerLM& model, const ActivationCache& cache, ResidualStack s,
-                     bool apply_ln, std::int64_t layer) {
-  if (s.labels.empty()) ag::fail(op, "layer 0 has nothing before it to stack");
+  ResidualStack s{ag::cat(parts, 0), std::move(labels)};
   if (apply_ln) s.stack = apply_ln_to_stack(model, cache, s.stack, layer);
   return s;
 }
@@ -57,7 +55,7 @@ ResidualStack accumulated_resid(const TransformerLM& model, const ActivationCach
       labels.push_back(fmt::format("{}_mid", l));
     }
   }
-  return finish(op, model, cache, stacked(parts, labels), apply_ln, layer);
+  return finish(op, model, cache, std::move(parts), std::move(labels), apply_ln, layer);
 }
 
 ResidualStack decompose_resid(const TransformerLM& model, const ActivationCache& cache, std::int64_t layer,
@@ -81,7 +79,7 @@ ResidualStack decompose_resid(const TransformerLM& model, const ActivationCache&
       labels.push_back(fmt::format("{}_mlp_out", l));
     }
   }
-  return finish(op, model, cache, stacked(parts, labels), apply_ln, layer);
+  return finish(op, model, cache, std::move(parts), std::move(labels), apply_ln, layer);
 }
 
 ResidualStack stack_head_results(const TransformerLM& model, const ActivationCache& cache, std::int64_t layer,
@@ -98,7 +96,7 @@ ResidualStack stack_head_results(const TransformerLM& model, const ActivationCac
       labels.push_back(fmt::format("L{}H{}", l, h));
     }
   }
-  return finish(op, model, cache, stacked(parts, labels), apply_ln, layer);
+  return finish(op, model, cache, std::move(parts), std::move(labels), apply_ln, layer);
 }
 
 ag::Tensor apply_ln_to_stack(const TransformerLM& model, const ActivationCache& cache, const ag::Tensor& stack,

@@ -148,10 +148,16 @@ TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const Atte
   const ag::Tensor x0 = at.run(kResidPre, x);  // (B, T, d_model)
   AttentionOutput a;
   if (at.hooked(kQInput) || at.hooked(kKInput) || at.hooked(kVInput)) {  // each input on its own
-    const ag::Tensor q = norm(ln_1_, at.run(kQInput, x0));
-    const ag::Tensor k = norm(ln_1_, at.run(kKInput, x0));
-    const ag::Tensor v = norm(ln_1_, at.run(kVInput, x0));
-    a = attn_->forward(q, k, v, options);
+    // ln_1 (and its hook points) runs once, on the stream; an input a hook replaced is normalised
+    // by the same LayerNorm without its points, so that they are reached once per forward.
+    const ag::Tensor q = at.run(kQInput, x0), k = at.run(kKInput, x0), v = at.run(kVInput, x0);
+    const ag::Tensor h = norm(ln_1_, x0);
+    const auto input = [&](const ag::Tensor& in) {
+      if (in.is_same(x0) || !ln_1_) return in.is_same(x0) ? h : in;
+      const LayerNorm& ln = *ln_1_;
+      return ag::layer_norm(in, ln.options().normalized_shape, ln.weight(), ln.bias(), ln.options().eps);
+    };
+    a = attn_->forward(input(q), input(k), input(v), options);
   } else {
     const ag::Tensor h = norm(ln_1_, x0);
     a = attn_->forward(h, h, h, options);
