@@ -5,6 +5,7 @@
 // write the attention patterns to a page. Fails (exit 1) when the circuit has not formed.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -36,12 +37,14 @@ std::int64_t best_head(const ag::Tensor& scores, std::int64_t layer) {
 
 double at(const ag::Tensor& t, std::int64_t i, std::int64_t j) { return t.to_vector()[i * t.size(1) + j]; }
 
-int main() {
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 1500;  // training steps
+  const double lr = argc > 2 ? std::atof(argv[2]) : 3e-3;
   ag::set_num_threads(1);
   ag::Generator gen(1);
   nn::TransformerLM model({.n_layers = 2, .d_model = 64, .n_heads = 4, .d_vocab = kVocab, .n_ctx = kT}, gen);
-  nn::AdamW opt(model.named_parameters(), {.lr = 1e-3});
-  for (int step = 0; step < 1500; ++step) {
+  nn::AdamW opt(model.named_parameters(), {.lr = lr});
+  for (int step = 0; step < steps; ++step) {
     opt.zero_grad();
     ag::Tensor loss = model.loss(sequences(32, gen));
     loss.backward();

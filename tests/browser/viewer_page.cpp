@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
                 .col_labels = {"H0", "H1"}, .row_axis = "layer", .col_axis = "head", .value_name = "metric change"});
   page.section("Curves")
       .line_chart({.title = "loss", .series = {{"train", {0, 1, 2, 3}, {3.0, 2.0, 1.5, 1.4}}}, .x_axis = "step",
-                   .y_axis = "loss", .marks = {2}})
+                   .y_axis = "loss", .x_labels = {}, .marks = {2}})
       .table({{"head", "score"}, {"L0H1", "0.61"}});
   page.save(argv[1]);
   return 0;

@@ -1,0 +1,73 @@
+// Times what a circuits study spends its time on, on the model of issue 26 (2 layers, d_vocab 64,
+// n_ctx 64, d_model 128, 4 heads, d_mlp 512, batch 16, float32): a full z patching sweep (every
+// layer, per head and per head × position), run_with_cache of every hook point, and a training
+// step (forward, backward, AdamW). Prints one JSON object per measurement (median of --reps):
+// benchmarks/compare_transformer_lens.py runs TransformerLens on the same model and prints ratios.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nn/nn.hpp>
+
+namespace ag = autograd;
+
+namespace {
+
+double median_seconds(int reps, const std::function<void()>& f) {
+  std::vector<double> t;
+  f();  // warm-up
+  for (int i = 0; i < reps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_circuits: patching sweep, run_with_cache and a training step of a 2-layer TransformerLM"};
+  int reps = 5, threads = 1;
+  app.add_option("--reps", reps, "repetitions (median reported)")->check(CLI::Range(1, 1000));
+  app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 256));
+  CLI11_PARSE(app, argc, argv);
+  ag::set_num_threads(threads);
+  ag::Generator gen(0);
+  const std::int64_t B = 16, T = 64, V = 64;
+  nn::TransformerLM model({.n_layers = 2, .d_model = 128, .n_heads = 4, .d_mlp = 512, .d_vocab = V, .n_ctx = T}, gen);
+  const ag::Tensor clean = ag::randint(0, V, {B, T}, gen), corrupted = ag::randint(0, V, {B, T}, gen);
+  const std::vector<double> answers_v = ag::narrow(clean, 1, T - 1, 1).to_vector();
+  // The metric: mean logit of each sequence's last token at the last position.
+  const auto metric = [&](const ag::Tensor& tokens) {
+    const ag::Tensor last = ag::squeeze(ag::narrow(model.forward(tokens), 1, T - 1, 1), 1);  // (B, V)
+    return ag::mean(ag::gather(last, 1, ag::reshape(ag::narrow(clean, 1, T - 1, 1), {B, 1})));
+  };
+  (void)answers_v;
+  const double sweep = median_seconds(reps, [&] {
+    for (int l = 0; l < 2; ++l)
+      (void)nn::study::activation_patching(model, fmt::format("blocks.{}.attn.z", l), metric, clean, corrupted);
+  });
+  std::size_t cache_bytes = 0;
+  const double cache = median_seconds(reps, [&] {
+    ag::NoGradGuard g;
+    const nn::ActivationCache c = nn::run_with_cache(model, [&] { return model.forward(clean); });
+    cache_bytes = 0;
+    for (const auto& n : c.names()) cache_bytes += static_cast<std::size_t>(c[n].numel()) * ag::dtype_size(c[n].dtype());
+  });
+  nn::AdamW opt(model.named_parameters(), {.lr = 1e-3});
+  const double step = median_seconds(reps, [&] {
+    opt.zero_grad();
+    ag::Tensor loss = model.loss(clean);
+    loss.backward();
+    opt.step();
+  });
+  std::printf("{\"what\": \"sweep\", \"seconds\": %.6f}\n", sweep);
+  std::printf("{\"what\": \"run_with_cache\", \"seconds\": %.6f, \"bytes\": %zu}\n", cache, cache_bytes);
+  std::printf("{\"what\": \"train_step\", \"seconds\": %.6f}\n", step);
+  return 0;
+}
