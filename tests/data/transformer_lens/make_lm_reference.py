@@ -34,6 +34,13 @@ Config B only:
   B.patch.clean_metric, B.patch.corrupted_metric   () that metric on the clean and corrupted tokens
   B.patch.head_out_all_pos (L, H) patching.get_act_patch_attn_head_out_all_pos (patches hook_z, every position)
   B.patch.head_out_by_pos  (L, T, H) patching.get_act_patch_attn_head_out_by_pos (hook_z at one position)
+  B.grad.<hook name>       d loss / d value at each hook point (loss = model(tokens, return_type="loss")):
+                           run_with_cache(..., incl_bwd=True)'s "<hook name>_grad", except at ln1's
+                           points, which split-qkv reaches three times (for q, k and v) and whose
+                           cache entry holds one call's gradient: there the sum over the three
+                           calls. The per-head points (hook_q/k/v_input, ln1.hook_scale,
+                           ln1.hook_normalized) are summed over the heads, (B, T, 1, ...): the
+                           gradient with respect to a stream the heads share.
   Logit lens, from the clean cache (left for a later test):
   B.lens.accumulated_resid (2L + 2, B, T, E) cache.accumulated_resid(apply_ln=True, incl_mid=True),
                            labels: 0_pre, 0_mid, 1_pre, 1_mid, final_post
@@ -94,6 +101,46 @@ def make_model(name, seed):
     return model.eval()
 
 
+def loss_gradients(model, tokens):
+    """d loss / d value at every hook point: run_with_cache(return_type="loss", incl_bwd=True)'s
+    gradients, except at the points a forward reaches more than once (ln1's, which split-qkv runs on
+    the q, k and v inputs), whose cache entry holds one call's gradient: there, the sum over the
+    calls, from hooks of our own. The per-head points are summed over the heads (see the docstring)."""
+    _, cache = model.run_with_cache(tokens, return_type="loss", incl_bwd=True)
+    model.zero_grad(set_to_none=True)
+    summed, calls = {}, {}
+
+    def accumulate(grad, hook):
+        summed[hook.name] = summed.get(hook.name, 0) + grad.detach().clone()
+        calls[hook.name] = calls.get(hook.name, 0) + 1
+
+    def count(value, hook):
+        calls[hook.name + ".fwd"] = calls.get(hook.name + ".fwd", 0) + 1
+
+    for name in model.hook_dict:
+        if name + "_grad" not in cache:
+            continue  # a point this config does not reach (hook_attn_in, hook_mlp_in, ...)
+        model.add_hook(name, accumulate, dir="bwd")
+        model.add_hook(name, count, dir="fwd")
+    model(tokens, return_type="loss").backward()
+    model.reset_hooks()
+    model.zero_grad(set_to_none=True)
+    out = {}
+    for name in model.hook_dict:
+        if name + "_grad" not in cache:
+            continue
+        assert calls[name] == calls[name + ".fwd"], (name, calls[name], calls[name + ".fwd"])
+        g = summed[name]
+        if calls[name] == 1:
+            assert torch.equal(g, cache[name + "_grad"]), name
+        else:
+            assert name.endswith(("ln1.hook_scale", "ln1.hook_normalized")) and calls[name] == 3, (name, calls[name])
+        if any(name.endswith(p) for p in PER_HEAD_REPEATS):
+            g = g.sum(dim=2, keepdim=True)
+        out[name] = g
+    return out
+
+
 def main():
     t = {}
     meta = {"transformer_lens": importlib.metadata.version("transformer-lens"), "torch": torch.__version__}
@@ -149,6 +196,8 @@ def main():
                 assert list(labels) == expected_labels[k], (k, labels)
                 t[f"B.lens.{k}"] = stack
                 meta[f"B.lens.{k}.labels"] = ",".join(labels)
+            for k, v in loss_gradients(model, tokens).items():
+                t[f"B.grad.{k}"] = v
 
     t = {k: v.detach().clone().contiguous() for k, v in t.items()}
     for k, v in t.items():
