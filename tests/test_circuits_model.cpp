@@ -66,13 +66,17 @@ BOOST_AUTO_TEST_CASE(the_stacks_add_up_to_the_residual_stream) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(apply_ln_to_stack_is_the_final_layer_norm_before_its_weight_and_bias) {
+BOOST_AUTO_TEST_CASE(apply_ln_is_the_layer_norm_the_stream_meets_next) {
   nn::TransformerLM m = make_model(12, 2);
   const nn::ActivationCache c = cache_of(m, kClean);
   const circuits::ResidualStack acc = circuits::accumulated_resid(m, c, -1, false, true);
   const ag::Tensor normalised =
       ag::div(ag::sub(c["ln_final.normalized"], m.ln_final().bias()), m.ln_final().weight());
-  BOOST_TEST(max_abs_diff(component(acc, acc.labels.size() - 1), normalised) <= 1e-12);
+  // Up to the last layer, apply_ln is the whole ln_final on each stream: its output at the end.
+  BOOST_TEST(max_abs_diff(component(acc, acc.labels.size() - 1), c["ln_final.normalized"]) <= 1e-12);
+  BOOST_TEST(max_abs_diff(component(circuits::accumulated_resid(m, c, 1, false, true), 1),
+                          ag::div(ag::sub(c["blocks.1.resid_pre"], ag::mean(c["blocks.1.resid_pre"], -1, true)),
+                                  c["blocks.1.ln_1.scale"])) <= 1e-12);
   // Linear: the normalised components add up to the normalised stream.
   BOOST_TEST(max_abs_diff(ag::sum(circuits::decompose_resid(m, c, -1, true).stack, 0), normalised) <= 1e-12);
   // The logit lens at the end is the model's logits, and a token's logit splits over the components.

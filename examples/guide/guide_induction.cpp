@@ -29,6 +29,13 @@ ag::Tensor sequences(std::int64_t B, ag::Generator& gen) {
   return ag::tensor(t, {B, kT});
 }
 
+// B sequences of kT / 2 random tokens, each repeated once: where the induction pattern is defined
+// at every position of the second half (the sequences the head scores are measured on).
+ag::Tensor repeated(std::int64_t B, ag::Generator& gen) {
+  const ag::Tensor half = ag::randint(0, kVocab, {B, kT / 2}, gen);
+  return ag::cat({half, half}, 1);
+}
+
 // The head with the highest score in one layer of an (L, H) score table.
 std::int64_t best_head(const ag::Tensor& scores, std::int64_t layer) {
   const std::vector<double> row = ag::narrow(scores, 0, layer, 1).to_vector();
@@ -52,9 +59,9 @@ int main(int argc, char** argv) {
     if (step % 300 == 0) std::printf("step %4d  loss %.3f\n", step, loss.item());
   }
 
-  // Held-out sequences, every hook point cached, no graph.
+  // Held-out repeated sequences, every hook point cached, no graph.
   ag::NoGradGuard no_grad;
-  const ag::Tensor tokens = sequences(64, gen);
+  const ag::Tensor tokens = repeated(64, gen);
   const auto forward = [&] { return model.forward(tokens); };
   const nn::ActivationCache cache = nn::run_with_cache(model, forward);
   const ag::Tensor prev = circuits::head_scores(cache, circuits::HeadKind::PreviousToken, tokens);  // (2, 4)

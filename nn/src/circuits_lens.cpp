@@ -55,6 +55,14 @@ ResidualStack accumulated_resid(const TransformerLM& model, const ActivationCach
       labels.push_back(fmt::format("{}_mid", l));
     }
   }
+  if (apply_ln && n == L && model.config().normalization == Normalization::LayerNorm) {
+    // As TL 3.9 does for the final layer: each stream through the whole ln_final, its own mean
+    // and scale, weight and bias (the fused op, so that no hook point of ln_final fires).
+    const LayerNorm& ln = model.ln_final();
+    ResidualStack s = finish(op, model, cache, std::move(parts), std::move(labels), false, layer);
+    s.stack = ag::layer_norm(s.stack, ln.options().normalized_shape, ln.weight(), ln.bias(), ln.options().eps);
+    return s;
+  }
   return finish(op, model, cache, std::move(parts), std::move(labels), apply_ln, layer);
 }
 

@@ -224,8 +224,9 @@ struct ResidualStack {
 // The residual stream before each block 0 .. `layer` (-1 or n_layers: all, and after the last):
 // labels "0_pre", ("0_mid" with incl_mid, ignored for an attention-only model as TL does), "1_pre",
 // ..., "final_post" (TL's accumulated_resid).
-// Needs blocks.i.resid_pre (resid_mid, blocks.{L-1}.resid_post) cached; with apply_ln also the
-// scale point apply_ln_to_stack reads.
+// Needs blocks.i.resid_pre (resid_mid, blocks.{L-1}.resid_post) cached. apply_ln, as TL 3.9: up to
+// the last layer, each stream through the whole ln_final (its own mean and scale, then weight and
+// bias), ready for W_U; up to an earlier layer, apply_ln_to_stack with that layer's cached scale.
 ResidualStack accumulated_resid(const TransformerLM& model, const ActivationCache& cache, std::int64_t layer = -1,
                                 bool incl_mid = false, bool apply_ln = false);
 // What each component wrote into the residual stream before `layer` (-1: all): "embed",
@@ -243,8 +244,9 @@ ResidualStack stack_head_results(const TransformerLM& model, const ActivationCac
 // LayerNorm's weight and bias. The identity for a model without LayerNorm.
 ag::Tensor apply_ln_to_stack(const TransformerLM& model, const ActivationCache& cache, const ag::Tensor& stack,
                              std::int64_t layer = -1);
-// The logit lens: the logits each accumulated residual stream would give if the model stopped
-// there (the full ln_final, its own scale, and the unembedding): (n, B, T, d_vocab).
+// The logit lens: the logits each accumulated residual stream (accumulated_resid without
+// apply_ln) would give if the model stopped there (the full ln_final, its own scale, and the
+// unembedding): (n, B, T, d_vocab).
 ag::Tensor logit_lens(const TransformerLM& model, const ResidualStack& accumulated);
 // The residual directions of tokens' logits (n_tokens, E): ln_final.weight ⊙ W_U[:, token], so
 // that apply_ln_to_stack(stack) · direction is each component's share of that logit, up to the
