@@ -1,0 +1,162 @@
+// induction_heads — the induction-head experiment (Elhage et al. 2021; Olsson et al. 2022) as one
+// command: a 2-layer attention-only transformer trained on random tokens in which a segment of
+// random length repeats, and the circuit it forms measured on held-out sequences: a
+// previous-token head in layer 0, an induction head in layer 1, their K-composition against
+// random matrices, and path ablation showing the induction head reads the previous-token head
+// through its keys alone.
+//
+//   induction_heads                                   # the default run (about half a minute)
+//   induction_heads --seed 3 --summary s.json --report r.html
+//   induction_heads --period-min 4 --period-max 12 --steps 3000 --vocab 64
+//   induction_heads --help
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli_checks.hpp"
+#include "html_page.hpp"
+#include "report.hpp"
+#include "study.hpp"
+
+namespace ag = autograd;
+using namespace induction;
+
+namespace {
+
+struct Options {
+  StudyConfig study;
+  int threads = 1;
+  std::string summary, report;
+  bool quiet = false;
+};
+
+void add_options(CLI::App& app, Options& o) {
+  using cli_checks::integer_at_least, cli_checks::integer_in, cli_checks::non_negative_number,
+      cli_checks::positive_number;
+  StudyConfig& c = o.study;
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--vocab", c.task.vocab, "vocabulary size (default 48)")->type_name("V")->transform(integer_at_least(2));
+  app.add_option("--seq-len", c.task.seq_len, "sequence length (default 32)")->type_name("T")
+      ->transform(integer_at_least(2));
+  app.add_option("--period-min", c.task.period_min, "shortest repeated segment (default 6)")->type_name("N")
+      ->transform(integer_at_least(1));
+  app.add_option("--period-max", c.task.period_max, "longest repeated segment, at most T/2 (default 16)")
+      ->type_name("N")->transform(integer_at_least(1));
+  app.add_option("--d-model", c.d_model, "model width (default 64)")->type_name("D")->transform(integer_at_least(1));
+  app.add_option("--heads", c.n_heads, "attention heads per layer (default 4)")->type_name("H")
+      ->transform(integer_at_least(1));
+  app.add_option("--batch", c.batch, "sequences per step (default 32)")->type_name("N")->transform(integer_at_least(1));
+  app.add_option("--steps", c.steps, "training steps (default 1500)")->type_name("N")->transform(integer_at_least(1));
+  app.add_option("--lr", c.lr, "AdamW's learning rate (default 3e-3)")->type_name("X")->check(positive_number());
+  app.add_option("--weight-decay", c.weight_decay, "AdamW's weight decay (default 0.01)")->type_name("X")
+      ->check(non_negative_number());
+  app.add_option("--eval-interval", c.eval_interval, "steps between held-out evaluations (default 50)")
+      ->type_name("N")->transform(integer_at_least(1));
+  app.add_option("--test-sequences", c.test_sequences, "held-out sequences (default 512)")->type_name("N")
+      ->transform(integer_at_least(1));
+  app.add_option("--seed", c.seed, "seed of the weights and the data (default 1)")->type_name("S")
+      ->transform(integer_at_least(0));
+  app.add_option("--threads", o.threads,
+                 "kernel threads (default 1: the model is small); results do not depend on it")
+      ->type_name("N")->transform(integer_in(1, 256));
+  app.add_option("--summary", o.summary, "write the measurements as JSON")->type_name("FILE");
+  app.add_option("--report", o.report, "write a page: the loss curve, both heads' patterns, the scores, "
+                                       "the path ablation")
+      ->type_name("FILE.html");
+  app.add_flag("--quiet", o.quiet, "no progress lines");
+}
+
+// An output path is checked before training (its directory exists, it is not a directory, a file
+// can be written there), so that a typo does not cost the run; an existing file stays as it is.
+void check_output(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  if (std::filesystem::is_directory(path))
+    throw std::invalid_argument(fmt::format("{} {}: is a directory, wanted a file name", flag, path));
+  try {
+    html::check_writable(path);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("{} {}: {}", flag, path, e.what()));
+  }
+}
+
+void finish_options(Options& o) {
+  o.study.check();
+  check_output("--summary", o.summary);
+  check_output("--report", o.report);
+  if (!o.summary.empty() && !o.report.empty() &&
+      std::filesystem::weakly_canonical(std::filesystem::absolute(o.summary)) ==
+          std::filesystem::weakly_canonical(std::filesystem::absolute(o.report)))
+    throw std::invalid_argument(fmt::format("--summary and --report name the same file, {}", o.report));
+}
+
+int run(const Options& o) {
+  const StudyConfig& c = o.study;
+  if (!o.quiet)
+    fmt::print("task: {}\nmodel: 2 attention-only layers, d_model {}, {} heads; AdamW lr {}, batch {}, {} steps, "
+               "seed {}\n",
+               c.task.describe(), c.d_model, c.n_heads, c.lr, c.batch, c.steps, c.seed);
+  const auto progress = [&](const CurvePoint& p) {
+    if (o.quiet) return;
+    fmt::print("step {:>5}: train loss {:.3f}; held-out loss {:.3f}, first occurrences {:.3f}, repeated {:.3f}, "
+               "in-context score {:+.3f}\n",
+               p.step, p.train_loss, p.test.all, p.test.first_occurrence, p.test.repeated, p.test.in_context_score);
+    std::fflush(stdout);
+  };
+  const StudyResult r = run_study(c, progress);
+  fmt::print("trained in {:.1f} s ({:.0f} steps/s, {} thread{}); measured in {:.1f} s\n", r.train_seconds,
+             static_cast<double>(c.steps) / r.train_seconds, r.threads, r.threads == 1 ? "" : "s", r.measure_seconds);
+  fmt::print("phase change (in-context score at half its final value): {}\n",
+             r.phase_change_step ? fmt::format("step {}", *r.phase_change_step) : std::string("none"));
+  fmt::print("heads (previous-token / induction / duplicate-token score):\n");
+  for (const auto& h : r.heads)
+    fmt::print("  L{}H{}: {:.3f} / {:.3f} / {:.3f}\n", h.layer, h.head, h.previous_token, h.induction, h.duplicate_token);
+  fmt::print("previous-token head L0H{}, induction head L1H{}; K-composition {:.3f} (random baseline {:.3f} +- {:.3f})\n",
+             r.previous_token_head, r.induction_head, r.k_composition, r.k_composition_baseline,
+             r.k_composition_baseline_std);
+  for (const auto& a : r.path_ablation)
+    fmt::print("previous-token head removed from layer 1's {}: induction score {:.3f}, loss {:.3f} (repeated {:.3f})\n",
+               a.input, a.induction_score, a.loss.all, a.loss.repeated);
+  bool all = true;
+  for (const auto& g : goals(r)) {
+    fmt::print("goal {}: {} ({})\n", g.name, g.met ? "met" : "NOT met", g.measured);
+    all = all && g.met;
+  }
+  fmt::print("{}\n", all ? "the induction circuit formed" : "the induction circuit did not form (see the goals)");
+  if (!o.summary.empty()) {
+    html::write_file(o.summary, summary_json(r).dump(1) + "\n");
+    fmt::print("summary: {}\n", o.summary);
+  }
+  if (!o.report.empty()) {
+    html::write_file(o.report, report_html(r));
+    fmt::print("report: {}\n", o.report);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"induction_heads: the induction-head circuit of a 2-layer attention-only transformer, trained and "
+               "measured (issue 28)"};
+  Options o;
+  add_options(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    fmt::print(stderr, "induction_heads: {} (try --help)\n", e.what());
+    return 1;
+  }
+  try {
+    finish_options(o);
+    ag::set_num_threads(o.threads);
+    return run(o);
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    fmt::print(stderr, "{}{}\n", message.starts_with("induction_heads: ") ? "" : "induction_heads: ", message);
+    return 1;
+  }
+}

@@ -1,0 +1,309 @@
+#include "report.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "html_page.hpp"
+#include "svg_charts.hpp"
+
+namespace induction {
+
+namespace {
+
+nlohmann::json number(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
+
+nlohmann::json losses_json(const Losses& l) {
+  return {{"loss", number(l.all)},
+          {"first_occurrence_loss", number(l.first_occurrence)},
+          {"repeated_loss", number(l.repeated)},
+          {"in_context_score", number(l.in_context_score)}};
+}
+
+std::string fixed(double x, int digits = 3) {
+  return std::isfinite(x) ? fmt::format("{:.{}f}", x, digits) : std::string("not measured");
+}
+
+std::string head_name(std::int64_t layer, std::int64_t head) { return fmt::format("L{}H{}", layer, head); }
+
+double relative_change(double clean, double ablated) { return clean != 0 ? ablated / clean - 1 : 0.0; }
+
+svg::LineChart loss_chart(const StudyResult& r) {
+  svg::LineChart c;
+  c.title = "Loss on held-out sequences (cross entropy per token)";
+  c.x_label = "step";
+  c.y_label = "loss";
+  c.attributes = "id=\"loss-chart\"";
+  svg::Series all{.name = "all tokens", .colour = "#1f77b4", .x = {}, .y = {}, .markers = true};
+  svg::Series first{.name = "first occurrences", .colour = "#ff7f0e", .x = {}, .y = {}, .markers = true};
+  svg::Series repeated{.name = "repeated tokens", .colour = "#2ca02c", .x = {}, .y = {}, .markers = true};
+  double top = 0;
+  for (const auto& p : r.curve) {
+    const auto x = static_cast<double>(p.step);
+    all.x.push_back(x), all.y.push_back(p.test.all);
+    first.x.push_back(x), first.y.push_back(p.test.first_occurrence);
+    repeated.x.push_back(x), repeated.y.push_back(p.test.repeated);
+    top = std::max({top, p.test.all, p.test.first_occurrence, p.test.repeated});
+  }
+  c.series = {all, first, repeated};
+  if (r.phase_change_step) {
+    const auto x = static_cast<double>(*r.phase_change_step);
+    c.series.push_back({.name = fmt::format("phase change (step {})", *r.phase_change_step), .colour = "#d62728",
+                        .x = {x, x}, .y = {0, top}});
+  }
+  c.references.push_back({std::log(static_cast<double>(r.config.task.vocab)),
+                          fmt::format("ln {} (guessing)", r.config.task.vocab)});
+  c.y_min = 0;
+  c.y_max = top * 1.05;
+  return c;
+}
+
+svg::LineChart in_context_chart(const StudyResult& r) {
+  svg::LineChart c;
+  c.title = "In-context score: loss at the last quarter of positions minus at the first quarter";
+  c.x_label = "step";
+  c.y_label = "nats";
+  c.attributes = "id=\"in-context-chart\"";
+  svg::Series s{.name = "in-context score", .colour = "#9467bd", .x = {}, .y = {}, .markers = true};
+  double lo = 0, hi = 0;
+  for (const auto& p : r.curve) {
+    s.x.push_back(static_cast<double>(p.step));
+    s.y.push_back(p.test.in_context_score);
+    lo = std::min(lo, p.test.in_context_score);
+    hi = std::max(hi, p.test.in_context_score);
+  }
+  c.series = {s};
+  if (r.phase_change_step) {
+    const auto x = static_cast<double>(*r.phase_change_step);
+    c.series.push_back({.name = fmt::format("phase change (step {})", *r.phase_change_step), .colour = "#d62728",
+                        .x = {x, x}, .y = {lo, hi}});
+    c.references.push_back({r.curve.back().test.in_context_score / 2, "half the final score"});
+  }
+  c.y_min = lo * 1.05 - 0.05;
+  c.y_max = hi + 0.05;
+  return c;
+}
+
+svg::Heatmap pattern_map(const StudyResult& r, const std::string& title, const std::vector<double>& pattern,
+                         const std::string& attributes) {
+  const Example& e = r.example;
+  const auto T = static_cast<std::int64_t>(e.tokens.size());
+  svg::Heatmap m;
+  m.title = title;
+  m.rows = m.cols = T;
+  m.values = pattern;
+  for (std::int64_t i = 0; i < T; ++i) {
+    std::string note = std::to_string(e.tokens[static_cast<std::size_t>(i)]);
+    if (i >= e.start && i < e.start + e.period) note += " a";        // first copy
+    if (i >= e.start + e.period && i < e.start + 2 * e.period) note += " b";  // second copy
+    m.row_notes.push_back(note);
+    m.col_notes.push_back(note);
+  }
+  m.notes_label = "token (a: first copy of the segment, b: its repeat)";
+  m.scale = svg::ColourScale::sequential(0, 1, "attention weight");
+  m.causal_mask = true;
+  m.cell = 14;
+  m.attributes = attributes;
+  return m;
+}
+
+void settings_table(html::Page& page, const StudyResult& r) {
+  const StudyConfig& c = r.config;
+  html::Table t;
+  t.caption = "Settings";
+  t.header = {"setting", "value"};
+  t.attributes = "id=\"settings\"";
+  t.rows = {{"task", c.task.describe()},
+            {"model", fmt::format("nn::TransformerLM: 2 attention-only layers, d_model {}, {} heads of {}, "
+                                  "LayerNorm, learned positions; {} parameters",
+                                  c.d_model, c.n_heads, c.d_model / c.n_heads, r.parameters)},
+            {"training", fmt::format("AdamW lr {}, weight decay {}, batch {}, {} steps (fresh sequences each step)",
+                                     c.lr, c.weight_decay, c.batch, c.steps)},
+            {"held out", fmt::format("{} sequences", c.test_sequences)},
+            {"seed, threads", fmt::format("{}, {}", c.seed, r.threads)},
+            {"time", fmt::format("{:.1f} s training, {:.1f} s measuring", r.train_seconds, r.measure_seconds)}};
+  page.table(t);
+}
+
+}  // namespace
+
+nlohmann::json summary_json(const StudyResult& r) {
+  const StudyConfig& c = r.config;
+  nlohmann::json heads = nlohmann::json::array();
+  for (const auto& h : r.heads)
+    heads.push_back({{"layer", h.layer},
+                     {"head", h.head},
+                     {"previous_token_score", h.previous_token},
+                     {"induction_score", h.induction},
+                     {"duplicate_token_score", h.duplicate_token},
+                     {"head_detector", {{"previous_token_head", h.tl_previous_token},
+                                        {"induction_head", h.tl_induction},
+                                        {"duplicate_token_head", h.tl_duplicate_token}}}});
+  nlohmann::json ablation = nlohmann::json::object();
+  for (const auto& a : r.path_ablation)
+    ablation[a.input] = {{"induction_score", a.induction_score},
+                         {"relative_change", relative_change(r.induction_score(), a.induction_score)},
+                         {"loss", number(a.loss.all)},
+                         {"repeated_loss", number(a.loss.repeated)}};
+  nlohmann::json curve = nlohmann::json::array();
+  for (const auto& p : r.curve) {
+    nlohmann::json point = losses_json(p.test);
+    point["step"] = p.step;
+    point["train_loss"] = number(p.train_loss);
+    curve.push_back(point);
+  }
+  nlohmann::json goal_list = nlohmann::json::array();
+  bool formed = true;
+  for (const auto& g : goals(r)) {
+    goal_list.push_back({{"goal", g.name}, {"met", g.met}, {"measured", g.measured}});
+    formed = formed && g.met;
+  }
+  const std::int64_t H = c.n_heads;
+  nlohmann::json kmatrix = nlohmann::json::array();
+  for (std::int64_t i = 0; i < H; ++i)
+    kmatrix.push_back(std::vector<double>(r.k_composition_matrix.begin() + i * H,
+                                          r.k_composition_matrix.begin() + (i + 1) * H));
+  return {{"implementation", "headgrad"},
+          {"config",
+           {{"vocab", c.task.vocab}, {"seq_len", c.task.seq_len}, {"period_min", c.task.period_min},
+            {"period_max", c.task.period_max}, {"n_layers", 2}, {"d_model", c.d_model}, {"n_heads", c.n_heads},
+            {"batch", c.batch}, {"steps", c.steps}, {"lr", c.lr}, {"weight_decay", c.weight_decay},
+            {"eval_interval", c.eval_interval}, {"test_sequences", c.test_sequences}, {"seed", c.seed}}},
+          {"parameters", r.parameters},
+          {"threads", r.threads},
+          {"train_seconds", r.train_seconds},
+          {"measure_seconds", r.measure_seconds},
+          {"loss", number(r.final_loss.all)},
+          {"first_occurrence_loss", number(r.final_loss.first_occurrence)},
+          {"repeated_loss", number(r.final_loss.repeated)},
+          {"in_context_score", number(r.final_loss.in_context_score)},
+          {"heads", heads},
+          {"previous_token_head", {0, r.previous_token_head}},
+          {"induction_head", {1, r.induction_head}},
+          {"k_composition", r.k_composition},
+          {"k_composition_baseline", r.k_composition_baseline},
+          {"k_composition_baseline_std", r.k_composition_baseline_std},
+          {"k_composition_ratio", r.k_composition_baseline > 0 ? r.k_composition / r.k_composition_baseline : 0.0},
+          {"k_composition_matrix", kmatrix},
+          {"path_ablation", ablation},
+          {"phase_change_step", r.phase_change_step ? nlohmann::json(*r.phase_change_step) : nlohmann::json()},
+          {"curve", curve},
+          {"train_losses", r.train_losses},
+          {"goals", goal_list},
+          {"circuit_formed", formed}};
+}
+
+std::string report_html(const StudyResult& r) {
+  const StudyConfig& c = r.config;
+  const std::int64_t p = r.previous_token_head, ih = r.induction_head, H = c.n_heads;
+  html::Page page("induction_heads: the induction circuit of a 2-layer attention-only transformer");
+  page.heading(2, "The run");
+  page.paragraph(fmt::format(
+      "Sequences of {} random tokens in which a segment of random length ({} to {} tokens) is repeated at once, the "
+      "rest fresh random tokens: the period varies, so no position predicts a repeated token, only reading the "
+      "sequence back does. A 2-layer attention-only transformer learns it by forming the induction circuit "
+      "(Elhage et al. 2021; Olsson et al. 2022): a previous-token head in layer 0 writes each token's predecessor "
+      "into its position, and an induction head in layer 1 keys on it to attend to the token after the previous "
+      "occurrence of the current one and copy it. Everything below is measured on {} held-out sequences.",
+      c.task.seq_len, c.task.period_min, c.task.period_max, c.test_sequences));
+  settings_table(page, r);
+  html::Table goals_table;
+  goals_table.caption = "The goals of issue 28";
+  goals_table.header = {"goal", "measured", "met"};
+  goals_table.attributes = "id=\"goals\"";
+  goals_table.row_attributes = "class=\"goal-row\"";
+  for (const auto& g : goals(r)) goals_table.rows.push_back({g.name, g.measured, g.met ? "yes" : "NO"});
+  page.table(goals_table);
+
+  page.heading(2, "Loss curve and the phase change");
+  page.paragraph(fmt::format(
+      "Final held-out loss {} (first occurrences {}, repeated tokens {}; guessing is ln {} = {}). The phase change "
+      "is {}: the first evaluation where the in-context score reached half its final value, {}.",
+      fixed(r.final_loss.all), fixed(r.final_loss.first_occurrence), fixed(r.final_loss.repeated), c.task.vocab,
+      fixed(std::log(static_cast<double>(c.task.vocab))),
+      r.phase_change_step ? fmt::format("at step {}", *r.phase_change_step) : std::string("not seen"),
+      fixed(r.final_loss.in_context_score)));
+  page.raw(svg::line_chart_svg(loss_chart(r)));
+  page.raw(svg::line_chart_svg(in_context_chart(r)));
+
+  page.heading(2, "Attention patterns");
+  const Example& e = r.example;
+  page.paragraph(fmt::format(
+      "One held-out sequence: its segment of {} tokens starts at position {} and repeats at position {}. The "
+      "previous-token head {} attends from each position to the one before; the induction head {} attends, within "
+      "the repeat, to the token after the earlier occurrence of the current token (the diagonal {} back).",
+      e.period, e.start, e.start + e.period, head_name(0, p), head_name(1, ih), e.period - 1));
+  page.raw(html::figures(
+      {svg::heatmap_svg(pattern_map(r, fmt::format("{}: previous-token head", head_name(0, p)),
+                                    e.previous_token_pattern, "data-head=\"previous-token\""),
+                        0, 0, true),
+       svg::heatmap_svg(pattern_map(r, fmt::format("{}: induction head", head_name(1, ih)), e.induction_pattern,
+                                    "data-head=\"induction\""),
+                        0, 0, true)}));
+
+  page.heading(2, "Head scores");
+  page.paragraph(
+      "Each score is the share of a head's attention on the detector's target key, averaged over the query "
+      "positions that have one: the previous position (previous-token), the token after an earlier occurrence of "
+      "the current token (induction), an earlier occurrence itself (duplicate-token). TransformerLens's "
+      "head_detector (\"mul\", nn::circuits::head_scores) averages over every query position instead, so its "
+      "induction score is at most the share of positions that repeat an earlier token; it is given alongside.");
+  html::Table heads;
+  heads.caption = "Every head";
+  heads.header = {"head", "previous-token", "induction", "duplicate-token", "TL previous-token", "TL induction",
+                  "TL duplicate-token"};
+  heads.attributes = "id=\"head-scores\"";
+  heads.row_attributes = "class=\"head-row\"";
+  for (const auto& h : r.heads)
+    heads.rows.push_back({head_name(h.layer, h.head) +
+                              (h.layer == 0 && h.head == p   ? " (previous-token head)"
+                               : h.layer == 1 && h.head == ih ? " (induction head)"
+                                                              : ""),
+                          fixed(h.previous_token), fixed(h.induction), fixed(h.duplicate_token),
+                          fixed(h.tl_previous_token), fixed(h.tl_induction), fixed(h.tl_duplicate_token)});
+  page.table(heads);
+
+  page.heading(2, "K-composition");
+  page.paragraph(fmt::format(
+      "How much of what a layer-0 head writes (its OV circuit) a layer-1 head's keys read (its QK circuit, "
+      "transposed): ||W_OV W_K W_Q^T||_F / (||W_OV||_F ||W_K W_Q^T||_F) (nn::circuits::composition_scores). "
+      "{} into {}: {}, against {} +- {} for random matrices of the same shapes ({} draws; {:.2f} x).",
+      head_name(0, p), head_name(1, ih), fixed(r.k_composition), fixed(r.k_composition_baseline),
+      fixed(r.k_composition_baseline_std), c.baseline_samples,
+      r.k_composition_baseline > 0 ? r.k_composition / r.k_composition_baseline : 0.0));
+  html::Table k;
+  k.caption = "K-composition, layer-0 head (rows) into layer-1 head (columns)";
+  k.header = {"layer 0 \\ layer 1"};
+  for (std::int64_t j = 0; j < H; ++j) k.header.push_back(head_name(1, j));
+  k.attributes = "id=\"k-composition\"";
+  for (std::int64_t i = 0; i < H; ++i) {
+    std::vector<std::string> row = {head_name(0, i)};
+    for (std::int64_t j = 0; j < H; ++j) row.push_back(fixed(r.k_composition_matrix[static_cast<std::size_t>(i * H + j)]));
+    k.rows.push_back(row);
+  }
+  page.table(k);
+
+  page.heading(2, "Path ablation");
+  page.paragraph(fmt::format(
+      "The previous-token head's output (its slice of blocks.0.attn.result, read by a hook in the same forward) "
+      "subtracted from one input of layer 1 alone (blocks.1.k_input, q_input or v_input): the induction head "
+      "should lose its pattern when the keys lose it, and keep it otherwise (its pattern does not depend on the "
+      "values at all)."));
+  html::Table ablation;
+  ablation.caption = fmt::format("{} removed from layer 1's ...", head_name(0, p));
+  ablation.header = {"input", fmt::format("{} induction score", head_name(1, ih)), "change", "loss", "repeated-token loss"};
+  ablation.attributes = "id=\"path-ablation\"";
+  ablation.row_attributes = "class=\"ablation-row\"";
+  ablation.rows.push_back({"nothing (clean)", fixed(r.induction_score()), "", fixed(r.final_loss.all),
+                           fixed(r.final_loss.repeated)});
+  for (const auto& a : r.path_ablation)
+    ablation.rows.push_back({a.input + " only", fixed(a.induction_score),
+                             fmt::format("{:+.1f} %", 100 * relative_change(r.induction_score(), a.induction_score)),
+                             fixed(a.loss.all), fixed(a.loss.repeated)});
+  page.table(ablation);
+  page.data("summary", summary_json(r));
+  return page.html();
+}
+
+}  // namespace induction

@@ -1,0 +1,267 @@
+#include "study.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace induction {
+
+namespace circuits = nn::circuits;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Per predicted token losses (B, T - 1) of logits (B, T, V) on the batch, summarised by kind and
+// position.
+Losses losses_of(const ag::Tensor& logits, const Batch& batch) {
+  const std::int64_t B = batch.size(), T = batch.seq_len();
+  const ag::Tensor per = ag::cross_entropy(ag::slice(logits, 1, 0, T - 1), ag::slice(batch.tokens, 1, 1, T),
+                                           {.reduction = ag::Reduction::None});
+  const std::vector<double> l = per.to_vector();
+  const std::vector<TargetKind> kinds = target_kinds(batch);
+  const std::int64_t window = std::max<std::int64_t>(1, (T - 1) / 4);
+  double all = 0, first = 0, repeated = 0, early = 0, late = 0;
+  std::int64_t n_first = 0, n_repeated = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < T - 1; ++i) {
+      const auto k = static_cast<std::size_t>(b * (T - 1) + i);
+      all += l[k];
+      if (kinds[k] == TargetKind::First) first += l[k], ++n_first;
+      if (kinds[k] == TargetKind::Repeat) repeated += l[k], ++n_repeated;
+      if (i < window) early += l[k];
+      if (i >= T - 1 - window) late += l[k];
+    }
+  const auto mean = [](double s, std::int64_t n) { return n > 0 ? s / static_cast<double>(n) : std::nan(""); };
+  return {.all = mean(all, B * (T - 1)),
+          .first_occurrence = mean(first, n_first),
+          .repeated = mean(repeated, n_repeated),
+          .in_context_score = mean(late, B * window) - mean(early, B * window)};
+}
+
+// The share of attention on the detector's targets over the query positions that have one, per
+// head: patterns (B, H, T, T), detection (B, T, T).
+std::vector<double> target_share(const ag::Tensor& pattern, const ag::Tensor& detection) {
+  const std::int64_t B = pattern.size(0), H = pattern.size(1), T = pattern.size(2);
+  const std::vector<double> P = pattern.to_vector(), D = detection.to_vector();
+  std::vector<double> num(static_cast<std::size_t>(H), 0.0);
+  double rows = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < T; ++i) {
+      const std::size_t d0 = static_cast<std::size_t>((b * T + i) * T);
+      bool any = false;
+      for (std::int64_t j = 0; j < T; ++j) any = any || D[d0 + static_cast<std::size_t>(j)] != 0.0;
+      if (!any) continue;
+      rows += 1;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::size_t p0 = static_cast<std::size_t>(((b * H + h) * T + i) * T);
+        for (std::int64_t j = 0; j < T; ++j)
+          num[static_cast<std::size_t>(h)] += P[p0 + static_cast<std::size_t>(j)] * D[d0 + static_cast<std::size_t>(j)];
+      }
+    }
+  if (rows == 0)
+    throw std::runtime_error("induction_heads: no held-out query has a target for a head detector; "
+                             "use more --test-sequences");
+  for (double& x : num) x /= rows;
+  return num;
+}
+
+std::vector<double> pattern_slice(const ag::Tensor& pattern, std::int64_t b, std::int64_t h) {
+  return ag::narrow(ag::narrow(pattern, 0, b, 1), 1, h, 1).to_vector();
+}
+
+// Removes the hooks when it goes, also when a measurement throws.
+struct Hooks {
+  std::vector<nn::HookHandle> handles;
+  ~Hooks() {
+    for (auto& h : handles) h.remove();
+  }
+};
+
+const char* const kPatterns[] = {"blocks.0.attn.pattern", "blocks.1.attn.pattern"};
+
+void measure(nn::TransformerLM& model, const Batch& test, StudyResult& r) {
+  const StudyConfig& c = r.config;
+  const std::int64_t H = c.n_heads;
+  const auto forward = [&] { return model.forward(test.tokens); };
+  const nn::ActivationCache cache = nn::run_with_cache(model, forward, {.names = {kPatterns[0], kPatterns[1]}});
+  r.final_loss = losses_of(cache.output, test);
+  const circuits::HeadKind kinds[] = {circuits::HeadKind::PreviousToken, circuits::HeadKind::Induction,
+                                      circuits::HeadKind::DuplicateToken};
+  std::vector<ag::Tensor> detection;
+  for (auto kind : kinds) detection.push_back(circuits::detection_pattern(kind, test.tokens));
+  r.heads.clear();
+  for (std::int64_t layer = 0; layer < 2; ++layer) {
+    const ag::Tensor& P = cache[kPatterns[layer]];
+    std::vector<std::vector<double>> share, tl;
+    for (std::size_t k = 0; k < 3; ++k) {
+      share.push_back(target_share(P, detection[k]));
+      tl.push_back(circuits::head_scores(P, detection[k]).to_vector());
+    }
+    for (std::int64_t h = 0; h < H; ++h) {
+      const auto u = static_cast<std::size_t>(h);
+      r.heads.push_back({.layer = layer, .head = h, .previous_token = share[0][u], .induction = share[1][u],
+                         .duplicate_token = share[2][u], .tl_previous_token = tl[0][u], .tl_induction = tl[1][u],
+                         .tl_duplicate_token = tl[2][u]});
+    }
+  }
+  for (std::int64_t h = 0; h < H; ++h) {
+    if (r.head(0, h).previous_token > r.head(0, r.previous_token_head).previous_token) r.previous_token_head = h;
+    if (r.head(1, h).induction > r.head(1, r.induction_head).induction) r.induction_head = h;
+  }
+  const std::int64_t p = r.previous_token_head, ih = r.induction_head;
+
+  // K-composition of every (layer-0, layer-1) pair, and its level for random matrices.
+  r.k_composition_matrix =
+      circuits::composition_scores(model.attn(0), model.attn(1), circuits::Composition::K).to_vector();
+  r.k_composition = r.k_composition_matrix[static_cast<std::size_t>(p * H + ih)];
+  ag::Generator baseline_gen(c.seed ^ 0xba5e11e5ULL);
+  const auto baseline = circuits::random_composition_baseline(model.attn(0), model.attn(1), circuits::Composition::K,
+                                                              baseline_gen, c.baseline_samples);
+  r.k_composition_baseline = baseline.mean;
+  r.k_composition_baseline_std = baseline.std;
+
+  // Path ablation: the previous-token head's output (its slice of blocks.0.attn.result, read in
+  // the same forward) subtracted from one input of layer 1 alone.
+  r.path_ablation.clear();
+  const std::pair<const char*, const char*> inputs[] = {
+      {"keys", "blocks.1.k_input"}, {"queries", "blocks.1.q_input"}, {"values", "blocks.1.v_input"}};
+  for (const auto& [input, point] : inputs) {
+    ag::Tensor head_out;  // (B, T, E)
+    nn::ActivationCache ablated;
+    {
+      Hooks hooks;
+      hooks.handles.push_back(model.add_hook("blocks.0.attn.result", [&](const ag::Tensor& result, const std::string&) {
+        head_out = ag::squeeze(ag::narrow(result, 1, p, 1), 1);
+        return ag::Tensor();
+      }));
+      hooks.handles.push_back(model.add_hook(point, [&](const ag::Tensor& x, const std::string&) {
+        return x - head_out;
+      }));
+      ablated = nn::run_with_cache(model, forward, {.names = {kPatterns[1]}});
+    }
+    const double score = target_share(ablated[kPatterns[1]], detection[1])[static_cast<std::size_t>(ih)];
+    r.path_ablation.push_back({.input = input, .induction_score = score, .loss = losses_of(ablated.output, test)});
+  }
+
+  // One sequence for the pictures: the first with a period at least the middle of the range.
+  std::int64_t b = 0;
+  for (std::int64_t k = 0; k < test.size(); ++k)
+    if (2 * test.period[static_cast<std::size_t>(k)] >= c.task.period_min + c.task.period_max) {
+      b = k;
+      break;
+    }
+  Example& e = r.example;
+  e.tokens.clear();
+  for (double t : ag::narrow(test.tokens, 0, b, 1).to_vector()) e.tokens.push_back(static_cast<std::int64_t>(t));
+  e.start = test.start[static_cast<std::size_t>(b)];
+  e.period = test.period[static_cast<std::size_t>(b)];
+  e.previous_token_pattern = pattern_slice(cache[kPatterns[0]], b, p);
+  e.induction_pattern = pattern_slice(cache[kPatterns[1]], b, ih);
+}
+
+std::optional<std::int64_t> phase_change(const std::vector<CurvePoint>& curve) {
+  if (curve.empty()) return std::nullopt;
+  const double final_score = curve.back().test.in_context_score;
+  if (!(final_score < 0)) return std::nullopt;  // no in-context learning to speak of
+  for (const auto& point : curve)
+    if (point.test.in_context_score <= final_score / 2) return point.step;
+  return std::nullopt;
+}
+
+}  // namespace
+
+void StudyConfig::check() const {
+  task.check();
+  if (d_model % n_heads != 0)
+    throw std::invalid_argument(fmt::format("--d-model {} is not divisible by --heads {}", d_model, n_heads));
+  if (test_sequences < 1) throw std::invalid_argument("--test-sequences must be at least 1");
+}
+
+std::vector<Goal> goals(const StudyResult& r) {
+  std::vector<Goal> g;
+  const double clean = r.induction_score();
+  const auto drop = [clean](const PathAblation& a) { return clean > 0 ? 1 - a.induction_score / clean : 0.0; };
+  g.push_back({"previous-token score >= 0.5", r.previous_token_score() >= 0.5,
+               fmt::format("{:.3f}", r.previous_token_score())});
+  g.push_back({"induction score >= 0.7", clean >= 0.7, fmt::format("{:.3f}", clean)});
+  g.push_back({"K-composition >= 1.3 x its random baseline", r.k_composition >= 1.3 * r.k_composition_baseline,
+               fmt::format("{:.3f} vs {:.3f} ({:.2f} x)", r.k_composition, r.k_composition_baseline,
+                           r.k_composition / r.k_composition_baseline)});
+  for (const auto& a : r.path_ablation) {
+    const bool keys = a.input == "keys";
+    const double d = drop(a);
+    g.push_back({fmt::format("{}-only path ablation cuts the induction score by {}", a.input,
+                             keys ? ">= 30 %" : "< 10 %"),
+                 keys ? d >= 0.3 : d < 0.1, fmt::format("{:.3f} -> {:.3f} ({:+.1f} %)", clean, a.induction_score,
+                                                       -100 * d)});
+  }
+  return g;
+}
+
+StudyResult run_study(const StudyConfig& config, const Progress& progress) {
+  config.check();
+  StudyResult r;
+  r.config = config;
+  const StudyConfig& c = r.config;
+  ag::Generator init(c.seed);
+  nn::TransformerLM model({.n_layers = 2, .d_model = c.d_model, .n_heads = c.n_heads, .d_mlp = 0,
+                           .d_vocab = c.task.vocab, .n_ctx = c.task.seq_len},
+                          init);
+  r.parameters = model.num_parameters();
+  r.threads = ag::get_num_threads();
+  ag::Generator data(c.seed * 0x9e3779b97f4a7c15ULL + 1), held_out(c.seed * 0x9e3779b97f4a7c15ULL + 2);
+  const Batch test = make_batch(c.task, c.test_sequences, held_out);
+  nn::AdamW opt(model.named_parameters(), {.lr = c.lr, .weight_decay = c.weight_decay});
+
+  const auto evaluate = [&](std::int64_t step, double train_loss) {
+    ag::NoGradGuard no_grad;
+    CurvePoint point{.step = step, .train_loss = train_loss, .test = losses_of(model.forward(test.tokens), test)};
+    r.curve.push_back(point);
+    if (progress) progress(point);
+  };
+  double window = 0;
+  std::int64_t window_steps = 0;
+  for (std::int64_t step = 1; step <= c.steps; ++step) {
+    const auto start = Clock::now();
+    const Batch batch = make_batch(c.task, c.batch, data);
+    opt.zero_grad();
+    ag::Tensor loss = model.loss(batch.tokens);
+    const double value = loss.item();
+    if (!std::isfinite(value))
+      throw std::runtime_error(fmt::format("induction_heads: the training loss is {} at step {}; the learning rate "
+                                           "(--lr {}) is likely too large",
+                                           value, step, c.lr));
+    if (step == 1) {
+      r.train_seconds += seconds_since(start);
+      evaluate(0, value);
+    }
+    const auto resumed = Clock::now();
+    loss.backward();
+    opt.step();
+    r.train_seconds += seconds_since(step == 1 ? resumed : start);
+    r.train_losses.push_back(value);
+    window += value;
+    ++window_steps;
+    if (step % c.eval_interval == 0 || step == c.steps) {
+      evaluate(step, window / static_cast<double>(window_steps));
+      window = 0;
+      window_steps = 0;
+    }
+  }
+  r.phase_change_step = phase_change(r.curve);
+  const auto start = Clock::now();
+  {
+    ag::NoGradGuard no_grad;
+    measure(model, test, r);
+  }
+  r.measure_seconds = seconds_since(start);
+  return r;
+}
+
+}  // namespace induction

@@ -1,0 +1,110 @@
+#pragma once
+// Training a 2-layer attention-only nn::TransformerLM on the repeat task, and the measurements of
+// its induction circuit on held-out sequences: the losses by kind of token, the in-context
+// learning score, every head's scores, the previous-token and induction heads, their
+// K-composition against random matrices, and the path ablation through layer 1's keys, queries
+// and values.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nn/nn.hpp>
+
+#include "task.hpp"
+
+namespace induction {
+
+struct StudyConfig {
+  TaskConfig task;
+  std::int64_t d_model = 64;
+  std::int64_t n_heads = 4;
+  std::int64_t batch = 32;
+  std::int64_t steps = 1500;
+  double lr = 3e-3;
+  double weight_decay = 0.01;  // AdamW's default
+  std::int64_t eval_interval = 50;  // steps between held-out evaluations (the curve)
+  std::int64_t test_sequences = 512;
+  std::uint64_t seed = 1;
+  int baseline_samples = 100;  // random matrices for the K-composition baseline
+
+  void check() const;  // throws std::invalid_argument naming the flag at fault
+};
+
+// Losses on held-out sequences (mean cross entropy per predicted token, nats).
+struct Losses {
+  double all = 0;
+  double first_occurrence = 0;  // tokens of the segment's first copy
+  double repeated = 0;          // the second copy but its first token: what an induction head predicts
+  double in_context_score = 0;  // mean loss at the last T/4 positions minus at the first T/4 (Olsson et al.)
+};
+
+struct CurvePoint {
+  std::int64_t step = 0;
+  double train_loss = 0;  // mean training-batch loss since the previous point (step 0: the first batch's)
+  Losses test;
+};
+
+struct HeadScores {
+  std::int64_t layer = 0, head = 0;
+  // The share of the head's attention on the detector's target keys, averaged over the query
+  // positions that have one (every position but the first for previous-token; a token seen before
+  // for duplicate-token and induction), over the held-out sequences.
+  double previous_token = 0, induction = 0, duplicate_token = 0;
+  // TransformerLens's head_detector scores ("mul"), over every query position (nn::circuits::head_scores):
+  // an induction head scores at most the share of positions that have an earlier occurrence.
+  double tl_previous_token = 0, tl_induction = 0, tl_duplicate_token = 0;
+};
+
+struct PathAblation {
+  std::string input;  // "keys", "queries", "values"
+  double induction_score = 0;  // the induction head's
+  Losses loss;
+};
+
+// One held-out sequence with both heads' patterns over it, for the report.
+struct Example {
+  std::vector<std::int64_t> tokens;
+  std::int64_t start = 0, period = 0;
+  std::vector<double> previous_token_pattern, induction_pattern;  // (T, T) row-major
+};
+
+struct StudyResult {
+  StudyConfig config;
+  std::int64_t parameters = 0;
+  int threads = 1;
+  double train_seconds = 0, measure_seconds = 0;
+  std::vector<double> train_losses;  // every step's batch loss
+  std::vector<CurvePoint> curve;
+  Losses final_loss;
+  std::vector<HeadScores> heads;  // layer-major
+  std::int64_t previous_token_head = 0;  // in layer 0
+  std::int64_t induction_head = 0;       // in layer 1
+  std::vector<double> k_composition_matrix;  // (H, H): layer-0 head i's OV into layer-1 head j's keys
+  double k_composition = 0;
+  double k_composition_baseline = 0, k_composition_baseline_std = 0;
+  std::vector<PathAblation> path_ablation;  // keys, queries, values
+  std::optional<std::int64_t> phase_change_step;
+  Example example;
+
+  const HeadScores& head(std::int64_t layer, std::int64_t h) const {
+    return heads[static_cast<std::size_t>(layer * config.n_heads + h)];
+  }
+  double induction_score() const { return head(1, induction_head).induction; }
+  double previous_token_score() const { return head(0, previous_token_head).previous_token; }
+};
+
+// The goals of issue 28, each with what was measured.
+struct Goal {
+  std::string name;
+  bool met = false;
+  std::string measured;
+};
+std::vector<Goal> goals(const StudyResult& r);
+
+// progress(step, train_loss, point): called at every evaluation (point) during training.
+using Progress = std::function<void(const CurvePoint& point)>;
+StudyResult run_study(const StudyConfig& config, const Progress& progress = {});
+
+}  // namespace induction

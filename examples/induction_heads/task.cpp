@@ -1,0 +1,62 @@
+#include "task.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace induction {
+
+void TaskConfig::check() const {
+  if (vocab < 2) throw std::invalid_argument(fmt::format("--vocab {}: needs at least 2 tokens", vocab));
+  if (period_min < 1)
+    throw std::invalid_argument(fmt::format("--period-min {}: the segment needs at least 1 token", period_min));
+  if (period_max < period_min)
+    throw std::invalid_argument(fmt::format("--period-max {} is below --period-min {}", period_max, period_min));
+  if (2 * period_max > seq_len)
+    throw std::invalid_argument(fmt::format("--period-max {}: a segment of {} tokens repeated does not fit in "
+                                            "--seq-len {} (needs 2 x {} = {})",
+                                            period_max, period_max, seq_len, period_max, 2 * period_max));
+}
+
+std::string TaskConfig::describe() const {
+  return fmt::format("{} random tokens of {} in which a segment of {} to {} tokens is repeated at once", seq_len,
+                     vocab, period_min, period_max);
+}
+
+Batch make_batch(const TaskConfig& task, std::int64_t B, ag::Generator& gen) {
+  const std::int64_t T = task.seq_len;
+  std::vector<std::int64_t> t(static_cast<std::size_t>(B * T));
+  Batch batch;
+  const auto draw = [&gen](std::int64_t n) {  // uniform in [0, n)
+    return static_cast<std::int64_t>(gen.next_u64() % static_cast<std::uint64_t>(n));
+  };
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t i = 0; i < T; ++i) t[static_cast<std::size_t>(b * T + i)] = draw(task.vocab);
+    const std::int64_t period = task.period_min + draw(task.period_max - task.period_min + 1);
+    const std::int64_t start = draw(T - 2 * period + 1);
+    for (std::int64_t i = 0; i < period; ++i)
+      t[static_cast<std::size_t>(b * T + start + period + i)] = t[static_cast<std::size_t>(b * T + start + i)];
+    batch.start.push_back(start);
+    batch.period.push_back(period);
+  }
+  batch.tokens = ag::tensor_int64(t, {B, T});
+  return batch;
+}
+
+std::vector<TargetKind> target_kinds(const Batch& batch) {
+  const std::int64_t B = batch.size(), T = batch.seq_len();
+  std::vector<TargetKind> kinds(static_cast<std::size_t>(B * (T - 1)), TargetKind::Other);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t s = batch.start[static_cast<std::size_t>(b)], p = batch.period[static_cast<std::size_t>(b)];
+    for (std::int64_t pos = 1; pos < T; ++pos) {  // the target tokens[b][pos], predicted at pos - 1
+      TargetKind k = TargetKind::Other;
+      if (pos >= s && pos < s + p) k = TargetKind::First;
+      else if (pos == s + p) k = TargetKind::RepeatHead;
+      else if (pos > s + p && pos < s + 2 * p) k = TargetKind::Repeat;
+      kinds[static_cast<std::size_t>(b * (T - 1) + pos - 1)] = k;
+    }
+  }
+  return kinds;
+}
+
+}  // namespace induction
