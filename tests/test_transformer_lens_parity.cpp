@@ -8,8 +8,7 @@
 //     except at ln_1's points, which get none (see ln_1_gradients_equal_transformer_lens),
 //   - nn::study::activation_patching of each layer's z equals TL's patching functions to 1e-9,
 //   - nn::circuits' decompose_resid, stack_head_results, accumulated_resid and logit_lens equal
-//     TL's cache functions (accumulated_resid(apply_ln=True) itself differs: see the disabled
-//     accumulated_resid_with_apply_ln_equals_transformer_lens_3_9),
+//     TL's cache functions,
 //   - transformer_lens_state_dict gives TL's state dict back exactly,
 //   - a state dict with a tensor of the wrong shape, a missing tensor or an unknown tensor is
 //     refused, naming the tensor, and leaves the model as it was,
@@ -595,11 +594,8 @@ BOOST_AUTO_TEST_CASE(the_accumulated_residual_stream_and_logit_lens_equal_transf
   check_close("B logit_lens final_post", component(tl_lens, tl.size(0) - 1), fixture("B.logits"));
 }
 
-// circuits::accumulated_resid with apply_ln for the final layer divides by the cached
-// ln_final.scale (TL before 3.x); TL 3.9 recomputes the LayerNorm per stream (above). Disabled
-// until accumulated_resid follows TL 3.9; run it with
-// --run_test=accumulated_resid_with_apply_ln_equals_transformer_lens_3_9.
-BOOST_AUTO_TEST_CASE(accumulated_resid_with_apply_ln_equals_transformer_lens_3_9, *boost::unit_test::disabled()) {
+// circuits::accumulated_resid with apply_ln up to the final layer: TL 3.9's stack itself.
+BOOST_AUTO_TEST_CASE(accumulated_resid_with_apply_ln_equals_transformer_lens_3_9) {
   const auto m = tl_model("B");
   const nn::ActivationCache cache = nn::run_with_cache(*m, [&] { return m->forward(tokens()); });
   check_close("B accumulated_resid(apply_ln)", nn::circuits::accumulated_resid(*m, cache, -1, true, true).stack,
