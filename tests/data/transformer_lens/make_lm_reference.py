@@ -36,11 +36,12 @@ Config B only:
   B.patch.head_out_by_pos  (L, T, H) patching.get_act_patch_attn_head_out_by_pos (hook_z at one position)
   B.grad.<hook name>       d loss / d value at each hook point (loss = model(tokens, return_type="loss")):
                            run_with_cache(..., incl_bwd=True)'s "<hook name>_grad", except at ln1's
-                           points, which split-qkv reaches three times (for q, k and v) and whose
-                           cache entry holds one call's gradient: there the sum over the three
-                           calls. The per-head points (hook_q/k/v_input, ln1.hook_scale,
-                           ln1.hook_normalized) are summed over the heads, (B, T, 1, ...): the
-                           gradient with respect to a stream the heads share.
+                           points, which split-qkv reaches three times (ln1 of the q, k and v
+                           inputs, in that order) and whose cache entry holds one call's gradient:
+                           there each call's, stacked as (B, T, 3, ...) (q's, k's, v's). The per-head
+                           points (hook_q/k/v_input, ln1.hook_scale, ln1.hook_normalized) are summed
+                           over the heads, (B, T, 1, ...) (or 3 for ln1's): the gradient with respect
+                           to a stream the heads share.
   Logit lens, from the clean cache (left for a later test):
   B.lens.accumulated_resid (2L + 2, B, T, E) cache.accumulated_resid(apply_ln=True, incl_mid=True),
                            labels: 0_pre, 0_mid, 1_pre, 1_mid, final_post
@@ -104,24 +105,23 @@ def make_model(name, seed):
 def loss_gradients(model, tokens):
     """d loss / d value at every hook point: run_with_cache(return_type="loss", incl_bwd=True)'s
     gradients, except at the points a forward reaches more than once (ln1's, which split-qkv runs on
-    the q, k and v inputs), whose cache entry holds one call's gradient: there, the sum over the
-    calls, from hooks of our own. The per-head points are summed over the heads (see the docstring)."""
+    the q, k and v inputs, in that order), whose cache entry holds one call's gradient: there, each
+    call's, from tensor hooks of our own, stacked (..., 3, ·) as q's, k's, v's. The per-head points
+    are summed over the heads (see the docstring)."""
     _, cache = model.run_with_cache(tokens, return_type="loss", incl_bwd=True)
     model.zero_grad(set_to_none=True)
-    summed, calls = {}, {}
+    per_call = {}  # name -> each call's gradient, in the order of the forward calls
 
-    def accumulate(grad, hook):
-        summed[hook.name] = summed.get(hook.name, 0) + grad.detach().clone()
-        calls[hook.name] = calls.get(hook.name, 0) + 1
-
-    def count(value, hook):
-        calls[hook.name + ".fwd"] = calls.get(hook.name + ".fwd", 0) + 1
+    def capture(value, hook):
+        calls = per_call.setdefault(hook.name, [])
+        i = len(calls)
+        calls.append(None)
+        value.register_hook(lambda g: calls.__setitem__(i, g.detach().clone()))
 
     for name in model.hook_dict:
         if name + "_grad" not in cache:
             continue  # a point this config does not reach (hook_attn_in, hook_mlp_in, ...)
-        model.add_hook(name, accumulate, dir="bwd")
-        model.add_hook(name, count, dir="fwd")
+        model.add_hook(name, capture, dir="fwd")
     model(tokens, return_type="loss").backward()
     model.reset_hooks()
     model.zero_grad(set_to_none=True)
@@ -129,14 +129,17 @@ def loss_gradients(model, tokens):
     for name in model.hook_dict:
         if name + "_grad" not in cache:
             continue
-        assert calls[name] == calls[name + ".fwd"], (name, calls[name], calls[name + ".fwd"])
-        g = summed[name]
-        if calls[name] == 1:
-            assert torch.equal(g, cache[name + "_grad"]), name
+        calls = per_call[name]
+        assert all(g is not None for g in calls), name
+        if len(calls) == 1:
+            assert torch.equal(calls[0], cache[name + "_grad"]), name
+            g = calls[0]
         else:
-            assert name.endswith(("ln1.hook_scale", "ln1.hook_normalized")) and calls[name] == 3, (name, calls[name])
+            assert name.endswith(("ln1.hook_scale", "ln1.hook_normalized")) and len(calls) == 3, (name, len(calls))
+            assert any(torch.equal(c, cache[name + "_grad"]) for c in calls), name
         if any(name.endswith(p) for p in PER_HEAD_REPEATS):
-            g = g.sum(dim=2, keepdim=True)
+            # (B, T, H, X) per call -> (B, T, 1, X), or (B, T, 3, X) for ln1's q, k, v calls
+            g = torch.cat([c.sum(dim=2, keepdim=True) for c in calls], dim=2)
         out[name] = g
     return out
 
