@@ -110,9 +110,10 @@ int run(const Options& o) {
              static_cast<double>(c.steps) / r.train_seconds, r.threads, r.threads == 1 ? "" : "s", r.measure_seconds);
   fmt::print("phase change (in-context score at half its final value): {}\n",
              r.phase_change_step ? fmt::format("step {}", *r.phase_change_step) : std::string("none"));
-  fmt::print("heads (previous-token / induction / duplicate-token score):\n");
+  fmt::print("heads (previous-token / induction / duplicate-token score; mean i - j, mean j / i, mean largest weight):\n");
   for (const auto& h : r.heads)
-    fmt::print("  L{}H{}: {:.3f} / {:.3f} / {:.3f}\n", h.layer, h.head, h.previous_token, h.induction, h.duplicate_token);
+    fmt::print("  L{}H{}: {:.3f} / {:.3f} / {:.3f}; {:.2f}, {:.3f}, {:.3f}\n", h.layer, h.head, h.previous_token, h.induction,
+               h.duplicate_token, h.mean_offset, h.mean_relative_position, h.mean_max_weight);
   fmt::print("previous-token head L0H{}, induction head L1H{}; K-composition {:.3f} (random baseline {:.3f} +- {:.3f})\n",
              r.previous_token_head, r.induction_head, r.k_composition, r.k_composition_baseline,
              r.k_composition_baseline_std);

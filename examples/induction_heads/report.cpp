@@ -139,7 +139,10 @@ nlohmann::json summary_json(const StudyResult& r) {
                      {"duplicate_token_score", h.duplicate_token},
                      {"head_detector", {{"previous_token_head", h.tl_previous_token},
                                         {"induction_head", h.tl_induction},
-                                        {"duplicate_token_head", h.tl_duplicate_token}}}});
+                                        {"duplicate_token_head", h.tl_duplicate_token}}},
+                     {"mean_offset", h.mean_offset},
+                     {"mean_relative_position", h.mean_relative_position},
+                     {"mean_max_weight", h.mean_max_weight}});
   nlohmann::json ablation = nlohmann::json::object();
   for (const auto& a : r.path_ablation)
     ablation[a.input] = {{"induction_score", a.induction_score},
@@ -248,11 +251,17 @@ std::string report_html(const StudyResult& r) {
       "positions that have one: the previous position (previous-token), the token after an earlier occurrence of "
       "the current token (induction), an earlier occurrence itself (duplicate-token). TransformerLens's "
       "head_detector (\"mul\", nn::circuits::head_scores) averages over every query position instead, so its "
-      "induction score is at most the share of positions that repeat an earlier token; it is given alongside.");
+      "induction score is at most the share of positions that repeat an earlier token; it is given alongside. "
+      "The last three columns say where a head looks from query i: the attention-weighted mean of i - j (1 for a "
+      "previous-token head), of j / i, and how sharply (the mean largest weight; about 0.1 for uniform attention "
+      "over 32 positions). A sharp head with j / i near 0.5 reads half-way back, as the layer-0 heads of a "
+      "model that learned the repeats without a previous-token head do: the bigram x_k, x_(k+1) read into "
+      "position 2k + 2 by two heads, which a layer-1 head then keys on; it only serves repeats early in the "
+      "sequence).");
   html::Table heads;
   heads.caption = "Every head";
   heads.header = {"head", "previous-token", "induction", "duplicate-token", "TL previous-token", "TL induction",
-                  "TL duplicate-token"};
+                  "TL duplicate-token", "mean i - j", "mean j / i", "mean largest weight"};
   heads.attributes = "id=\"head-scores\"";
   heads.row_attributes = "class=\"head-row\"";
   for (const auto& h : r.heads)
@@ -261,7 +270,9 @@ std::string report_html(const StudyResult& r) {
                                : h.layer == 1 && h.head == ih ? " (induction head)"
                                                               : ""),
                           fixed(h.previous_token), fixed(h.induction), fixed(h.duplicate_token),
-                          fixed(h.tl_previous_token), fixed(h.tl_induction), fixed(h.tl_duplicate_token)});
+                          fixed(h.tl_previous_token), fixed(h.tl_induction), fixed(h.tl_duplicate_token),
+                          fixed(h.mean_offset, 2), fixed(h.mean_relative_position),
+                          fixed(h.mean_max_weight)});
   page.table(heads);
 
   page.heading(2, "K-composition");

@@ -71,6 +71,37 @@ std::vector<double> target_share(const ag::Tensor& pattern, const ag::Tensor& de
   return num;
 }
 
+// Per head: the attention-weighted mean of i - j and of j / i over the query positions i >= 1.
+struct Looks {
+  std::vector<double> offset, relative, max_weight;
+};
+Looks where_heads_look(const ag::Tensor& pattern) {
+  const std::int64_t B = pattern.size(0), H = pattern.size(1), T = pattern.size(2);
+  const std::vector<double> P = pattern.to_vector();
+  std::vector<double> offset(static_cast<std::size_t>(H), 0.0), relative(static_cast<std::size_t>(H), 0.0),
+      max_weight(static_cast<std::size_t>(H), 0.0);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 1; i < T; ++i) {
+        const std::size_t p0 = static_cast<std::size_t>(((b * H + h) * T + i) * T);
+        double top = 0;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const double a = P[p0 + static_cast<std::size_t>(j)];
+          top = std::max(top, a);
+          offset[static_cast<std::size_t>(h)] += a * static_cast<double>(i - j);
+          relative[static_cast<std::size_t>(h)] += a * static_cast<double>(j) / static_cast<double>(i);
+        }
+        max_weight[static_cast<std::size_t>(h)] += top;
+      }
+  const auto n = static_cast<double>(B * (T - 1));
+  for (std::int64_t h = 0; h < H; ++h) {
+    offset[static_cast<std::size_t>(h)] /= n;
+    relative[static_cast<std::size_t>(h)] /= n;
+    max_weight[static_cast<std::size_t>(h)] /= n;
+  }
+  return {offset, relative, max_weight};
+}
+
 std::vector<double> pattern_slice(const ag::Tensor& pattern, std::int64_t b, std::int64_t h) {
   return ag::narrow(ag::narrow(pattern, 0, b, 1), 1, h, 1).to_vector();
 }
@@ -103,11 +134,13 @@ void measure(nn::TransformerLM& model, const Batch& test, StudyResult& r) {
       share.push_back(target_share(P, detection[k]));
       tl.push_back(circuits::head_scores(P, detection[k]).to_vector());
     }
+    const Looks looks = where_heads_look(P);
     for (std::int64_t h = 0; h < H; ++h) {
       const auto u = static_cast<std::size_t>(h);
       r.heads.push_back({.layer = layer, .head = h, .previous_token = share[0][u], .induction = share[1][u],
                          .duplicate_token = share[2][u], .tl_previous_token = tl[0][u], .tl_induction = tl[1][u],
-                         .tl_duplicate_token = tl[2][u]});
+                         .tl_duplicate_token = tl[2][u], .mean_offset = looks.offset[u],
+                         .mean_relative_position = looks.relative[u], .mean_max_weight = looks.max_weight[u]});
     }
   }
   for (std::int64_t h = 0; h < H; ++h) {

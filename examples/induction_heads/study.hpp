@@ -55,6 +55,11 @@ struct HeadScores {
   // TransformerLens's head_detector scores ("mul"), over every query position (nn::circuits::head_scores):
   // an induction head scores at most the share of positions that have an earlier occurrence.
   double tl_previous_token = 0, tl_induction = 0, tl_duplicate_token = 0;
+  // Where the head looks, from every query position i >= 1: the attention-weighted mean of i - j
+  // (1 for a previous-token head) and of j / i (about 0.5 for a head that reads half-way back).
+  // and the mean of each query's largest weight (1/(i+1) for uniform attention, 1 for one key), which
+  // tells a sharp head that reads half-way back from a uniform one.
+  double mean_offset = 0, mean_relative_position = 0, mean_max_weight = 0;
 };
 
 struct PathAblation {
