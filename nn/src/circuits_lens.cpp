@@ -117,7 +117,9 @@ ag::Tensor apply_ln_to_stack(const TransformerLM& model, const ActivationCache& 
              stack.defined() ? ag::shape_str(stack.shape()) : "undefined", model.config().d_model);
   if (model.config().normalization == Normalization::None) return stack;
   const std::string point = layer == -1 || layer == L ? "ln_final.scale" : fmt::format("blocks.{}.ln_1.scale", layer);
-  const ag::Tensor& scale = cached(op, cache, point);  // (B, T, 1)
+  ag::Tensor scale = cached(op, cache, point);  // (B, T, 1)
+  // With a q/k/v input hooked, ln_1 ran on the three inputs as one stack (B, T, 3, 1): the queries'.
+  if (scale.dim() == 4 && scale.size(2) == 3) scale = ag::squeeze(ag::narrow(scale, 2, 0, 1), 2);
   if (scale.dim() != 3 || scale.size(0) != stack.size(1) || scale.size(1) != stack.size(2))
     ag::fail(op, "stack of shape {} does not fit the cached {} of shape {}", ag::shape_str(stack.shape()), point,
              ag::shape_str(scale.shape()));

@@ -147,17 +147,16 @@ TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const Atte
   const auto norm = [](const std::shared_ptr<LayerNorm>& ln, const ag::Tensor& v) { return ln ? ln->forward(v) : v; };
   const ag::Tensor x0 = at.run(kResidPre, x);  // (B, T, d_model)
   AttentionOutput a;
-  if (at.hooked(kQInput) || at.hooked(kKInput) || at.hooked(kVInput)) {  // each input on its own
-    // ln_1 (and its hook points) runs once, on the stream; an input a hook replaced is normalised
-    // by the same LayerNorm without its points, so that they are reached once per forward.
-    const ag::Tensor q = at.run(kQInput, x0), k = at.run(kKInput, x0), v = at.run(kVInput, x0);
-    const ag::Tensor h = norm(ln_1_, x0);
-    const auto input = [&](const ag::Tensor& in) {
-      if (in.is_same(x0) || !ln_1_) return in.is_same(x0) ? h : in;
-      const LayerNorm& ln = *ln_1_;
-      return ag::layer_norm(in, ln.options().normalized_shape, ln.weight(), ln.bias(), ln.options().eps);
-    };
-    a = attn_->forward(input(q), input(k), input(v), options);
+  std::vector<ag::Tensor> in = {at.run(kQInput, x0), at.run(kKInput, x0), at.run(kVInput, x0)};
+  if (!in[0].is_same(x0) || !in[1].is_same(x0) || !in[2].is_same(x0)) {  // an input replaced (or watched)
+    // The three inputs go through ln_1 as one stack (..., 3, d_model), so that its points are
+    // reached once per forward (ln_1.scale is then (..., 3, 1): q's, k's, v's).
+    if (ln_1_) {
+      const std::int64_t d = x0.dim() - 1;
+      const ag::Tensor h = ln_1_->forward(ag::stack(in, d));
+      for (std::int64_t i = 0; i < 3; ++i) in[static_cast<std::size_t>(i)] = ag::squeeze(ag::narrow(h, d, i, 1), d);
+    }
+    a = attn_->forward(in[0], in[1], in[2], options);
   } else {
     const ag::Tensor h = norm(ln_1_, x0);
     a = attn_->forward(h, h, h, options);

@@ -194,7 +194,9 @@ enum class Normalization { LayerNorm, None };
 // "resid_pre" (the input x); "q_input", "k_input", "v_input" (the residual stream the layer's
 // queries, keys and values are made from, before ln_1: a hook on one of them changes that input
 // alone, as TransformerLens's use_split_qkv_input, but shared by the heads, (B, T, d_model), where
-// TL has one per head); "attn_out" (attention's output), "resid_mid" (x after attention is added),
+// TL has one per head; when a hook replaces one of them, or a backward hook watches one, ln_1
+// normalises the three as one stack (..., 3, d_model), so its points are then shaped (..., 3, ·),
+// q's, k's, v's, as TL's are per head); "attn_out" (attention's output), "resid_mid" (x after attention is added),
 // "mlp_pre" (fc_1's output, d_ff wide), "mlp_hidden" (the activation's output), "mlp_out" (fc_2's),
 // "resid_post" (the output); with the children's "attn.q" .. "attn.out", "ln_1.scale", ...
 // The attention-only form (mlp = false) has no ln_2, fc_1, fc_2 and no resid_mid or mlp points:
