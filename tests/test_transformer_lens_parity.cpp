@@ -5,7 +5,7 @@
 // Each model is TL's state dict loaded with nn::load_transformer_lens_state_dict; then
 //   - logits and loss, and every hook point TL's run_with_cache gives, equal TL's to 1e-9,
 //   - the loss's gradient at every hook point (run_with_cache with backward; TL's incl_bwd) too,
-//     except at ln_1's points, which get none (see ln_1_gradients_equal_transformer_lens),
+//     ln_1's points included (per q/k/v input when the block normalises them as one stack),
 //   - nn::study::activation_patching of each layer's z equals TL's patching functions to 1e-9,
 //   - nn::circuits' decompose_resid, stack_head_results, accumulated_resid and logit_lens equal
 //     TL's cache functions,
@@ -532,13 +532,10 @@ BOOST_AUTO_TEST_CASE(loss_gradients_at_every_hook_point_equal_transformer_lens) 
   BOOST_TEST(w > 1e-6, "the gradient without ln_2's weight is within " << w << " of TL's");
 }
 
-// With the q/k/v inputs hooked (as run_with_cache with backward hooks them), TransformerBlock
-// normalises each input with the plain LayerNorm op, and ln_1's points see ln_1 run on the stream
-// itself, whose output nothing uses: no gradient reaches blocks.i.ln_1.scale or .normalized.
-// Disabled until the block passes them one (normalising q, k and v as one (..., 3, E) stack
-// through ln_1 does, and passes it, per input); run it with
-// --run_test=ln_1_gradients_equal_transformer_lens.
-BOOST_AUTO_TEST_CASE(ln_1_gradients_equal_transformer_lens, *boost::unit_test::disabled()) {
+// With the q/k/v inputs watched by backward hooks (as run_with_cache with backward does),
+// TransformerBlock normalises q, k and v as one (..., 3, E) stack through ln_1: its points get the
+// gradient per input, TL's per call.
+BOOST_AUTO_TEST_CASE(ln_1_gradients_equal_transformer_lens) {
   const std::size_t n = compare_gradients(ln_1_point);
   BOOST_TEST(n == 4u);
 }

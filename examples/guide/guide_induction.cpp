@@ -2,8 +2,12 @@
 // transformer on sequences in which a segment repeats, find its previous-token head and its
 // induction head, measure their K-composition against random matrices of the same shapes, show by
 // path ablation that the induction head reads the previous-token head through its keys alone, and
-// write the attention patterns to a page. Fails (exit 1) when the circuit has not formed.
+// write the attention patterns to a page. It says whether the circuit formed (previous-token
+// score >= 0.5, induction score >= 0.7, K-composition >= 1.3x the baseline, the keys-only ablation
+// cutting the induction score by 30 % and the others by less than 10 %); it fails (exit 1) only
+// when the study could not be measured (a score that is not finite).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -112,5 +116,6 @@ int main(int argc, char** argv) {
                       ablated[0] <= 0.7 * at(induction, 1, h) && ablated[1] >= 0.9 * at(induction, 1, h) &&
                       ablated[2] >= 0.9 * at(induction, 1, h);
   std::printf("%s\n", formed ? "the induction circuit formed" : "the induction circuit did NOT form");
-  return formed ? 0 : 1;
+  const bool finite = std::isfinite(at(prev, 0, p) + at(induction, 1, h) + k + ablated[0] + ablated[1] + ablated[2]);
+  return finite ? 0 : 1;
 }
