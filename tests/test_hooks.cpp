@@ -39,12 +39,15 @@ BOOST_AUTO_TEST_CASE(hook_points_have_dotted_names_in_the_model_tree) {
   const auto names = m.hook_point_names();
   for (const char* n : {"block.resid_pre", "block.resid_mid", "block.mlp_hidden", "block.resid_post", "block.attn.q",
                         "block.attn.k", "block.attn.v", "block.attn.raw_scores", "block.attn.scores",
-                        "block.attn.pattern", "block.attn.z", "block.attn.concat", "block.attn.out"})
+                        "block.attn.pattern", "block.attn.z", "block.attn.concat", "block.attn.out",
+                        "block.q_input", "block.k_input", "block.v_input", "block.attn_out", "block.mlp_pre",
+                        "block.mlp_out", "block.attn.result", "block.ln_1.scale", "block.ln_1.normalized",
+                        "block.ln_2.scale", "block.ln_2.normalized", "ln_f.scale", "ln_f.normalized"})
     BOOST_TEST(contains(names, n), n);
-  BOOST_TEST(names.size() == 13u);
+  BOOST_TEST(names.size() == 26u);  // the 13 above the list's first line, and 13 more
   TinyModel bare(TinyOptions{.mlp = false});
   BOOST_TEST(contains(bare.hook_point_names(), "attn.pattern"));
-  BOOST_TEST(bare.hook_point_names().size() == 9u);
+  BOOST_TEST(bare.hook_point_names().size() == 14u);  // attention's 10, and LayerNorms' scale and normalized
   // A layer on its own names its points without a prefix.
   BOOST_TEST(contains(m.block->attn().hook_point_names(), "pattern"));
 }
@@ -231,7 +234,7 @@ BOOST_AUTO_TEST_CASE(run_with_cache_caches_every_point_with_gradients) {
   const std::vector<std::int64_t> targets{0, 1, 2, 3, 4, 0, 1, 2};
   nn::ActivationCache cache =
       nn::run_with_cache(m, [&] { return mean_log_prob(m.forward(kTokens), targets); }, {.backward = true});
-  BOOST_TEST(cache.names().size() == 13u);
+  BOOST_TEST(cache.names().size() == 26u);
   BOOST_TEST(max_abs_diff(cache["block.attn.pattern"], want_pattern) <= 1e-12);
   for (const auto& n : cache.names()) {
     BOOST_TEST(cache.has_grad(n), n);

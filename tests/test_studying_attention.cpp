@@ -47,7 +47,7 @@ BOOST_AUTO_TEST_CASE(list_hook_points) {
   for (const std::string& name : model.hook_point_names()) fmt::print("{}\n", name);
   // block.resid_pre, block.resid_mid, block.mlp_hidden, block.resid_post, block.attn.q, ..., block.attn.out
   // snippet end
-  BOOST_TEST(model.hook_point_names().size() == 13u);
+  BOOST_TEST(model.hook_point_names().size() == 26u);
 }
 
 BOOST_AUTO_TEST_CASE(read_the_pattern_and_its_gradient) {

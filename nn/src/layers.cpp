@@ -147,8 +147,9 @@ TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const Atte
   const auto norm = [](const std::shared_ptr<LayerNorm>& ln, const ag::Tensor& v) { return ln ? ln->forward(v) : v; };
   const ag::Tensor x0 = at.run(kResidPre, x);  // (B, T, d_model)
   AttentionOutput a;
-  std::vector<ag::Tensor> in = {at.run(kQInput, x0), at.run(kKInput, x0), at.run(kVInput, x0)};
-  if (!in[0].is_same(x0) || !in[1].is_same(x0) || !in[2].is_same(x0)) {  // an input replaced (or watched)
+  const ag::Tensor q_in = at.run(kQInput, x0), k_in = at.run(kKInput, x0), v_in = at.run(kVInput, x0);
+  if (!q_in.is_same(x0) || !k_in.is_same(x0) || !v_in.is_same(x0)) {  // an input replaced (or watched)
+    std::vector<ag::Tensor> in = {q_in, k_in, v_in};
     // The three inputs go through ln_1 as one stack (..., 3, d_model), so that its points are
     // reached once per forward (ln_1.scale is then (..., 3, 1): q's, k's, v's).
     if (ln_1_) {

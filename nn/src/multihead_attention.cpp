@@ -15,7 +15,7 @@ namespace {
 
 constexpr std::string_view kOp = "MultiHeadAttention";
 // The hook points, in the order the forward reaches them; "result" and "out" last.
-constexpr std::size_t kZPoint = 6;
+constexpr std::size_t kConcatPoint = 7;
 constexpr std::size_t kResultPoint = 8;
 constexpr std::size_t kOutPoint = 9;
 
@@ -138,16 +138,16 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
   // with the callback; "result" and "out" are run here. No hook: neither (the fused path as it was).
   const HookPoints& points = hook_points();
   std::function<ag::Tensor(const char*, const ag::Tensor&)> on_point;
-  ag::Tensor z;  // the z point's value after its hooks, when the result point needs it
+  ag::Tensor concat;  // the concat point's value after its hooks, when the result point needs it
   if (points.any()) {
     bool inside = false;
     for (std::size_t i = 0; i < kOutPoint; ++i) inside = inside || points.hooked(i);
     if (inside) {
-      on_point = [&points, &z](const char* point, const ag::Tensor& v) {
+      on_point = [&points, &concat](const char* point, const ag::Tensor& v) {
         const std::size_t i = points.index(point);
         if (i == kOutPoint) return ag::Tensor();
         ag::Tensor r = points.run(i, v);
-        if (i == kZPoint) z = r.defined() ? r : v;
+        if (i == kConcatPoint) concat = r.defined() ? r : v;
         return r;
       };
       config.hooks = &on_point;
@@ -158,6 +158,10 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
   if (points.hooked(kResultPoint)) {
     // Each head's share z_h · W_O[h] (B, H, T, E); the output is their sum plus b_O (the same as
     // concat · W_O + b_O, to rounding), so a replaced head result changes the output.
+    // From concat (after its hooks) back to per-head z (B, H, T, d_k), so every point before
+    // stays on the output's path.
+    const std::int64_t H = options_.num_heads, d_k = head_dim();
+    const ag::Tensor z = ag::permute(ag::reshape(concat, {concat.size(0), concat.size(1), H, d_k}), {0, 2, 1, 3});
     const ag::Tensor r = points.run(kResultPoint, study::head_results(*this, z));
     ag::Tensor out = ag::sum(r, 1);
     if (b_O_.defined()) out = ag::add(out, b_O_);
