@@ -115,8 +115,9 @@ BOOST_AUTO_TEST_CASE(path_patching_is_the_receiver_heads_keys_from_the_patched_s
   };
   const circuits::PathPatchingResult r =
       circuits::path_patching(m, metric, kClean, kCorrupted, 0, 1, circuits::Composition::K);
-  BOOST_TEST(r.clean_metric == metric(m.forward(kClean)).item());
-  BOOST_TEST(r.corrupted_metric == metric(m.forward(kCorrupted)).item());
+  // The runs cache the sender's result point, which sums the heads' shares: equal to rounding.
+  BOOST_TEST(std::abs(r.clean_metric - metric(m.forward(kClean)).item()) <= 1e-12 * std::abs(r.clean_metric));
+  BOOST_TEST(std::abs(r.corrupted_metric - metric(m.forward(kCorrupted)).item()) <= 1e-12 * std::abs(r.corrupted_metric));
   BOOST_REQUIRE(r.per_pair.size() == 2u);
   // By hand: head j's keys made from ln_1(corrupted resid_pre of layer 1 + sender i's result difference).
   const nn::ActivationCache clean = cache_of(m, kClean), corrupted = cache_of(m, kCorrupted);
