@@ -1,4 +1,4 @@
-// Times what a circuits study spends its time on, on the model of issue 26 (2 layers, d_vocab 64,
+// Times what a circuits study spends its time on, on a small study model (2 layers, d_vocab 64,
 // n_ctx 64, d_model 128, 4 heads, d_mlp 512, batch 16, float32): a full z patching sweep (every
 // layer, per head and per head × position), run_with_cache of every hook point, and a training
 // step (forward, backward, AdamW). Prints one JSON object per measurement (median of --reps):
@@ -41,13 +41,11 @@ int main(int argc, char** argv) {
   const std::int64_t B = 16, T = 64, V = 64;
   nn::TransformerLM model({.n_layers = 2, .d_model = 128, .n_heads = 4, .d_mlp = 512, .d_vocab = V, .n_ctx = T}, gen);
   const ag::Tensor clean = ag::randint(0, V, {B, T}, gen), corrupted = ag::randint(0, V, {B, T}, gen);
-  const std::vector<double> answers_v = ag::narrow(clean, 1, T - 1, 1).to_vector();
   // The metric: mean logit of each sequence's last token at the last position.
   const auto metric = [&](const ag::Tensor& tokens) {
     const ag::Tensor last = ag::squeeze(ag::narrow(model.forward(tokens), 1, T - 1, 1), 1);  // (B, V)
     return ag::mean(ag::gather(last, 1, ag::reshape(ag::narrow(clean, 1, T - 1, 1), {B, 1})));
   };
-  (void)answers_v;
   const double sweep = median_seconds(reps, [&] {
     for (int l = 0; l < 2; ++l)
       (void)nn::study::activation_patching(model, fmt::format("blocks.{}.attn.z", l), metric, clean, corrupted);

@@ -1,5 +1,5 @@
 # induction_heads end to end (ctest example_induction_heads): the default configuration with one
-# seed forms the induction circuit, checked from its summary against the goals of issue 28 (a
+# seed forms the induction circuit, checked from its summary against the experiment's goals (a
 # previous-token head in layer 0 scoring >= 0.5, an induction head in layer 1 scoring >= 0.7,
 # K-composition >= 1.3 x its random baseline, the keys-only path ablation cutting the induction
 # score by >= 30 % and the queries-only and values-only ones by < 10 %), and writes its page; the

@@ -141,7 +141,7 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{"induction_heads: the induction-head circuit of a 2-layer attention-only transformer, trained and "
-               "measured (issue 28)"};
+               "measured"};
   Options o;
   add_options(app, o);
   try {

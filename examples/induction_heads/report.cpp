@@ -212,7 +212,7 @@ std::string report_html(const StudyResult& r) {
       c.task.seq_len, c.task.period_min, c.task.period_max, c.test_sequences));
   settings_table(page, r);
   html::Table goals_table;
-  goals_table.caption = "The goals of issue 28";
+  goals_table.caption = "The experiment's goals";
   goals_table.header = {"goal", "measured", "met"};
   goals_table.attributes = "id=\"goals\"";
   goals_table.row_attributes = "class=\"goal-row\"";

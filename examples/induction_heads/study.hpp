@@ -100,7 +100,7 @@ struct StudyResult {
   double previous_token_score() const { return head(0, previous_token_head).previous_token; }
 };
 
-// The goals of issue 28, each with what was measured.
+// The experiment's goals, each with what was measured.
 struct Goal {
   std::string name;
   bool met = false;

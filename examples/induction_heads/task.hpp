@@ -1,5 +1,5 @@
 #pragma once
-// The variable-period repeat task of issue 28: sequences of T random tokens in which a segment
+// The variable-period repeat task: sequences of T random tokens in which a segment
 // of random length (the period, from period_min to period_max) is repeated at once, at a random
 // place, the rest fresh random tokens. The period varies, so no position predicts the repeat:
 // only reading the sequence back does (a previous-token head and an induction head).
