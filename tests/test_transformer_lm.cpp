@@ -11,10 +11,12 @@
 
 #include <nn/nn.hpp>
 
+#include "checkpoint_support.hpp"
 #include "test_support.hpp"
 
 namespace ag = autograd;
 using namespace test_support;
+using checkpoint_support::TempDir;
 
 namespace {
 
@@ -295,4 +297,64 @@ BOOST_AUTO_TEST_CASE(module_list_keeps_order_and_refuses_bad_access) {
   check_message([&] { list.at<nn::Linear>(1); }, "module 1 is a ReLU");
   check_message([&] { list[2]; }, "index 2 is out of range for 2 modules");
   check_message([&] { list.push_back(std::shared_ptr<nn::Linear>()); }, "module 2 is null");
+}
+
+BOOST_AUTO_TEST_CASE(load_module_rebuilds_the_model_in_every_form) {
+  const TempDir dir;
+  const std::string path = dir.file("transformer_lm_module.safetensors");
+  for (int form = 0; form < 5; ++form) {
+    nn::TransformerLMConfig c = small_config(form == 0 ? 0 : 12);
+    if (form == 2) c.activation = nn::Activation::Relu, c.normalization = nn::Normalization::None;
+    if (form == 3) c.activation = nn::Activation::GeluTanh, c.tied_embeddings = true;
+    if (form == 4) c.positional_embedding = nn::PositionalEmbedding::None, c.layer_norm_eps = 1e-3;
+    nn::TransformerLM a(c);
+    randomise(a, 40 + static_cast<std::uint64_t>(form));
+    nn::save_parameters(a, path);
+    const std::shared_ptr<nn::Module> m = nn::load_module(path);
+    const auto* b = dynamic_cast<const nn::TransformerLM*>(m.get());
+    BOOST_TEST_REQUIRE(b != nullptr, "form " << form << " rebuilt as " << m->type_name());
+    BOOST_TEST(b->extra_repr() == a.extra_repr(), "form " << form);
+    BOOST_TEST(max_abs_diff(b->forward(kTokens), a.forward(kTokens)) == 0.0, "form " << form);
+    BOOST_TEST(b->block(1).has_mlp() == (c.d_mlp != 0), "form " << form);
+  }
+  // A config whose choice is not one of the names is refused, naming the option and the value.
+  nn::TransformerLM a(small_config());
+  nn::ModuleConfig config = nn::module_config(a);
+  config.options["activation"] = "\"swish\"";
+  check_throws<nn::CheckpointError>([&] { nn::build_module(config); },
+                                    {"TransformerLM option 'activation' is 'swish'; it must be one of 'gelu', "
+                                     "'gelu_new', 'relu'"});
+  // A ModuleList rebuilds with its children in order; an attention-only block keeps its form.
+  nn::ModuleList list;
+  list.push_back(std::make_shared<nn::TransformerBlock>(nn::TransformerBlockOptions{
+      .d_model = 8, .num_heads = 2, .mlp = false, .normalization = nn::Normalization::None,
+      .dtype = ag::Dtype::Float64}));
+  list.push_back(std::make_shared<nn::Linear>(nn::LinearOptions{8, 3, true, ag::Dtype::Float64}));
+  randomise(list, 7);
+  nn::save_parameters(list, path);
+  const std::shared_ptr<nn::Module> l = nn::load_module(path);
+  const auto& rebuilt = dynamic_cast<const nn::ModuleList&>(*l);
+  BOOST_TEST(rebuilt.size() == 2u);
+  const ag::Tensor x = ag::randn({1, 3, 8}, ag::Dtype::Float64);
+  BOOST_TEST(max_abs_diff(rebuilt.at<nn::TransformerBlock>(0).forward(x), list.at<nn::TransformerBlock>(0).forward(x)) ==
+             0.0);
+  BOOST_TEST(!rebuilt.at<nn::TransformerBlock>(0).has_mlp());
+}
+
+BOOST_AUTO_TEST_CASE(the_torch_layout_takes_blocks_torch_has_and_refuses_the_others_by_name) {
+  // With an MLP, LayerNorm and exact GELU every block is a torch TransformerEncoderLayer.
+  nn::TransformerLM a(small_config(12));
+  const nn::NamedTensors sd = nn::torch_state_dict(a);
+  BOOST_TEST(std::any_of(sd.begin(), sd.end(), [](const auto& e) { return e.first == "blocks.1.self_attn.in_proj_weight"; }));
+  const auto refused = [](nn::TransformerLMConfig c, const std::string& fragment) {
+    nn::TransformerLM m(c);
+    check_throws<nn::CheckpointError>([&] { nn::torch_state_dict(m); }, {fragment, "save_transformer_lens_state_dict"});
+  };
+  refused(small_config(0), "module 'blocks.0' (TransformerBlock) is attention-only");
+  nn::TransformerLMConfig c = small_config(12);
+  c.normalization = nn::Normalization::None;
+  refused(c, "module 'blocks.0' (TransformerBlock) has no LayerNorm");
+  c = small_config(12);
+  c.activation = nn::Activation::GeluTanh;
+  refused(c, "module 'blocks.0' (TransformerBlock) uses GELU's tanh approximation");
 }

@@ -10,6 +10,7 @@
 #include "nn/layers.hpp"
 #include "nn/linear.hpp"
 #include "nn/multihead_attention.hpp"
+#include "nn/transformer_lm.hpp"
 #include "safetensors.hpp"
 #include "strict_json.hpp"
 
@@ -48,9 +49,35 @@ json known_options(const Module& m) {
   }
   if (const auto* b = dynamic_cast<const TransformerBlock*>(&m)) {
     const auto& o = b->options();
-    return {{"d_model", o.d_model}, {"num_heads", o.num_heads}, {"d_ff", o.d_ff}, {"dropout", o.dropout},
-            {"gelu", o.gelu}, {"bias", o.bias}, {"layer_norm_eps", o.layer_norm_eps},
-            {"layer_norm_bias", b->ln_1().bias().defined()}};
+    const bool norm = o.normalization == Normalization::LayerNorm;
+    return {{"d_model", o.d_model},
+            {"num_heads", o.num_heads},
+            {"d_ff", o.d_ff},
+            {"dropout", o.dropout},
+            {"gelu", o.gelu},
+            {"gelu_tanh", o.gelu_tanh},
+            {"mlp", o.mlp},
+            {"normalization", norm ? "layer_norm" : "none"},
+            {"bias", o.bias},
+            {"layer_norm_eps", o.layer_norm_eps},
+            {"layer_norm_bias", norm ? b->ln_1().bias().defined() : o.layer_norm_bias.value_or(o.bias)}};
+  }
+  if (const auto* lm = dynamic_cast<const TransformerLM*>(&m)) {
+    const auto& c = lm->config();
+    const char* activation = c.activation == Activation::Relu ? "relu" : c.activation == Activation::Gelu ? "gelu"
+                                                                                                           : "gelu_new";
+    return {{"n_layers", c.n_layers},
+            {"d_model", c.d_model},
+            {"n_heads", c.n_heads},
+            {"d_head", c.d_head},
+            {"d_mlp", c.d_mlp},
+            {"d_vocab", c.d_vocab},
+            {"n_ctx", c.n_ctx},
+            {"activation", activation},
+            {"normalization", c.normalization == Normalization::LayerNorm ? "layer_norm" : "none"},
+            {"positional_embedding", c.positional_embedding == PositionalEmbedding::Learned ? "learned" : "none"},
+            {"tied_embeddings", c.tied_embeddings},
+            {"layer_norm_eps", c.layer_norm_eps}};
   }
   if (dynamic_cast<const GELU*>(&m)) return {{"approximate", m.extra_repr().empty() ? "none" : "tanh"}};
   return nullptr;

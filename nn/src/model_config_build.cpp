@@ -1,5 +1,6 @@
 // Modules rebuilt from their saved configuration (nn/checkpoint.hpp): nn's own types from their
 // options, then a file's parameters loaded into them.
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -8,6 +9,7 @@
 #include "nn/linear.hpp"
 #include "nn/multihead_attention.hpp"
 #include "nn/torch_state_dict.hpp"
+#include "nn/transformer_lm.hpp"
 #include "parameter_budget.hpp"
 #include "safetensors.hpp"
 
@@ -30,13 +32,67 @@ std::shared_ptr<Module> build_attention(const ModuleConfig& c) {
   return std::make_shared<MultiHeadAttention>(o);
 }
 
-// A file without "layer_norm_bias" was written when the LayerNorms always had a bias.
+// A text option that must be one of `names`; returns its index. Throws naming the option.
+std::size_t choice(const ModuleConfig& c, const std::string& key, std::initializer_list<const char*> names) {
+  const std::string v = c.text(key);
+  std::string listed;
+  std::size_t i = 0;
+  for (const char* n : names) {
+    if (v == n) return i;
+    listed += fmt::format("{}'{}'", i++ == 0 ? "" : ", ", n);
+  }
+  throw CheckpointError(fmt::format("build_module: {} option '{}' is {}; it must be one of {}",
+                                    detail::printable_text(c.type), key, quote_name(v), listed));
+}
+
+// Options a file may lack because it was written before they existed take their old meaning:
+// "layer_norm_bias" true, "gelu_tanh" false, "mlp" true, "normalization" LayerNorm.
 std::shared_ptr<Module> build_block(const ModuleConfig& c) {
+  const auto has = [&c](const char* key) { return c.options.count(key) != 0; };
   return std::make_shared<TransformerBlock>(TransformerBlockOptions{
       .d_model = c.integer("d_model"), .num_heads = c.integer("num_heads"), .d_ff = c.integer("d_ff"),
-      .dropout = c.number("dropout"), .gelu = c.flag("gelu"), .bias = c.flag("bias"),
-      .layer_norm_eps = c.number("layer_norm_eps"), .dtype = c.parameter_dtype(),
-      .layer_norm_bias = c.options.count("layer_norm_bias") != 0 ? c.flag("layer_norm_bias") : true});
+      .dropout = c.number("dropout"), .gelu = c.flag("gelu"), .gelu_tanh = has("gelu_tanh") && c.flag("gelu_tanh"),
+      .mlp = !has("mlp") || c.flag("mlp"),
+      .normalization = has("normalization") && choice(c, "normalization", {"layer_norm", "none"}) == 1
+                           ? Normalization::None
+                           : Normalization::LayerNorm,
+      .bias = c.flag("bias"), .layer_norm_eps = c.number("layer_norm_eps"), .dtype = c.parameter_dtype(),
+      .layer_norm_bias = has("layer_norm_bias") ? c.flag("layer_norm_bias") : true});
+}
+
+std::shared_ptr<Module> build_language_model(const ModuleConfig& c) {
+  const Activation activations[] = {Activation::Gelu, Activation::GeluTanh, Activation::Relu};
+  return std::make_shared<TransformerLM>(TransformerLMConfig{
+      .n_layers = c.integer("n_layers"),
+      .d_model = c.integer("d_model"),
+      .n_heads = c.integer("n_heads"),
+      .d_head = c.integer("d_head"),
+      .d_mlp = c.integer("d_mlp"),
+      .d_vocab = c.integer("d_vocab"),
+      .n_ctx = c.integer("n_ctx"),
+      .activation = activations[choice(c, "activation", {"gelu", "gelu_new", "relu"})],
+      .normalization =
+          choice(c, "normalization", {"layer_norm", "none"}) == 0 ? Normalization::LayerNorm : Normalization::None,
+      .positional_embedding = choice(c, "positional_embedding", {"learned", "none"}) == 0
+                                  ? PositionalEmbedding::Learned
+                                  : PositionalEmbedding::None,
+      .tied_embeddings = c.flag("tied_embeddings"),
+      .layer_norm_eps = c.number("layer_norm_eps"),
+      .dtype = c.parameter_dtype()});
+}
+
+std::shared_ptr<Module> build_module_list(const ModuleConfig& c) {
+  auto list = std::make_shared<ModuleList>();
+  for (std::size_t i = 0; i < c.children.size(); ++i) {
+    const auto& [name, child] = c.children[i];
+    if (name != std::to_string(i))
+      throw CheckpointError(fmt::format("build_module: ModuleList child {} should be named '{}' (children are "
+                                        "numbered from 0 in order)",
+                                        quote_name(name), i));
+    const detail::BuildScope scope(name, "");
+    list->push_back(build_module(child));
+  }
+  return list;
 }
 
 // A Sequential's child: any of nn's types with a one-tensor forward.
@@ -79,9 +135,11 @@ std::shared_ptr<Module> build_module(const ModuleConfig& c) {
   if (c.type == "ReLU") return std::make_shared<ReLU>();
   if (c.type == "GELU") return std::make_shared<GELU>(c.text("approximate") == "tanh");
   if (c.type == "Sequential") return build_sequential(c);
+  if (c.type == "ModuleList") return build_module_list(c);
+  if (c.type == "TransformerLM") return build_language_model(c);
   throw CheckpointError(fmt::format(
       "build_module: type {} is not one of nn's modules (Linear, Embedding, LayerNorm, MultiHeadAttention, "
-      "TransformerBlock, ReLU, GELU, Sequential); rebuild it with its own code from its config's options and "
+      "TransformerBlock, TransformerLM, ReLU, GELU, Sequential, ModuleList); rebuild it with its own code from its config's options and "
       "children",
       quote_name(c.type)));
 }

@@ -100,6 +100,15 @@ class LayoutWalker {
   // bias=True layer always has norm1.bias and norm2.bias, so its strict load_state_dict would
   // refuse a state_dict without them.
   void block(const TransformerBlock& b, const std::string& key, const std::string& path) {
+    const auto other_form = [&](const char* what) {
+      return CheckpointError(fmt::format(
+          "{}: {} (TransformerBlock) {}, which torch's nn.TransformerEncoderLayer cannot express; a TransformerLM "
+          "made of such blocks exports to TransformerLens's layout (save_transformer_lens_state_dict)",
+          op_, describe_path(path), what));
+    };
+    if (!b.has_mlp()) throw other_form("is attention-only");
+    if (b.options().normalization == Normalization::None) throw other_form("has no LayerNorm");
+    if (b.options().gelu && b.options().gelu_tanh) throw other_form("uses GELU's tanh approximation");
     if (!b.options().bias)
       throw CheckpointError(fmt::format(
           "{}: {} (TransformerBlock) has bias=false; only blocks with biases are written in the layout of "

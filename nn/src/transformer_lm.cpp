@@ -72,7 +72,7 @@ void TransformerLM::build(ag::Generator& gen) {
                                                                   .eps = c.layer_norm_eps, .dtype = c.dtype}));
   if (!c.tied_embeddings)
     unembed_ = register_module("unembed", std::make_shared<Linear>(LinearOptions{c.d_model, c.d_vocab, true, c.dtype}, gen));
-  positions_ = ag::arange(std::int64_t{0}, c.n_ctx, std::int64_t{1}, ag::Dtype::Int64);
+  if (pos_embed_) positions_ = ag::arange(std::int64_t{0}, c.n_ctx, std::int64_t{1}, ag::Dtype::Int64);
   // TransformerLens's default initialisation.
   ag::NoGradGuard no_grad;
   const double std = 0.8 / std::sqrt(static_cast<double>(c.d_model));

@@ -110,7 +110,7 @@ Metadata load_checkpoint(const std::string& path, Module& module, Optimizer& opt
 //    "options": {"d_model": 8, "num_heads": 2, "d_ff": 32, "dropout": 0.0, "gelu": true, ...},
 //    "children": {"ln_1": {...}, "attn": {...}, ...}}            (children in registration order)
 // Options are the constructor's, for Linear, Embedding, LayerNorm, MultiHeadAttention,
-// TransformerBlock and GELU; other modules (a user's) give their type, their children and, if
+// TransformerBlock, TransformerLM (its TransformerLMConfig) and GELU; other modules (a user's) give their type, their children and, if
 // non-empty, "repr" (extra_repr()). Python reads it with json.loads(metadata["headgrad.config"]).
 struct ModuleConfig {
   std::string type;   // the module's type_name()
@@ -149,7 +149,8 @@ ModuleConfig parse_module_config(std::string_view json, std::string_view source 
 // The configuration saved in a file; throws CheckpointError when it has none.
 ModuleConfig read_module_config(const std::string& path);
 // A new module of nn's types (Linear, Embedding, LayerNorm, MultiHeadAttention, TransformerBlock,
-// ReLU, GELU, and Sequential of those) with freshly initialised parameters, from its config.
+// TransformerLM, ReLU, GELU, and Sequential and ModuleList of those) with freshly initialised
+// parameters, from its config.
 // A user's type throws CheckpointError: rebuild it with its own code from config.child(...).
 std::shared_ptr<Module> build_module(const ModuleConfig& config);
 // build_module from a file's config, then its parameters loaded (load_parameters or

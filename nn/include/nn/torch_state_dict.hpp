@@ -22,13 +22,15 @@
 //                                activation="gelu" or "relu",
 //                                layer_norm_eps, batch_first=True,
 //                                norm_first=True, dropout=0)
+//   TransformerLM              its children: embed.weight, pos_embed.weight, blocks.i.* as above,
+//                                ln_final.*, unembed.* (the causal mask is not a tensor)
 //   any other module with no   a torch module with the same        the children's keys under the children's names
 //   parameters of its own      child names (e.g. nn.Sequential)    ("body.0.self_attn.in_proj_weight")
 //     (Sequential, ReLU, GELU, a user's module tree of these)
 //
 // A module that holds parameters of its own and is none of the above (a user's own layer), and a
-// TransformerBlock with bias = false (torch's bias=False also drops the LayerNorms' biases) have
-// no torch equivalent: saving or loading them throws nn::CheckpointError naming the module's path
+// TransformerBlock with bias = false (torch's bias=False also drops the LayerNorms' biases),
+// without an MLP, without LayerNorm or with GELU's tanh form have no torch equivalent: saving or loading them throws nn::CheckpointError naming the module's path
 // and type. Tied modules and parameters appear under each of their names, as in PyTorch's
 // state_dict(). Dropout is not in a state_dict (torch's encoder layer also applies its dropout to
 // the residual branches, so only eval-mode outputs are the same).

@@ -94,7 +94,7 @@ class TransformerLM : public Module {
   std::shared_ptr<ModuleList> blocks_;
   std::shared_ptr<LayerNorm> ln_final_;
   std::shared_ptr<Linear> unembed_;
-  ag::Tensor positions_;  // 0 .. n_ctx-1, Int64
+  ag::Tensor positions_;  // 0 .. n_ctx-1, Int64 (with a learned positional embedding)
 };
 
 // ---- TransformerLens's HookedTransformer layout ----
