@@ -1,5 +1,5 @@
 // The induction-head study of docs/circuits.md, end to end: train a 2-layer attention-only
-// transformer on sequences in which a segment repeats, find its previous-token head and its
+// transformer on in-context Markov chains, find its previous-token head and its
 // induction head, measure their K-composition against random matrices of the same shapes, show by
 // path ablation that the induction head reads the previous-token head through its keys alone, and
 // write the attention patterns to a page. It says whether the circuit formed (previous-token
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -18,17 +19,24 @@
 namespace ag = autograd;
 namespace circuits = nn::circuits;
 
-constexpr std::int64_t kVocab = 48, kT = 32;
+constexpr std::int64_t kVocab = 8, kT = 64;
 
-// B sequences of kT random tokens in which a segment of 6 .. 16 tokens is repeated at once, at a
-// random place: the period varies, so only reading the sequence predicts the repeat.
+// B walks of kT tokens, each of a Markov chain of its own over kVocab tokens, its rows drawn from
+// Dirichlet(1) (normalised Exp(1) draws): the next token is best predicted by what followed the
+// current one earlier in the sequence, which is what an induction head reads (Edelman et al. 2024).
 ag::Tensor sequences(std::int64_t B, ag::Generator& gen) {
   std::vector<std::int64_t> t;
-  for (double v : ag::randint(0, kVocab, {B, kT}, gen).to_vector()) t.push_back(static_cast<std::int64_t>(v));
   for (std::int64_t b = 0; b < B; ++b) {
-    const auto period = static_cast<std::int64_t>(6 + gen.next_u64() % 11);
-    const auto start = static_cast<std::int64_t>(gen.next_u64() % static_cast<std::uint64_t>(kT - 2 * period + 1));
-    for (std::int64_t i = 0; i < period; ++i) t[b * kT + start + period + i] = t[b * kT + start + i];
+    std::vector<double> weight = ag::rand({kVocab, kVocab}, ag::Dtype::Float64, gen).to_vector();
+    for (double& w : weight) w = -std::log1p(-w);
+    const std::vector<double> u = ag::rand({kT}, ag::Dtype::Float64, gen).to_vector();
+    std::int64_t x = ag::randint(0, kVocab, {1}, gen).to_vector()[0];
+    for (std::int64_t i = 0; i < kT; ++i) {
+      t.push_back(x);
+      const double* row = &weight[static_cast<std::size_t>(x * kVocab)];
+      double left = u[static_cast<std::size_t>(i)] * std::accumulate(row, row + kVocab, 0.0);
+      for (x = 0; x < kVocab - 1 && (left -= row[x]) >= 0;) ++x;
+    }
   }
   return ag::tensor(t, {B, kT});
 }
@@ -38,6 +46,19 @@ ag::Tensor sequences(std::int64_t B, ag::Generator& gen) {
 ag::Tensor repeated(std::int64_t B, ag::Generator& gen) {
   const ag::Tensor half = ag::randint(0, kVocab, {B, kT / 2}, gen);
   return ag::cat({half, half}, 1);
+}
+
+// Each head's share of attention on the detector's targets, over the query positions that have
+// one (TL's head_detector, circuits::head_scores, also counts the positions without): (L, H).
+ag::Tensor scores(const nn::ActivationCache& cache, circuits::HeadKind kind, const ag::Tensor& tokens) {
+  const ag::Tensor d = circuits::detection_pattern(kind, tokens);  // (B, T, T)
+  const ag::Tensor has = ag::gt(ag::sum(d, -1), 0.0).to(d.dtype());  // (B, T): 1 where a target is
+  std::vector<ag::Tensor> layers;
+  for (const char* name : {"blocks.0.attn.pattern", "blocks.1.attn.pattern"}) {
+    const ag::Tensor on = ag::sum(ag::mul(cache[name].to(d.dtype()), ag::unsqueeze(d, 1)), -1);  // (B, H, T)
+    layers.push_back(ag::div(ag::sum(ag::mul(on, ag::unsqueeze(has, 1)), {0, 2}), ag::sum(has)));
+  }
+  return ag::stack(layers, 0);
 }
 
 // The head with the highest score in one layer of an (L, H) score table.
@@ -68,8 +89,8 @@ int main(int argc, char** argv) {
   const ag::Tensor tokens = repeated(64, gen);
   const auto forward = [&] { return model.forward(tokens); };
   const nn::ActivationCache cache = nn::run_with_cache(model, forward);
-  const ag::Tensor prev = circuits::head_scores(cache, circuits::HeadKind::PreviousToken, tokens);  // (2, 4)
-  const ag::Tensor induction = circuits::head_scores(cache, circuits::HeadKind::Induction, tokens);
+  const ag::Tensor prev = scores(cache, circuits::HeadKind::PreviousToken, tokens);  // (2, 4)
+  const ag::Tensor induction = scores(cache, circuits::HeadKind::Induction, tokens);
   const std::int64_t p = best_head(prev, 0), h = best_head(induction, 1);
   std::printf("previous-token head L0H%lld: score %.3f\n", static_cast<long long>(p), at(prev, 0, p));
   std::printf("induction head L1H%lld: score %.3f\n", static_cast<long long>(h), at(induction, 1, h));
@@ -92,11 +113,11 @@ int main(int argc, char** argv) {
     nn::HookHandle remove = model.add_hook(std::string("blocks.1.") + input, [&](const ag::Tensor& x, const std::string&) {
       return x - ag::squeeze(ag::narrow(result, 1, p, 1), 1);
     });
-    const nn::ActivationCache c = nn::run_with_cache(model, forward, {.names = {"blocks.1.attn.pattern"}});
+    const nn::ActivationCache c =
+        nn::run_with_cache(model, forward, {.names = {"blocks.0.attn.pattern", "blocks.1.attn.pattern"}});
     read.remove();
     remove.remove();
-    const ag::Tensor s = circuits::head_scores(c["blocks.1.attn.pattern"], circuits::HeadKind::Induction, tokens);
-    ablated.push_back(s.to_vector()[static_cast<std::size_t>(h)]);
+    ablated.push_back(at(scores(c, circuits::HeadKind::Induction, tokens), 1, h));
     std::printf("previous-token head removed from layer 1's %s: induction score %.3f\n", input, ablated.back());
   }
 

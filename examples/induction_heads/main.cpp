@@ -1,13 +1,14 @@
 // induction_heads — the induction-head experiment (Elhage et al. 2021; Olsson et al. 2022) as one
-// command: a 2-layer attention-only transformer trained on random tokens in which a segment of
-// random length repeats, and the circuit it forms measured on held-out sequences: a
+// command: a 2-layer attention-only transformer trained on in-context Markov chains (a chain per
+// sequence), and the circuit it forms measured on held-out sequences in which a random segment
+// repeats: a
 // previous-token head in layer 0, an induction head in layer 1, their K-composition against
 // random matrices, and path ablation showing the induction head reads the previous-token head
 // through its keys alone.
 //
 //   induction_heads                                   # the default run (about half a minute)
 //   induction_heads --seed 3 --summary s.json --report r.html
-//   induction_heads --period-min 4 --period-max 12 --steps 3000 --vocab 64
+//   induction_heads --train-on repeat --vocab 48 --seq-len 32   # trained on the repeat task instead
 //   induction_heads --help
 #include <filesystem>
 #include <stdexcept>
@@ -30,6 +31,7 @@ struct Options {
   StudyConfig study;
   int threads = 1;
   std::string summary, report;
+  std::string train_on = "markov";
   bool quiet = false;
 };
 
@@ -38,9 +40,14 @@ void add_options(CLI::App& app, Options& o) {
       cli_checks::positive_number;
   StudyConfig& c = o.study;
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--vocab", c.task.vocab, "vocabulary size (default 48)")->type_name("V")->transform(integer_at_least(2));
-  app.add_option("--seq-len", c.task.seq_len, "sequence length (default 32)")->type_name("T")
+  app.add_option("--vocab", c.task.vocab, "vocabulary size (default 8)")->type_name("V")->transform(integer_at_least(2));
+  app.add_option("--seq-len", c.task.seq_len, "sequence length (default 64)")->type_name("T")
       ->transform(integer_at_least(2));
+  app.add_option("--train-on", o.train_on,
+                 "training sequences: markov (a Markov chain per sequence, the default) or repeat (the "
+                 "measurement's task)")
+      ->type_name("KIND")
+      ->check(CLI::IsMember({"markov", "repeat"}));
   app.add_option("--period-min", c.task.period_min, "shortest repeated segment (default 6)")->type_name("N")
       ->transform(integer_at_least(1));
   app.add_option("--period-max", c.task.period_max, "longest repeated segment, at most T/2 (default 16)")
@@ -83,6 +90,7 @@ void check_output(const std::string& flag, const std::string& path) {
 }
 
 void finish_options(Options& o) {
+  o.study.task.training = o.train_on == "repeat" ? Training::Repeat : Training::Markov;
   o.study.check();
   check_output("--summary", o.summary);
   check_output("--report", o.report);
@@ -117,9 +125,12 @@ int run(const Options& o) {
   fmt::print("previous-token head L0H{}, induction head L1H{}; K-composition {:.3f} (random baseline {:.3f} +- {:.3f})\n",
              r.previous_token_head, r.induction_head, r.k_composition, r.k_composition_baseline,
              r.k_composition_baseline_std);
+  std::string removed;
+  for (std::int64_t h : r.ablated_heads) removed += fmt::format("{}L0H{}", removed.empty() ? "" : " + ", h);
   for (const auto& a : r.path_ablation)
-    fmt::print("previous-token head removed from layer 1's {}: induction score {:.3f}, loss {:.3f} (repeated {:.3f})\n",
-               a.input, a.induction_score, a.loss.all, a.loss.repeated);
+    fmt::print("previous-token heads ({}) removed from layer 1's {}: induction score {:.3f}, loss {:.3f} (repeated "
+               "{:.3f})\n",
+               removed, a.input, a.induction_score, a.loss.all, a.loss.repeated);
   bool all = true;
   for (const auto& g : goals(r)) {
     fmt::print("goal {}: {} ({})\n", g.name, g.met ? "met" : "NOT met", g.measured);

@@ -167,10 +167,13 @@ nlohmann::json summary_json(const StudyResult& r) {
   for (std::int64_t i = 0; i < H; ++i)
     kmatrix.push_back(std::vector<double>(r.k_composition_matrix.begin() + i * H,
                                           r.k_composition_matrix.begin() + (i + 1) * H));
+  nlohmann::json ablated = nlohmann::json::array();
+  for (std::int64_t h : r.ablated_heads) ablated.push_back({0, h});
   return {{"implementation", "headgrad"},
           {"config",
            {{"vocab", c.task.vocab}, {"seq_len", c.task.seq_len}, {"period_min", c.task.period_min},
-            {"period_max", c.task.period_max}, {"n_layers", 2}, {"d_model", c.d_model}, {"n_heads", c.n_heads},
+            {"period_max", c.task.period_max},
+            {"train_on", c.task.training == Training::Markov ? "markov" : "repeat"}, {"n_layers", 2}, {"d_model", c.d_model}, {"n_heads", c.n_heads},
             {"batch", c.batch}, {"steps", c.steps}, {"lr", c.lr}, {"weight_decay", c.weight_decay},
             {"eval_interval", c.eval_interval}, {"test_sequences", c.test_sequences}, {"seed", c.seed}}},
           {"parameters", r.parameters},
@@ -183,6 +186,7 @@ nlohmann::json summary_json(const StudyResult& r) {
           {"in_context_score", number(r.final_loss.in_context_score)},
           {"heads", heads},
           {"previous_token_head", {0, r.previous_token_head}},
+          {"ablated_heads", ablated},
           {"induction_head", {1, r.induction_head}},
           {"k_composition", r.k_composition},
           {"k_composition_baseline", r.k_composition_baseline},
@@ -202,14 +206,25 @@ std::string report_html(const StudyResult& r) {
   const std::int64_t p = r.previous_token_head, ih = r.induction_head, H = c.n_heads;
   html::Page page("induction_heads: the induction circuit of a 2-layer attention-only transformer");
   page.heading(2, "The run");
-  page.paragraph(fmt::format(
-      "Sequences of {} random tokens in which a segment of random length ({} to {} tokens) is repeated at once, the "
+  const std::string measured = fmt::format(
+      "sequences of {} random tokens in which a segment of random length ({} to {} tokens) is repeated at once, the "
       "rest fresh random tokens: the period varies, so no position predicts a repeated token, only reading the "
-      "sequence back does. A 2-layer attention-only transformer learns it by forming the induction circuit "
-      "(Elhage et al. 2021; Olsson et al. 2022): a previous-token head in layer 0 writes each token's predecessor "
-      "into its position, and an induction head in layer 1 keys on it to attend to the token after the previous "
-      "occurrence of the current one and copy it. Everything below is measured on {} held-out sequences.",
-      c.task.seq_len, c.task.period_min, c.task.period_max, c.test_sequences));
+      "sequence back does",
+      c.task.seq_len, c.task.period_min, c.task.period_max);
+  const std::string trained =
+      c.task.training == Training::Markov
+          ? fmt::format("Trained on Markov chains over {} tokens, a chain of its own per sequence (Edelman et al. "
+                        "2024): the next token is best predicted from what followed the current token earlier in "
+                        "the sequence. Measured on {}.",
+                        c.task.vocab, measured)
+          : fmt::format("Trained and measured on {}.", measured);
+  page.paragraph(fmt::format(
+      "{} A 2-layer attention-only transformer can learn both by forming the induction circuit (Elhage et al. 2021; "
+      "Olsson et al. 2022): a previous-token head in layer 0 writes each token's predecessor into its position, "
+      "and an induction head in layer 1 keys on it to attend to the token after earlier occurrences of the "
+      "current one and copy it. Everything below is measured on {} held-out sequences; the in-context score "
+      "(loss at the last quarter of the positions minus at the first) on held-out sequences of the training kind.",
+      trained, c.test_sequences));
   settings_table(page, r);
   html::Table goals_table;
   goals_table.caption = "The experiment's goals";
@@ -297,12 +312,15 @@ std::string report_html(const StudyResult& r) {
 
   page.heading(2, "Path ablation");
   page.paragraph(fmt::format(
-      "The previous-token head's output (its slice of blocks.0.attn.result, read by a hook in the same forward) "
-      "subtracted from one input of layer 1 alone (blocks.1.k_input, q_input or v_input): the induction head "
+      "The previous-token heads' output (every layer-0 head scoring at least 0.5 as one, and the best always; "
+      "their slices of blocks.0.attn.result, read by a hook in the same forward) subtracted from one input of "
+      "layer 1 alone (blocks.1.k_input, q_input or v_input): the induction head "
       "should lose its pattern when the keys lose it, and keep it otherwise (its pattern does not depend on the "
       "values at all)."));
   html::Table ablation;
-  ablation.caption = fmt::format("{} removed from layer 1's ...", head_name(0, p));
+  std::string removed;
+  for (std::int64_t h : r.ablated_heads) removed += (removed.empty() ? "" : " + ") + head_name(0, h);
+  ablation.caption = fmt::format("{} removed from layer 1's ...", removed);
   ablation.header = {"input", fmt::format("{} induction score", head_name(1, ih)), "change", "loss", "repeated-token loss"};
   ablation.attributes = "id=\"path-ablation\"";
   ablation.row_attributes = "class=\"ablation-row\"";

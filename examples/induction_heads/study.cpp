@@ -17,16 +17,32 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// Per predicted token losses (B, T - 1) of logits (B, T, V) on the batch, summarised by kind and
-// position.
+// Olsson et al.'s in-context learning score of logits (B, T, V) on tokens (B, T): the mean loss
+// at the last quarter of the positions minus at the first quarter.
+double in_context_score(const ag::Tensor& logits, const ag::Tensor& tokens) {
+  const std::int64_t B = tokens.size(0), T = tokens.size(1);
+  const std::vector<double> l = ag::cross_entropy(ag::slice(logits, 1, 0, T - 1), ag::slice(tokens, 1, 1, T),
+                                                  {.reduction = ag::Reduction::None})
+                                    .to_vector();
+  const std::int64_t window = std::max<std::int64_t>(1, (T - 1) / 4);
+  double early = 0, late = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < window; ++i) {
+      early += l[static_cast<std::size_t>(b * (T - 1) + i)];
+      late += l[static_cast<std::size_t>(b * (T - 1) + T - 1 - window + i)];
+    }
+  return (late - early) / static_cast<double>(B * window);
+}
+
+// Per predicted token losses (B, T - 1) of logits (B, T, V) on the batch, summarised by kind; the
+// in-context score of the batch itself.
 Losses losses_of(const ag::Tensor& logits, const Batch& batch) {
   const std::int64_t B = batch.size(), T = batch.seq_len();
   const ag::Tensor per = ag::cross_entropy(ag::slice(logits, 1, 0, T - 1), ag::slice(batch.tokens, 1, 1, T),
                                            {.reduction = ag::Reduction::None});
   const std::vector<double> l = per.to_vector();
   const std::vector<TargetKind> kinds = target_kinds(batch);
-  const std::int64_t window = std::max<std::int64_t>(1, (T - 1) / 4);
-  double all = 0, first = 0, repeated = 0, early = 0, late = 0;
+  double all = 0, first = 0, repeated = 0;
   std::int64_t n_first = 0, n_repeated = 0;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t i = 0; i < T - 1; ++i) {
@@ -34,14 +50,21 @@ Losses losses_of(const ag::Tensor& logits, const Batch& batch) {
       all += l[k];
       if (kinds[k] == TargetKind::First) first += l[k], ++n_first;
       if (kinds[k] == TargetKind::Repeat) repeated += l[k], ++n_repeated;
-      if (i < window) early += l[k];
-      if (i >= T - 1 - window) late += l[k];
     }
   const auto mean = [](double s, std::int64_t n) { return n > 0 ? s / static_cast<double>(n) : std::nan(""); };
   return {.all = mean(all, B * (T - 1)),
           .first_occurrence = mean(first, n_first),
           .repeated = mean(repeated, n_repeated),
-          .in_context_score = mean(late, B * window) - mean(early, B * window)};
+          .in_context_score = in_context_score(logits, batch.tokens)};
+}
+
+// The losses on the repeat sequences, with the in-context score taken on held-out sequences of the
+// training kind (Markov chains: later positions have more of the chain's statistics to read).
+Losses held_out_losses(const nn::TransformerLM& model, const ag::Tensor& repeat_logits, const Batch& test,
+                       const ag::Tensor& training_kind) {
+  Losses l = losses_of(repeat_logits, test);
+  if (training_kind.defined()) l.in_context_score = in_context_score(model.forward(training_kind), training_kind);
+  return l;
 }
 
 // The share of attention on the detector's targets over the query positions that have one, per
@@ -116,12 +139,12 @@ struct Hooks {
 
 const char* const kPatterns[] = {"blocks.0.attn.pattern", "blocks.1.attn.pattern"};
 
-void measure(nn::TransformerLM& model, const Batch& test, StudyResult& r) {
+void measure(nn::TransformerLM& model, const Batch& test, const ag::Tensor& training_kind, StudyResult& r) {
   const StudyConfig& c = r.config;
   const std::int64_t H = c.n_heads;
   const auto forward = [&] { return model.forward(test.tokens); };
   const nn::ActivationCache cache = nn::run_with_cache(model, forward, {.names = {kPatterns[0], kPatterns[1]}});
-  r.final_loss = losses_of(cache.output, test);
+  r.final_loss = held_out_losses(model, cache.output, test, training_kind);
   const circuits::HeadKind kinds[] = {circuits::HeadKind::PreviousToken, circuits::HeadKind::Induction,
                                       circuits::HeadKind::DuplicateToken};
   std::vector<ag::Tensor> detection;
@@ -148,6 +171,12 @@ void measure(nn::TransformerLM& model, const Batch& test, StudyResult& r) {
     if (r.head(1, h).induction > r.head(1, r.induction_head).induction) r.induction_head = h;
   }
   const std::int64_t p = r.previous_token_head, ih = r.induction_head;
+  // The path ablation removes every layer-0 head that does the previous-token head's job (score
+  // >= 0.5; the best one always): a model may share it between two heads, and removing one alone
+  // would then leave the other carrying the keys.
+  r.ablated_heads.clear();
+  for (std::int64_t h = 0; h < H; ++h)
+    if (h == p || r.head(0, h).previous_token >= 0.5) r.ablated_heads.push_back(h);
 
   // K-composition of every (layer-0, layer-1) pair, and its level for random matrices.
   r.k_composition_matrix =
@@ -159,7 +188,7 @@ void measure(nn::TransformerLM& model, const Batch& test, StudyResult& r) {
   r.k_composition_baseline = baseline.mean;
   r.k_composition_baseline_std = baseline.std;
 
-  // Path ablation: the previous-token head's output (its slice of blocks.0.attn.result, read in
+  // Path ablation: the previous-token heads' output (their slices of blocks.0.attn.result, read in
   // the same forward) subtracted from one input of layer 1 alone.
   r.path_ablation.clear();
   const std::pair<const char*, const char*> inputs[] = {
@@ -170,7 +199,11 @@ void measure(nn::TransformerLM& model, const Batch& test, StudyResult& r) {
     {
       Hooks hooks;
       hooks.handles.push_back(model.add_hook("blocks.0.attn.result", [&](const ag::Tensor& result, const std::string&) {
-        head_out = ag::squeeze(ag::narrow(result, 1, p, 1), 1);
+        head_out = ag::Tensor();
+        for (std::int64_t h : r.ablated_heads) {
+          const ag::Tensor one = ag::squeeze(ag::narrow(result, 1, h, 1), 1);
+          head_out = head_out.defined() ? head_out + one : one;
+        }
         return ag::Tensor();
       }));
       hooks.handles.push_back(model.add_hook(point, [&](const ag::Tensor& x, const std::string&) {
@@ -250,11 +283,14 @@ StudyResult run_study(const StudyConfig& config, const Progress& progress) {
   r.threads = ag::get_num_threads();
   ag::Generator data(c.seed * 0x9e3779b97f4a7c15ULL + 1), held_out(c.seed * 0x9e3779b97f4a7c15ULL + 2);
   const Batch test = make_batch(c.task, c.test_sequences, held_out);
+  const ag::Tensor training_kind =
+      c.task.training == Training::Markov ? make_training_batch(c.task, c.test_sequences, held_out) : ag::Tensor();
   nn::AdamW opt(model.named_parameters(), {.lr = c.lr, .weight_decay = c.weight_decay});
 
   const auto evaluate = [&](std::int64_t step, double train_loss) {
     ag::NoGradGuard no_grad;
-    CurvePoint point{.step = step, .train_loss = train_loss, .test = losses_of(model.forward(test.tokens), test)};
+    CurvePoint point{.step = step, .train_loss = train_loss,
+                     .test = held_out_losses(model, model.forward(test.tokens), test, training_kind)};
     r.curve.push_back(point);
     if (progress) progress(point);
   };
@@ -262,9 +298,9 @@ StudyResult run_study(const StudyConfig& config, const Progress& progress) {
   std::int64_t window_steps = 0;
   for (std::int64_t step = 1; step <= c.steps; ++step) {
     const auto start = Clock::now();
-    const Batch batch = make_batch(c.task, c.batch, data);
+    const ag::Tensor tokens = make_training_batch(c.task, c.batch, data);
     opt.zero_grad();
-    ag::Tensor loss = model.loss(batch.tokens);
+    ag::Tensor loss = model.loss(tokens);
     const double value = loss.item();
     if (!std::isfinite(value))
       throw std::runtime_error(fmt::format("induction_heads: the training loss is {} at step {}; the learning rate "
@@ -291,7 +327,7 @@ StudyResult run_study(const StudyConfig& config, const Progress& progress) {
   const auto start = Clock::now();
   {
     ag::NoGradGuard no_grad;
-    measure(model, test, r);
+    measure(model, test, training_kind, r);
   }
   r.measure_seconds = seconds_since(start);
   return r;

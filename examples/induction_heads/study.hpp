@@ -1,5 +1,5 @@
 #pragma once
-// Training a 2-layer attention-only nn::TransformerLM on the repeat task, and the measurements of
+// Training a 2-layer attention-only nn::TransformerLM (task.hpp: on Markov chains), and the measurements of
 // its induction circuit on held-out sequences: the losses by kind of token, the in-context
 // learning score, every head's scores, the previous-token and induction heads, their
 // K-composition against random matrices, and the path ablation through layer 1's keys, queries
@@ -37,7 +37,9 @@ struct Losses {
   double all = 0;
   double first_occurrence = 0;  // tokens of the segment's first copy
   double repeated = 0;          // the second copy but its first token: what an induction head predicts
-  double in_context_score = 0;  // mean loss at the last T/4 positions minus at the first T/4 (Olsson et al.)
+  // Mean loss at the last T/4 positions minus at the first T/4 (Olsson et al.), on held-out
+  // sequences of the training kind (in the path ablations: on the repeat sequences).
+  double in_context_score = 0;
 };
 
 struct CurvePoint {
@@ -85,6 +87,8 @@ struct StudyResult {
   Losses final_loss;
   std::vector<HeadScores> heads;  // layer-major
   std::int64_t previous_token_head = 0;  // in layer 0
+  // The layer-0 heads the path ablation removes: the previous-token head and any other scoring >= 0.5.
+  std::vector<std::int64_t> ablated_heads;
   std::int64_t induction_head = 0;       // in layer 1
   std::vector<double> k_composition_matrix;  // (H, H): layer-0 head i's OV into layer-1 head j's keys
   double k_composition = 0;

@@ -1,5 +1,6 @@
 #include "task.hpp"
 
+#include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -19,17 +20,56 @@ void TaskConfig::check() const {
 }
 
 std::string TaskConfig::describe() const {
-  return fmt::format("{} random tokens of {} in which a segment of {} to {} tokens is repeated at once", seq_len,
-                     vocab, period_min, period_max);
+  const std::string repeat = fmt::format("{} random tokens of {} in which a segment of {} to {} tokens is repeated "
+                                         "at once",
+                                         seq_len, vocab, period_min, period_max);
+  if (training == Training::Repeat) return repeat;
+  return fmt::format("trained on walks of {} tokens of a Markov chain over {} tokens, a chain per sequence "
+                     "(rows from Dirichlet(1)); measured on {}",
+                     seq_len, vocab, repeat);
+}
+
+namespace {
+
+std::int64_t draw_below(ag::Generator& gen, std::int64_t n) {  // uniform in [0, n)
+  return static_cast<std::int64_t>(gen.next_u64() % static_cast<std::uint64_t>(n));
+}
+double draw_open01(ag::Generator& gen) {  // uniform in (0, 1)
+  return (static_cast<double>(gen.next_u64() >> 11) + 0.5) * 0x1p-53;
+}
+
+}  // namespace
+
+ag::Tensor make_training_batch(const TaskConfig& task, std::int64_t B, ag::Generator& gen) {
+  if (task.training == Training::Repeat) return make_batch(task, B, gen).tokens;
+  const std::int64_t T = task.seq_len, V = task.vocab;
+  std::vector<std::int64_t> t(static_cast<std::size_t>(B * T));
+  std::vector<double> cumulative(static_cast<std::size_t>(V * V));
+  for (std::int64_t b = 0; b < B; ++b) {
+    // Each row of the chain's matrix from Dirichlet(1): independent Exp(1) draws, normalised
+    // (kept as running sums, to draw the next token by one comparison per candidate).
+    for (std::int64_t r = 0; r < V; ++r) {
+      double sum = 0;
+      for (std::int64_t c = 0; c < V; ++c) cumulative[static_cast<std::size_t>(r * V + c)] = sum += -std::log(draw_open01(gen));
+      for (std::int64_t c = 0; c < V; ++c) cumulative[static_cast<std::size_t>(r * V + c)] /= sum;
+    }
+    std::int64_t token = draw_below(gen, V);
+    for (std::int64_t i = 0; i < T; ++i) {
+      t[static_cast<std::size_t>(b * T + i)] = token;
+      const double u = draw_open01(gen);
+      std::int64_t next = 0;
+      while (next < V - 1 && u >= cumulative[static_cast<std::size_t>(token * V + next)]) ++next;
+      token = next;
+    }
+  }
+  return ag::tensor_int64(t, {B, T});
 }
 
 Batch make_batch(const TaskConfig& task, std::int64_t B, ag::Generator& gen) {
   const std::int64_t T = task.seq_len;
   std::vector<std::int64_t> t(static_cast<std::size_t>(B * T));
   Batch batch;
-  const auto draw = [&gen](std::int64_t n) {  // uniform in [0, n)
-    return static_cast<std::int64_t>(gen.next_u64() % static_cast<std::uint64_t>(n));
-  };
+  const auto draw = [&gen](std::int64_t n) { return draw_below(gen, n); };
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t i = 0; i < T; ++i) t[static_cast<std::size_t>(b * T + i)] = draw(task.vocab);
     const std::int64_t period = task.period_min + draw(task.period_max - task.period_min + 1);

@@ -1,8 +1,20 @@
 #pragma once
-// The variable-period repeat task: sequences of T random tokens in which a segment
-// of random length (the period, from period_min to period_max) is repeated at once, at a random
-// place, the rest fresh random tokens. The period varies, so no position predicts the repeat:
-// only reading the sequence back does (a previous-token head and an induction head).
+// The two kinds of sequences of the experiment.
+//
+// Training: in-context Markov chains (Edelman et al. 2024, "The evolution of statistical induction
+// heads"): each sequence has a transition matrix of its own, every row drawn from Dirichlet(1) over
+// the vocabulary, and its T tokens are a walk of that chain. The best prediction of the next token
+// is the bigram statistics of the sequence so far: the tokens that followed earlier occurrences of
+// the current one, which a previous-token head in layer 0 and an induction head in layer 1 read.
+//
+// Measurement: the variable-period repeat task: T random tokens in which a segment of random length
+// (the period, from period_min to period_max) is repeated at once, at a random place, the rest
+// fresh random tokens. The second copy is predicted by an induction head, and the losses on its
+// tokens and on the first copy's tell the circuit's effect.
+//
+// (Trained on the repeat task itself, a 2-layer attention-only model of this size, in headgrad as in
+// TransformerLens, finds another way to lower its loss: duplicate-token heads in layer 0, no
+// previous-token head, no induction head. --train-on repeat shows it.)
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,11 +25,14 @@ namespace induction {
 
 namespace ag = autograd;
 
+enum class Training { Markov, Repeat };
+
 struct TaskConfig {
-  std::int64_t vocab = 48;
-  std::int64_t seq_len = 32;
+  std::int64_t vocab = 8;
+  std::int64_t seq_len = 64;
   std::int64_t period_min = 6;
   std::int64_t period_max = 16;
+  Training training = Training::Markov;
 
   // Throws std::invalid_argument naming the flag at fault (a period that does not fit twice in
   // the sequence, a range upside down, ...).
@@ -36,6 +51,8 @@ struct Batch {
 // B sequences drawn from gen: tokens uniform in [0, vocab), the period uniform in
 // [period_min, period_max], the first copy's start uniform in [0, T - 2·period].
 Batch make_batch(const TaskConfig& task, std::int64_t B, ag::Generator& gen);
+// B training sequences (B, T) Int64: Markov chains, or repeat-task sequences (make_batch's tokens).
+ag::Tensor make_training_batch(const TaskConfig& task, std::int64_t B, ag::Generator& gen);
 
 // Where each predicted token (the targets tokens[:, 1:], (B, T - 1) row-major) falls:
 enum class TargetKind : std::uint8_t {
