@@ -1,12 +1,16 @@
 // Times what a circuits study spends its time on, on a small study model (2 layers, d_vocab 64,
 // n_ctx 64, d_model 128, 4 heads, d_mlp 512, batch 16, float32): a full z patching sweep (every
-// layer, per head and per head × position), run_with_cache of every hook point, and a training
-// step (forward, backward, AdamW). Prints one JSON object per measurement (median of --reps):
-// benchmarks/compare_transformer_lens.py runs TransformerLens on the same model and prints ratios.
+// layer, per head and per head × position), run_with_cache of the activations TransformerLens's
+// run_with_cache holds by default (the same tensors under our names; and of every one of our hook
+// points, which include q/k/v inputs, raw scores, concat and per-head results that TL computes only
+// when asked), and a training step (forward, backward, AdamW). Prints one JSON object per
+// measurement (median of --reps): benchmarks/compare_transformer_lens.py runs TransformerLens on the
+// same model and prints ratios.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -50,13 +54,24 @@ int main(int argc, char** argv) {
     for (int l = 0; l < 2; ++l)
       (void)nn::study::activation_patching(model, fmt::format("blocks.{}.attn.z", l), metric, clean, corrupted);
   });
-  std::size_t cache_bytes = 0;
-  const double cache = median_seconds(reps, [&] {
-    ag::NoGradGuard g;
-    const nn::ActivationCache c = nn::run_with_cache(model, [&] { return model.forward(clean); });
-    cache_bytes = 0;
-    for (const auto& n : c.names()) cache_bytes += static_cast<std::size_t>(c[n].numel()) * ag::dtype_size(c[n].dtype());
-  });
+  // TransformerLens's default hook points, in our names (docs/circuits.md maps them).
+  std::vector<std::string> tl_points = {"embed_out", "pos_embed_out", "ln_final.scale", "ln_final.normalized"};
+  for (int l = 0; l < 2; ++l)
+    for (const char* p : {"resid_pre", "ln_1.scale", "ln_1.normalized", "attn.q", "attn.k", "attn.v", "attn.scores",
+                          "attn.pattern", "attn.z", "attn_out", "resid_mid", "ln_2.scale", "ln_2.normalized", "mlp_pre",
+                          "mlp_hidden", "mlp_out", "resid_post"})
+      tl_points.push_back(fmt::format("blocks.{}.{}", l, p));
+  const auto cached = [&](const std::vector<std::string>& names, std::size_t& bytes) {
+    return median_seconds(reps, [&] {
+      ag::NoGradGuard g;
+      const nn::ActivationCache c = nn::run_with_cache(model, [&] { return model.forward(clean); }, {.names = names});
+      bytes = 0;
+      for (const auto& n : c.names()) bytes += static_cast<std::size_t>(c[n].numel()) * ag::dtype_size(c[n].dtype());
+    });
+  };
+  std::size_t cache_bytes = 0, all_bytes = 0;
+  const double cache = cached(tl_points, cache_bytes);
+  const double cache_all = cached({}, all_bytes);
   nn::AdamW opt(model.named_parameters(), {.lr = 1e-3});
   const double step = median_seconds(reps, [&] {
     opt.zero_grad();
@@ -66,6 +81,7 @@ int main(int argc, char** argv) {
   });
   std::printf("{\"what\": \"sweep\", \"seconds\": %.6f}\n", sweep);
   std::printf("{\"what\": \"run_with_cache\", \"seconds\": %.6f, \"bytes\": %zu}\n", cache, cache_bytes);
+  std::printf("{\"what\": \"run_with_cache_every_point\", \"seconds\": %.6f, \"bytes\": %zu}\n", cache_all, all_bytes);
   std::printf("{\"what\": \"train_step\", \"seconds\": %.6f}\n", step);
   return 0;
 }
