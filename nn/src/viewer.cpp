@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "atomic_file.hpp"
+#include "names.hpp"
+#include "nn/module.hpp"
 
 namespace nn::viewer {
 
@@ -103,11 +106,45 @@ std::string colour(double v, double lo, double hi) {
   return mix(hi > lo ? (v - std::min(lo, 0.0)) / (hi - std::min(lo, 0.0)) : 1.0, 33, 102, 172);
 }
 
+// A page is UTF-8: text that is not is refused, naming the call, the text and the offset of its
+// first byte that is not part of valid UTF-8. Every entry point checks all its text before it
+// writes anything, so a refused call leaves the page as it was.
+void check_text(std::string_view call, std::string_view what, const std::string& text) {
+  const std::size_t at = detail::invalid_utf8_at(text);
+  if (at != std::string_view::npos)
+    ag::fail(kOp, "{}: {} {} is not valid UTF-8 (byte 0x{:02x} at offset {}); a page is UTF-8", call, what,
+             quote_name(text), static_cast<unsigned char>(text[at]), at);
+}
+
+void check_texts(std::string_view call, std::string_view what, const std::vector<std::string>& texts) {
+  for (std::size_t i = 0; i < texts.size(); ++i) check_text(call, fmt::format("{} {}", what, i), texts[i]);
+}
+
+// A heatmap's text, its rows of equal length and a label per row and per column (or none).
+void check_heatmap(const Heatmap& m) {
+  check_text("heatmap", "title", m.title);
+  const std::string call = fmt::format("heatmap {}", quote_name(m.title));
+  check_texts(call, "row label", m.row_labels);
+  check_texts(call, "column label", m.col_labels);
+  check_text(call, "row_axis", m.row_axis);
+  check_text(call, "col_axis", m.col_axis);
+  check_text(call, "value_name", m.value_name);
+  const std::size_t R = m.values.size(), C = R ? m.values[0].size() : 0;
+  for (std::size_t r = 0; r < R; ++r)
+    if (m.values[r].size() != C)
+      ag::fail(kOp, "{}: row {} has {} values, row 0 has {}", call, r, m.values[r].size(), C);
+  if (!m.row_labels.empty() && m.row_labels.size() != R)
+    ag::fail(kOp, "{}: {} row labels for {} rows (give one per row, or none)", call, m.row_labels.size(), R);
+  if (!m.col_labels.empty() && m.col_labels.size() != C)
+    ag::fail(kOp, "{}: {} column labels for {} columns (give one per column, or none)", call, m.col_labels.size(), C);
+}
+
 std::string label_at(const std::vector<std::string>& labels, std::size_t i) {
   return i < labels.size() ? labels[i] : std::to_string(i);
 }
 
-// One heatmap as SVG, with a colour scale under it. `cell_title(r, c, v)` is the hover text.
+// One heatmap as SVG, with a colour scale under it. `cell_title(r, c, v)` is the hover text. The
+// map has passed check_heatmap.
 template <class Title>
 std::string heatmap_svg(const Heatmap& m, double cell, Title cell_title) {
   const std::size_t R = m.values.size(), C = R ? m.values[0].size() : 0;
@@ -123,8 +160,6 @@ std::string heatmap_svg(const Heatmap& m, double cell, Title cell_title) {
     s += fmt::format(R"~(<text class="col-label" transform="translate({},{}) rotate(-60)">{}</text>)~",
                      left + cell * (static_cast<double>(c) + 0.5), top - 4, escape(label_at(m.col_labels, c)));
   for (std::size_t r = 0; r < R; ++r) {
-    if (m.values[r].size() != C)
-      ag::fail(kOp, "heatmap '{}': row {} has {} values, row 0 has {}", m.title, r, m.values[r].size(), C);
     s += fmt::format(R"~(<text class="row-label" x="{}" y="{}" text-anchor="end">{}</text>)~", left - 4,
                      top + cell * (static_cast<double>(r) + 0.7), escape(label_at(m.row_labels, r)));
     for (std::size_t c = 0; c < C; ++c) {
@@ -172,14 +207,16 @@ std::string escape(const std::string& text) {
   return out;
 }
 
-Page::Page(std::string title) : title_(std::move(title)) {}
+Page::Page(std::string title) : title_(std::move(title)) { check_text("Page", "title", title_); }
 
 Page& Page::section(const std::string& heading) {
+  check_text("section", "heading", heading);
   body_ += fmt::format("<h2 id=\"section-{}\">{}</h2>\n", ++sections_, escape(heading));
   return *this;
 }
 
 Page& Page::paragraph(const std::string& text) {
+  check_text("paragraph", "text", text);
   body_ += "<p>" + escape(text) + "</p>\n";
   return *this;
 }
@@ -189,14 +226,18 @@ Page& Page::attention_patterns(const ag::Tensor& pattern, const std::vector<std:
   if (!pattern.defined() || (pattern.dim() != 3 && pattern.dim() != 4))
     ag::fail(kOp, "attention_patterns: pattern must be (H, T, S) or (B, H, T, S), got {}",
              pattern.defined() ? ag::shape_str(pattern.shape()) : "undefined");
-  if (pattern.dim() == 4 && (batch < 0 || batch >= pattern.size(0)))
-    ag::fail(kOp, "attention_patterns: batch {} is out of range for pattern of shape {}", batch,
-             ag::shape_str(pattern.shape()));
+  // An (H, T, S) pattern is one sequence: batch 0.
+  const std::int64_t B = pattern.dim() == 4 ? pattern.size(0) : 1;
+  if (batch < 0 || batch >= B)
+    ag::fail(kOp, "attention_patterns: batch {} is out of range for pattern of shape {}: it holds {} sequence{}, batch "
+             "in [0, {})", batch, ag::shape_str(pattern.shape()), B, B == 1 ? "" : "s", B);
   const ag::Tensor p = pattern.dim() == 4 ? ag::squeeze(ag::narrow(pattern, 0, batch, 1), 0) : pattern;
   const std::int64_t H = p.size(0), T = p.size(1), S = p.size(2);
   if (static_cast<std::int64_t>(tokens.size()) != T || S != T)
     ag::fail(kOp, "attention_patterns: {} tokens for a pattern of shape {} (T = S = the number of tokens needed)",
              tokens.size(), ag::shape_str(pattern.shape()));
+  check_text("attention_patterns", "label", label);
+  check_texts("attention_patterns", "token", tokens);
   const std::vector<double> v = values_of(p);
   const double cell = T <= 16 ? 22 : T <= 40 ? 12 : 6;
   std::vector<std::string> labels;
@@ -220,6 +261,7 @@ Page& Page::attention_patterns(const ag::Tensor& pattern, const std::vector<std:
 }
 
 Page& Page::heatmap(const Heatmap& map) {
+  check_heatmap(map);
   const std::size_t C = map.values.empty() ? 0 : map.values[0].size();
   const double cell = std::max(8.0, std::min(36.0, 720.0 / std::max<double>(1.0, static_cast<double>(C))));
   const std::string svg = heatmap_svg(map, cell, [&](std::size_t r, std::size_t c, double v) {
@@ -233,8 +275,9 @@ Page& Page::heatmap(const Heatmap& map) {
 
 Page& Page::heatmap(const std::string& title, const ag::Tensor& values, std::vector<std::string> row_labels,
                     std::vector<std::string> col_labels, std::string row_axis, std::string col_axis) {
+  check_text("heatmap", "title", title);
   if (!values.defined() || values.dim() != 2)
-    ag::fail(kOp, "heatmap '{}': values must be (rows, columns), got {}", title,
+    ag::fail(kOp, "heatmap {}: values must be (rows, columns), got {}", quote_name(title),
              values.defined() ? ag::shape_str(values.shape()) : "undefined");
   const std::vector<double> v = values_of(values);
   Heatmap m{.title = title, .values = {}, .row_labels = std::move(row_labels), .col_labels = std::move(col_labels),
@@ -245,10 +288,25 @@ Page& Page::heatmap(const std::string& title, const ag::Tensor& values, std::vec
 }
 
 Page& Page::line_chart(const LineChart& chart) {
+  check_text("line_chart", "title", chart.title);
+  const std::string call = fmt::format("line_chart {}", quote_name(chart.title));
+  check_text(call, "x_axis", chart.x_axis);
+  check_text(call, "y_axis", chart.y_axis);
+  check_texts(call, "x_label", chart.x_labels);
+  std::size_t points = 0;  // of the longest series
+  for (std::size_t k = 0; k < chart.series.size(); ++k) {
+    const Series& s = chart.series[k];
+    check_text(call, fmt::format("series {}: name", k), s.name);
+    if (s.x.size() != s.y.size())
+      ag::fail(kOp, "{}: series {} has {} x and {} y values", call, quote_name(s.name), s.x.size(), s.y.size());
+    points = std::max(points, s.x.size());
+  }
+  // x_labels name the x values 0, 1, ...: a label past the last point would name nothing drawn.
+  if (chart.x_labels.size() > points)
+    ag::fail(kOp, "{}: {} x_labels for {} points ({}); give at most one label per point", call, chart.x_labels.size(),
+             points, chart.series.empty() ? "no series" : "its longest series");
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   for (const auto& s : chart.series) {
-    if (s.x.size() != s.y.size())
-      ag::fail(kOp, "line chart '{}': series '{}' has {} x and {} y values", chart.title, s.name, s.x.size(), s.y.size());
     for (std::size_t i = 0; i < s.x.size(); ++i)
       if (std::isfinite(s.x[i]) && std::isfinite(s.y[i]))
         x0 = std::min(x0, s.x[i]), x1 = std::max(x1, s.x[i]), y0 = std::min(y0, s.y[i]), y1 = std::max(y1, s.y[i]);
@@ -305,6 +363,9 @@ Page& Page::line_chart(const LineChart& chart) {
 }
 
 Page& Page::table(const std::vector<std::vector<std::string>>& rows) {
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    for (std::size_t c = 0; c < rows[r].size(); ++c)
+      check_text("table", fmt::format("cell [{}, {}]", r, c), rows[r][c]);
   body_ += "<table>\n";
   for (std::size_t r = 0; r < rows.size(); ++r) {
     body_ += "<tr>";
