@@ -276,6 +276,43 @@ BOOST_AUTO_TEST_CASE(mismatched_factors_are_refused_naming_the_shapes) {
   test_support::check_message([&] { f[0]; }, "has no leading dim to index");
 }
 
+BOOST_AUTO_TEST_CASE(empty_and_non_finite_factors_are_refused_before_a_decomposition) {
+  const auto f64 = [](ag::Shape s) { return ag::ones(s, Dtype::Float64); };
+  for (const auto& [a, b] : {std::pair{ag::Shape{4, 0}, ag::Shape{0, 5}}, std::pair{ag::Shape{0, 3}, ag::Shape{3, 5}},
+                             std::pair{ag::Shape{4, 3}, ag::Shape{3, 0}}})
+    test_support::check_message([&] { FactoredMatrix(f64(a), f64(b)); },
+                                "circuits::FactoredMatrix: the matrix dimensions must be positive, got A " +
+                                    ag::shape_str(a) + " and B " + ag::shape_str(b));
+  std::vector<double> v(12, 1.0);
+  v[5] = std::nan("");
+  const FactoredMatrix nan_a(ag::tensor(v, {4, 3}, Dtype::Float64), test_support::input({3, 4}, 2));
+  test_support::check_message([&] { nan_a.singular_values(); },
+                              "circuits::FactoredMatrix::svd: factor A [4, 3] holds nan at flat index 5");
+  test_support::check_message([&] { nan_a.eigenvalues(); }, "circuits::FactoredMatrix::eigenvalues: factor A [4, 3]");
+  const FactoredMatrix inf_b(test_support::input({4, 3}, 3), ag::full({3, 4}, INFINITY, Dtype::Float64));
+  test_support::check_message([&] { inf_b.make_even(); }, "factor B [3, 4] holds inf at flat index 0");
+}
+
+BOOST_AUTO_TEST_CASE(composition_scores_need_nonzero_circuits_of_one_dtype_and_keep_their_scale_invariance) {
+  const FactoredMatrix zero(ag::zeros({4, 2}, Dtype::Float64), ag::zeros({2, 5}, Dtype::Float64));
+  const FactoredMatrix w(test_support::input({5, 3}, 1), test_support::input({3, 4}, 2));
+  test_support::check_message([&] { circuits::composition_scores(zero, w); },
+                              "circuits::composition_scores: the left circuit [4, 5] has norm 0");
+  test_support::check_message([&] { circuits::composition_score(ag::zeros({4, 5}, Dtype::Float64), w.AB()); },
+                              "circuits::composition_score: W_A has norm 0");
+  test_support::check_message([&] { circuits::composition_score(w.AB(), ag::ones({4, 2}, Dtype::Int64)); },
+                              "circuits::composition_score: needs Float32 or Float64 matrices, got Float64 and Int64");
+  const FactoredMatrix w32(w.A().to(Dtype::Float32), w.B().to(Dtype::Float32));
+  const FactoredMatrix v(test_support::input({4, 3}, 3), test_support::input({3, 6}, 4));
+  test_support::check_message([&] { circuits::composition_scores(w32, v); },
+                              "circuits::composition_scores: the circuits have different dtypes: Float32 and Float64");
+  // Float32 weights of 1e-25: the score does not depend on scale (the float32 norms would underflow).
+  const FactoredMatrix v32(v.A().to(Dtype::Float32), v.B().to(Dtype::Float32));
+  const double at_scale = circuits::composition_scores(w32.scaled(1e-25), v32.scaled(1e-25)).item();
+  const double plain = circuits::composition_scores(w, v).item();
+  BOOST_TEST(std::abs(at_scale - plain) <= 1e-6 * plain, at_scale << " vs " << plain);
+}
+
 BOOST_AUTO_TEST_CASE(norm_and_composition_scores_pass_gradchecks) {
   const Tensor A = test_support::input({2, 5, 3}, 1), B = test_support::input({3, 6}, 2);
   const Tensor C = test_support::input({6, 2}, 3), Dm = test_support::input({2, 4}, 4);
@@ -388,7 +425,14 @@ BOOST_AUTO_TEST_CASE(the_baseline_is_fixed_by_the_generators_seed) {
   BOOST_TEST(x.mean == y.mean);
   BOOST_TEST(x.mean != z.mean);
   test_support::check_message([&] { circuits::random_composition_baseline(a, a, Composition::Q, g1, 0); },
-                              "circuits::random_composition_baseline: needs at least one sample, got 0");
+                              "circuits::random_composition_baseline: needs at least 2 samples (its std is over samples), "
+                              "got 0");
+  test_support::check_message([&] { circuits::random_composition_baseline(a, a, Composition::Q, g1, 1); },
+                              "needs at least 2 samples");
+  test_support::check_message([&] { circuits::random_composition_baseline(a, a, static_cast<Composition>(9), g1, 5); },
+                              "circuits::random_composition_baseline: unknown composition mode 9");
+  test_support::check_message([&] { circuits::all_composition_scores({&a, &a}, Composition::K); },
+                              "circuits::all_composition_scores: layers 0 and 1 are the same module");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -487,6 +531,58 @@ BOOST_AUTO_TEST_CASE(scores_of_every_cached_layer_stack_per_layer) {
   BOOST_TEST(worst(layer_slice(all, 1), circuits::head_scores(cache["a1.pattern"], HeadKind::Induction, tokens)) == 0.0);
   const Tensor one = circuits::head_scores(cache, HeadKind::PreviousToken, tokens, {}, {"a1.pattern"});
   BOOST_TEST(ag::shape_str(one.shape()) == "[1, 2]");
+}
+
+BOOST_AUTO_TEST_CASE(share_scores_count_only_the_positions_that_have_a_target) {
+  const Tensor tokens = tl_ref("tokens");
+  const Tensor p = tl_ref("pattern.1");  // (3, 4, 12, 12)
+  const Tensor got = circuits::head_scores(p, HeadKind::Induction, tokens, {.error_measure = circuits::ErrorMeasure::Share});
+  // By hand: over every (sequence, query) with an earlier occurrence, the attention on the targets.
+  const std::vector<double> P = p.to_vector(), Dv = circuits::detection_pattern(HeadKind::Induction, tokens).to_vector();
+  std::vector<double> want(4, 0.0);
+  double rows = 0;
+  for (std::int64_t b = 0; b < 3; ++b)
+    for (std::int64_t i = 0; i < 12; ++i) {
+      bool any = false;
+      for (std::int64_t j = 0; j < 12; ++j) any = any || Dv[static_cast<std::size_t>((b * 12 + i) * 12 + j)] != 0;
+      if (!any) continue;
+      rows += 1;
+      for (std::int64_t h = 0; h < 4; ++h)
+        for (std::int64_t j = 0; j < 12; ++j)
+          want[static_cast<std::size_t>(h)] += P[static_cast<std::size_t>(((b * 4 + h) * 12 + i) * 12 + j)] *
+                                                Dv[static_cast<std::size_t>((b * 12 + i) * 12 + j)];
+    }
+  for (double& x : want) x /= rows;
+  BOOST_TEST(worst(got, ag::tensor(want, {4}, Dtype::Float64)) <= 1e-15);
+  // A perfect previous-token pattern scores 1 under Share, and less under Mul (query 0 has no target).
+  std::vector<double> perfect(12 * 12, 0.0);
+  perfect[0] = 1;
+  for (std::size_t i = 1; i < 12; ++i) perfect[i * 12 + i - 1] = 1;
+  const Tensor one = ag::tensor(perfect, {1, 12, 12}, Dtype::Float64);
+  const Tensor t0 = layer_slice(tokens, 0);
+  BOOST_TEST(circuits::head_scores(one, HeadKind::PreviousToken, t0, {.error_measure = circuits::ErrorMeasure::Share}).item() == 1.0);
+  BOOST_TEST(circuits::head_scores(one, HeadKind::PreviousToken, t0).item() < 1.0);
+  test_support::check_gradients("share score", [&](const TensorList& x) {
+    return ag::sum(circuits::head_scores(x[0], HeadKind::Induction, tokens, {.error_measure = circuits::ErrorMeasure::Share}));
+  }, {p.detach().requires_grad_()});
+  // Distinct tokens have no induction target at any position: refused.
+  std::vector<std::int64_t> distinct(12);
+  for (std::size_t i = 0; i < 12; ++i) distinct[i] = static_cast<std::int64_t>(i);
+  test_support::check_message([&] {
+    circuits::head_scores(one, HeadKind::Induction, ag::tensor(distinct, {12}), {.error_measure = circuits::ErrorMeasure::Share});
+  }, "circuits::head_scores: no query position of the detection pattern has a 1 to score (Share)");
+}
+
+BOOST_AUTO_TEST_CASE(unknown_kinds_measures_and_non_finite_patterns_are_refused) {
+  const Tensor tokens = tl_ref("tokens");
+  const Tensor p = tl_ref("pattern.0");
+  test_support::check_message([&] { circuits::detection_pattern(static_cast<HeadKind>(9), tokens); },
+                              "circuits::detection_pattern: unknown head kind 9");
+  test_support::check_message([&] {
+    circuits::head_scores(p, HeadKind::Induction, tokens, {.error_measure = static_cast<circuits::ErrorMeasure>(9)});
+  }, "circuits::head_scores: unknown error measure 9");
+  test_support::check_message([&] { circuits::head_scores(ag::full(p.shape(), NAN, Dtype::Float64), HeadKind::PreviousToken, tokens); },
+                              "circuits::head_scores: the patterns [3, 4, 12, 12] hold nan at flat index 0");
 }
 
 BOOST_AUTO_TEST_CASE(bad_patterns_and_tokens_are_refused_by_name) {

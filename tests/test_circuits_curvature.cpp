@@ -208,6 +208,13 @@ BOOST_AUTO_TEST_CASE(bad_requests_are_refused_by_name) {
                               "HessianVectorProduct: params[0] does not require grad");
   test_support::check_message([&] { ag::HessianVectorProduct([](const TensorList& p) { return p[0]; }, {test_support::input({2}, 1)}); },
                               "HessianVectorProduct: the function must return one element, got shape [2]");
+  // The same tensor twice would double every eigenvalue; a NaN loss has no curvature to report.
+  const Tensor x = test_support::input({3}, 2);
+  test_support::check_message([&] { ag::top_hessian_eigenvalues([](const TensorList& p) { return ag::sum(p[0] * p[1]); }, {x, x}, 1); },
+                              "HessianVectorProduct: params[0] and params[1] are the same tensor");
+  test_support::check_message([&] {
+    ag::top_hessian_eigenvalues([](const TensorList& p) { return ag::sum(p[0] * p[0]) * std::nan(""); }, {x}, 1);
+  }, "top_hessian_eigenvalues: the loss is nan at these parameters");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -151,6 +151,10 @@ BOOST_AUTO_TEST_CASE(path_patching_is_the_receiver_heads_keys_from_the_patched_s
                 "differ");
   check_message([&] { circuits::path_patching(m, [](const ag::Tensor& l) { return l; }, kClean, kCorrupted, 0, 1, circuits::Composition::V); },
                 "one finite element");
+  check_message([&] { circuits::path_patching(m, {}, kClean, kCorrupted, 0, 1, circuits::Composition::V); },
+                "path_patching: the metric is an empty function");
+  check_message([&] { circuits::path_patching(m, metric, kClean, kCorrupted, 0, 1, static_cast<circuits::Composition>(9)); },
+                "path_patching: unknown receiver input 9");
   BOOST_TEST(m.hook_count() == 0u);
 }
 

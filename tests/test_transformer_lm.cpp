@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nn/nn.hpp>
@@ -221,6 +222,23 @@ BOOST_AUTO_TEST_CASE(bad_configs_and_tokens_are_refused_naming_the_setting) {
   c = small_config();
   c.dtype = ag::Dtype::Int64;
   check_message([&] { nn::TransformerLM m(c); }, "dtype");
+  c = small_config();
+  c.activation = static_cast<nn::Activation>(77);
+  check_message([&] { nn::TransformerLM m(c); }, "TransformerLM: unknown activation 77");
+  c = small_config();
+  c.normalization = static_cast<nn::Normalization>(5);
+  check_message([&] { nn::TransformerLM m(c); }, "TransformerLM: unknown normalization 5");
+  c = small_config();
+  c.positional_embedding = static_cast<nn::PositionalEmbedding>(-1);
+  check_message([&] { nn::TransformerLM m(c); }, "TransformerLM: unknown positional_embedding -1");
+  // Sizes no machine holds are refused before any allocation (not std::bad_alloc, not a hang).
+  for (auto [layers, width, mlp] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{std::int64_t{1} << 40, 8, 0},
+                                    {2, std::int64_t{1} << 40, 0}, {2, 8, std::int64_t{1} << 40},
+                                    {2, std::int64_t{1} << 31, 0}}) {
+    c = small_config();
+    c.n_layers = layers, c.d_model = width, c.n_heads = 1, c.d_mlp = mlp;
+    check_message([&] { nn::TransformerLM m(c); }, "need more than 2^40 parameters");
+  }
   nn::TransformerLM m(small_config());
   check_message([&] { m.forward(ag::zeros({1, 7}, ag::Dtype::Int64)); }, "n_ctx = 6");
   check_message([&] { m.forward(ag::zeros({1, 2, 3}, ag::Dtype::Int64)); }, "(B, T) or (T)");

@@ -138,6 +138,9 @@ HessianVectorProduct::HessianVectorProduct(const GradcheckFn& fn, const TensorLi
   for (std::size_t i = 0; i < params.size(); ++i) {
     check_float(op, "params", i, params[i]);
     if (!params[i].requires_grad()) fail(op, "params[{}] does not require grad", i);
+    // The same tensor twice would count its coordinates twice (a Hessian of repeated blocks).
+    for (std::size_t j = 0; j < i; ++j)
+      if (params[i].is_same(params[j])) fail(op, "params[{}] and params[{}] are the same tensor", j, i);
   }
   EnableGradGuard grad_on;
   const Tensor y = fn(params_);
@@ -256,6 +259,8 @@ HessianEigenResult top_eigenvalues(const std::function<TensorList(const TensorLi
 HessianEigenResult top_hessian_eigenvalues(const GradcheckFn& fn, const TensorList& params, int k,
                                            const HessianEigenOptions& options) {
   const HessianVectorProduct H(fn, params);
+  if (!std::isfinite(H.loss()))
+    fail("top_hessian_eigenvalues", "the loss is {} at these parameters: its curvature there is not defined", H.loss());
   return top_eigenvalues([&H](const TensorList& v) { return H(v); }, params, k, options);
 }
 

@@ -70,28 +70,7 @@ Losses held_out_losses(const nn::TransformerLM& model, const ag::Tensor& repeat_
 // The share of attention on the detector's targets over the query positions that have one, per
 // head: patterns (B, H, T, T), detection (B, T, T).
 std::vector<double> target_share(const ag::Tensor& pattern, const ag::Tensor& detection) {
-  const std::int64_t B = pattern.size(0), H = pattern.size(1), T = pattern.size(2);
-  const std::vector<double> P = pattern.to_vector(), D = detection.to_vector();
-  std::vector<double> num(static_cast<std::size_t>(H), 0.0);
-  double rows = 0;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t i = 0; i < T; ++i) {
-      const std::size_t d0 = static_cast<std::size_t>((b * T + i) * T);
-      bool any = false;
-      for (std::int64_t j = 0; j < T; ++j) any = any || D[d0 + static_cast<std::size_t>(j)] != 0.0;
-      if (!any) continue;
-      rows += 1;
-      for (std::int64_t h = 0; h < H; ++h) {
-        const std::size_t p0 = static_cast<std::size_t>(((b * H + h) * T + i) * T);
-        for (std::int64_t j = 0; j < T; ++j)
-          num[static_cast<std::size_t>(h)] += P[p0 + static_cast<std::size_t>(j)] * D[d0 + static_cast<std::size_t>(j)];
-      }
-    }
-  if (rows == 0)
-    throw std::runtime_error("induction_heads: no held-out query has a target for a head detector; "
-                             "use more --test-sequences");
-  for (double& x : num) x /= rows;
-  return num;
+  return circuits::head_scores(pattern, detection, {.error_measure = circuits::ErrorMeasure::Share}).to_vector();
 }
 
 // Per head: the attention-weighted mean of i - j and of j / i over the query positions i >= 1.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -13,21 +14,38 @@ namespace nn::circuits {
 
 namespace {
 
+void check_mode(const char* op, Composition mode) {
+  if (mode != Composition::Q && mode != Composition::K && mode != Composition::V)
+    ag::fail(op, "unknown composition mode {} (Q, K or V)", static_cast<int>(mode));
+}
+
 // ‖left·right‖ / (‖left‖ ‖right‖) over broadcast leading dims, from the factors:
-// left·right = A1 · C with C = B1·A2·B2 (r1 x p), and ‖A1·C‖ is a FactoredMatrix norm.
-ag::Tensor score_of(const FactoredMatrix& left, const FactoredMatrix& right) {
-  const ag::Tensor C = ag::matmul(ag::matmul(left.B(), right.A()), right.B());
-  const ag::Tensor product = FactoredMatrix(left.A(), C).norm();
-  return product / (left.norm() * right.norm());
+// left·right = A1 · C with C = B1·A2·B2 (r1 x p), and ‖A1·C‖ is a FactoredMatrix norm. Computed in
+// float64 whatever the factors' dtype (the norms of small float32 weights underflow) and returned
+// in it. A circuit of norm 0 (or not finite) has no score: refused, naming `op`.
+ag::Tensor score_of(const FactoredMatrix& left, const FactoredMatrix& right, const char* op) {
+  if (left.dtype() != right.dtype())
+    ag::fail(op, "the circuits have different dtypes: {} and {}", ag::dtype_name(left.dtype()),
+             ag::dtype_name(right.dtype()));
+  (void)ag::broadcast_shapes(op, left.leading_shape(), right.leading_shape());
+  const ag::Dtype f64 = ag::Dtype::Float64;
+  const FactoredMatrix l(left.A().to(f64), left.B().to(f64)), r(right.A().to(f64), right.B().to(f64));
+  const ag::Tensor ln = l.norm(), rn = r.norm();
+  for (const auto& [side, n] : {std::pair{"left", ln}, std::pair{"right", rn}})
+    for (double v : n.detach().to_vector())
+      if (!(v > 0.0) || !std::isfinite(v))
+        ag::fail(op, "the {} circuit {} has norm {}: a composition score needs nonzero finite circuits", side,
+                 ag::shape_str(side == std::string("left") ? left.shape() : right.shape()), v);
+  const ag::Tensor C = ag::matmul(ag::matmul(l.B(), r.A()), r.B());
+  const ag::Tensor product = FactoredMatrix(l.A(), C).norm();
+  return (product / (ln * rn)).to(left.dtype());
 }
 
 FactoredMatrix right_circuit(const MultiHeadAttention& later, Composition mode) {
-  switch (mode) {
-    case Composition::Q: return qk_circuit(later);
-    case Composition::K: return qk_circuit(later).T();
-    case Composition::V: return ov_circuit(later);
-  }
-  ag::fail("circuits::composition_scores", "unknown composition mode {}", static_cast<int>(mode));
+  check_mode("circuits::composition_scores", mode);
+  if (mode == Composition::Q) return qk_circuit(later);
+  if (mode == Composition::K) return qk_circuit(later).T();
+  return ov_circuit(later);
 }
 
 FactoredMatrix random_like(const FactoredMatrix& f, ag::Generator& gen) {
@@ -50,13 +68,14 @@ ag::Tensor composition_scores(const FactoredMatrix& left, const FactoredMatrix& 
   if (left.rdim() != right.ldim())
     ag::fail("circuits::composition_scores", "needs left's columns to equal right's rows, got left {} and right {}",
              ag::shape_str(left.shape()), ag::shape_str(right.shape()));
-  if (!broadcast_dims) return score_of(left, right);
+  constexpr const char* op = "circuits::composition_scores";
+  if (!broadcast_dims) return score_of(left, right, op);
   // left (a..., m, n) -> (a..., 1..., m, n); right (b..., n, p) -> (1..., b..., n, p)
   const std::int64_t l_lead = left.ndim() - 2, r_lead = right.ndim() - 2;
   FactoredMatrix l = left, r = right;
   for (std::int64_t i = 0; i < l_lead; ++i) r = r.unsqueeze(0);
   for (std::int64_t i = 0; i < r_lead; ++i) l = l.unsqueeze(l_lead + i);
-  return score_of(l, r);
+  return score_of(l, r, op);
 }
 
 ag::Tensor composition_score(const ag::Tensor& W_A, const ag::Tensor& W_B) {
@@ -65,8 +84,19 @@ ag::Tensor composition_score(const ag::Tensor& W_A, const ag::Tensor& W_B) {
     ag::fail(op, "needs matrices W_A (m x n) and W_B (n x p), got {} and {}",
              W_A.defined() ? ag::shape_str(W_A.shape()) : std::string("an undefined tensor"),
              W_B.defined() ? ag::shape_str(W_B.shape()) : std::string("an undefined tensor"));
+  if (!ag::is_floating(W_A.dtype()) || !ag::is_floating(W_B.dtype()))
+    ag::fail(op, "needs Float32 or Float64 matrices, got {} and {}", ag::dtype_name(W_A.dtype()),
+             ag::dtype_name(W_B.dtype()));
+  if (W_A.dtype() != W_B.dtype())
+    ag::fail(op, "the matrices have different dtypes: {} and {}", ag::dtype_name(W_A.dtype()),
+             ag::dtype_name(W_B.dtype()));
+  const ag::Tensor a = W_A.to(ag::Dtype::Float64), b = W_B.to(ag::Dtype::Float64);
   auto fro = [](const ag::Tensor& M) { return ag::sqrt(ag::sum(M * M)); };
-  return fro(ag::matmul(W_A, W_B)) / (fro(W_A) * fro(W_B));
+  const ag::Tensor na = fro(a), nb = fro(b);
+  for (const auto& [name, n] : {std::pair{"W_A", na}, std::pair{"W_B", nb}})
+    if (const double v = n.detach().item(); !(v > 0.0) || !std::isfinite(v))
+      ag::fail(op, "{} has norm {}: a composition score needs nonzero finite matrices", name, v);
+  return (fro(ag::matmul(a, b)) / (na * nb)).to(W_A.dtype());
 }
 
 ag::Tensor composition_scores(const MultiHeadAttention& earlier, const MultiHeadAttention& later, Composition mode) {
@@ -81,6 +111,11 @@ ag::Tensor composition_scores(const MultiHeadAttention& earlier, const MultiHead
 }
 
 ag::Tensor all_composition_scores(const std::vector<const MultiHeadAttention*>& layers, Composition mode) {
+  check_mode("circuits::all_composition_scores", mode);
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    for (std::size_t j = i + 1; j < layers.size(); ++j)
+      if (layers[i] != nullptr && layers[i] == layers[j])
+        ag::fail("circuits::all_composition_scores", "layers {} and {} are the same module", i, j);
   const FactoredMatrix ov = ov_circuit(layers);  // (L, H, E, E); checks the layers share one layout
   const FactoredMatrix qk = qk_circuit(layers);
   const FactoredMatrix right = mode == Composition::Q ? qk : mode == Composition::K ? qk.T() : ov;
@@ -100,7 +135,7 @@ ag::Tensor all_composition_scores(const std::vector<const MultiHeadAttention*>& 
 CompositionBaseline random_composition_baseline(const FactoredMatrix& left, const FactoredMatrix& right,
                                                 ag::Generator& gen, int samples) {
   constexpr const char* op = "circuits::random_composition_baseline";
-  if (samples < 1) ag::fail(op, "needs at least one sample, got {}", samples);
+  if (samples < 2) ag::fail(op, "needs at least 2 samples (its std is over samples), got {}", samples);
   if (left.rdim() != right.ldim())
     ag::fail(op, "needs left's columns to equal right's rows, got left {} and right {}", ag::shape_str(left.shape()),
              ag::shape_str(right.shape()));
@@ -110,22 +145,21 @@ CompositionBaseline random_composition_baseline(const FactoredMatrix& left, cons
   for (int s = 0; s < samples; ++s) {
     const FactoredMatrix l = random_like(left, gen);
     const FactoredMatrix r = random_like(right, gen);
-    xs.push_back(score_of(l, r).item());
+    xs.push_back(score_of(l, r, op).item());
   }
   CompositionBaseline b;
   b.samples = samples;
   for (double x : xs) b.mean += x;
   b.mean /= samples;
-  if (samples > 1) {
-    double ss = 0;
-    for (double x : xs) ss += (x - b.mean) * (x - b.mean);
-    b.std = std::sqrt(ss / (samples - 1));
-  }
+  double ss = 0;
+  for (double x : xs) ss += (x - b.mean) * (x - b.mean);
+  b.std = std::sqrt(ss / (samples - 1));
   return b;
 }
 
 CompositionBaseline random_composition_baseline(const MultiHeadAttention& earlier, const MultiHeadAttention& later,
                                                 Composition mode, ag::Generator& gen, int samples) {
+  check_mode("circuits::random_composition_baseline", mode);
   return random_composition_baseline(ov_circuit(earlier, 0), mode == Composition::V   ? ov_circuit(later, 0)
                                                              : mode == Composition::Q ? qk_circuit(later, 0)
                                                                                       : qk_circuit(later, 0).T(),

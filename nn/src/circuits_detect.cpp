@@ -31,6 +31,11 @@ std::vector<std::vector<std::int64_t>> token_rows(const char* op, const ag::Tens
   return rows;
 }
 
+void check_kind(const char* op, HeadKind kind) {
+  if (kind != HeadKind::PreviousToken && kind != HeadKind::DuplicateToken && kind != HeadKind::Induction)
+    ag::fail(op, "unknown head kind {} (PreviousToken, DuplicateToken or Induction)", static_cast<int>(kind));
+}
+
 std::vector<double> pattern_of(HeadKind kind, const std::vector<std::int64_t>& tok) {
   const std::size_t T = tok.size();
   std::vector<double> d(T * T, 0.0);
@@ -59,6 +64,7 @@ std::string head_kind_name(HeadKind kind) {
 }
 
 ag::Tensor detection_pattern(HeadKind kind, const ag::Tensor& tokens) {
+  check_kind("circuits::detection_pattern", kind);
   const auto rows = token_rows("circuits::detection_pattern", tokens);
   const std::int64_t T = tokens.size(-1);
   std::vector<double> all;
@@ -76,6 +82,15 @@ ag::Tensor head_scores(const ag::Tensor& pattern, const ag::Tensor& detection, c
     ag::fail(op, "needs attention patterns (B, H, T, T) or (H, T, T), got {}",
              pattern.defined() ? ag::shape_str(pattern.shape()) : std::string("an undefined tensor"));
   if (pattern.dtype() == ag::Dtype::Int64) ag::fail(op, "needs Float32 or Float64 patterns, got Int64");
+  const ErrorMeasure measure = options.error_measure;
+  if (measure != ErrorMeasure::Mul && measure != ErrorMeasure::Abs && measure != ErrorMeasure::Share)
+    ag::fail(op, "unknown error measure {} (Mul, Abs or Share)", static_cast<int>(measure));
+  {
+    const std::vector<double> values = pattern.detach().to_vector();
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (!std::isfinite(values[i]))
+        ag::fail(op, "the patterns {} hold {} at flat index {}", ag::shape_str(pattern.shape()), values[i], i);
+  }
   const ag::Tensor A = pattern.dim() == 3 ? ag::unsqueeze(pattern, 0) : pattern;  // (B, H, T, T)
   const std::int64_t B = A.size(0), H = A.size(1), T = A.size(2);
   if (A.size(3) != T)
@@ -95,7 +110,18 @@ ag::Tensor head_scores(const ag::Tensor& pattern, const ag::Tensor& detection, c
       if ((options.exclude_bos && j == 0) || (options.exclude_current_token && i == j))
         keep[static_cast<std::size_t>(i * T + j)] = 0.0;
   const ag::Tensor K = ag::tensor(keep, {T, T}, A.dtype());
-  if (options.error_measure == ErrorMeasure::Mul) {
+  if (measure == ErrorMeasure::Share) {
+    const ag::Tensor DK = ag::expand(D * K, {B, 1, T, T});                                  // the scored 1s
+    const std::vector<double> per_row = ag::sum(DK, -1).to_vector();                        // (B, 1, T)
+    std::vector<double> has(per_row.size());
+    double rows = 0;
+    for (std::size_t i = 0; i < per_row.size(); ++i) rows += has[i] = per_row[i] > 0 ? 1.0 : 0.0;
+    if (rows == 0) ag::fail(op, "no query position of the detection pattern has a 1 to score (Share)");
+    const ag::Tensor on = ag::sum(A * DK, -1);                                               // (B, H, T)
+    const ag::Tensor with = on * ag::tensor(has, {B, 1, T}, A.dtype());
+    return ag::sum(with, {0, 2}) / rows;                                                     // (H)
+  }
+  if (measure == ErrorMeasure::Mul) {
     const ag::Tensor kept = A * K;                                    // (B, H, T, T)
     const ag::Tensor total = ag::sum(kept, {-2, -1});                 // (B, H)
     const std::vector<double> t = total.to_vector();
@@ -124,6 +150,7 @@ ag::Tensor head_scores(const ag::Tensor& pattern, const ag::Tensor& detection, c
 ag::Tensor head_scores(const ag::Tensor& pattern, HeadKind kind, const ag::Tensor& tokens,
                        const DetectorOptions& options) {
   constexpr const char* op = "circuits::head_scores";
+  check_kind(op, kind);
   if (pattern.defined() && pattern.dim() == 4 && tokens.defined() && tokens.dim() == 2 &&
       tokens.size(0) != pattern.size(0))
     ag::fail(op, "patterns {} are for {} sequences but tokens {} hold {}", ag::shape_str(pattern.shape()),

@@ -35,12 +35,18 @@ std::int64_t count_of(const ag::Shape& s) {
   return n;
 }
 
-// The batch of a (lead..., rows, cols) tensor as float64 matrices, one per leading index.
-std::vector<Matrix> batch_matrices(const ag::Tensor& t) {
+// The batch of a (lead..., rows, cols) tensor as float64 matrices, one per leading index. The
+// decompositions need finite entries (Eigen's SVD returns made-up values for NaN): `op` and
+// `factor` name the call and the factor in the refusal.
+std::vector<Matrix> batch_matrices(const ag::Tensor& t, const char* op, const char* factor) {
   const std::int64_t rows = t.size(-2), cols = t.size(-1);
   const std::int64_t n = count_of(leading_of(t));
   const ag::Tensor flat = ag::reshape(t.detach().to(ag::Dtype::Float64).clone(), {n, rows, cols});
   const double* p = flat.data<double>();
+  for (std::int64_t i = 0; i < n * rows * cols; ++i)
+    if (!std::isfinite(p[i]))
+      ag::fail(op, "factor {} {} holds {} at flat index {}: its decomposition needs finite entries", factor,
+               ag::shape_str(t.shape()), p[i], i);
   std::vector<Matrix> out;
   out.reserve(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
@@ -91,6 +97,9 @@ FactoredMatrix::FactoredMatrix(ag::Tensor A, ag::Tensor B) {
   if (A.dtype() == ag::Dtype::Int64) ag::fail(op, "needs Float32 or Float64 factors, got Int64");
   if (A.size(-1) != B.size(-2))
     ag::fail(op, "inner dimensions differ: A {} and B {}", ag::shape_str(A.shape()), ag::shape_str(B.shape()));
+  if (A.size(-2) == 0 || A.size(-1) == 0 || B.size(-1) == 0)
+    ag::fail(op, "the matrix dimensions must be positive, got A {} and B {}", ag::shape_str(A.shape()),
+             ag::shape_str(B.shape()));
   const ag::Shape lead = ag::broadcast_shapes(op, leading_of(A), leading_of(B));
   const ag::Shape a_shape = with_last_two(lead, A.size(-2), A.size(-1));
   const ag::Shape b_shape = with_last_two(lead, B.size(-2), B.size(-1));
@@ -184,7 +193,8 @@ ag::Tensor FactoredMatrix::norm() const {
 }
 
 FactoredSvd FactoredMatrix::svd() const {
-  const std::vector<Matrix> as = batch_matrices(A_), bs = batch_matrices(B_);
+  constexpr const char* op = "circuits::FactoredMatrix::svd";
+  const std::vector<Matrix> as = batch_matrices(A_, op, "A"), bs = batch_matrices(B_, op, "B");
   const std::int64_t m = ldim(), n = rdim();
   const std::int64_t k = std::min({m, mdim(), n});
   std::vector<Matrix> Us, Vs;
@@ -207,7 +217,8 @@ FactoredSvd FactoredMatrix::svd() const {
 FactoredEigenvalues FactoredMatrix::eigenvalues() const {
   if (ldim() != rdim())
     ag::fail("circuits::FactoredMatrix::eigenvalues", "needs a square matrix, got shape {}", ag::shape_str(shape()));
-  const std::vector<Matrix> as = batch_matrices(A_), bs = batch_matrices(B_);
+  const std::vector<Matrix> as = batch_matrices(A_, "circuits::FactoredMatrix::eigenvalues", "A"),
+                            bs = batch_matrices(B_, "circuits::FactoredMatrix::eigenvalues", "B");
   const std::int64_t r = mdim();
   std::vector<Eigen::VectorXd> re, im;
   for (std::size_t i = 0; i < as.size(); ++i) {

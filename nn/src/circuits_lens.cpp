@@ -187,6 +187,9 @@ PathPatchingResult path_patching(TransformerLM& model, const std::function<ag::T
                                  std::int64_t sender_layer, std::int64_t receiver_layer, Composition receiver_input) {
   constexpr const char* op = "path_patching";
   const std::int64_t L = model.config().n_layers, H = model.config().n_heads;
+  if (!metric) ag::fail(op, "the metric is an empty function");
+  if (receiver_input != Composition::Q && receiver_input != Composition::K && receiver_input != Composition::V)
+    ag::fail(op, "unknown receiver input {} (Composition::Q, K or V)", static_cast<int>(receiver_input));
   if (sender_layer < 0 || sender_layer >= L || receiver_layer <= sender_layer || receiver_layer >= L)
     ag::fail(op, "sender layer {} and receiver layer {}: need 0 <= sender < receiver < n_layers = {}", sender_layer,
              receiver_layer, L);

@@ -1,5 +1,6 @@
 #include "nn/transformer_lm.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -35,6 +36,26 @@ void TransformerLMConfig::check() const {
   if (!(layer_norm_eps >= 0.0) || !std::isfinite(layer_norm_eps))
     ag::fail(kOp, "layer_norm_eps must be finite and >= 0, got {}", layer_norm_eps);
   if (!ag::is_floating(dtype)) ag::fail(kOp, "dtype must be Float32 or Float64, got {}", ag::dtype_name(dtype));
+  if (activation != Activation::Gelu && activation != Activation::GeluTanh && activation != Activation::Relu)
+    ag::fail(kOp, "unknown activation {} (Gelu, GeluTanh or Relu)", static_cast<int>(activation));
+  if (normalization != Normalization::LayerNorm && normalization != Normalization::None)
+    ag::fail(kOp, "unknown normalization {} (LayerNorm or None)", static_cast<int>(normalization));
+  if (positional_embedding != PositionalEmbedding::Learned && positional_embedding != PositionalEmbedding::None)
+    ag::fail(kOp, "unknown positional_embedding {} (Learned or None)", static_cast<int>(positional_embedding));
+  // The parameter count, refused past 2^40 (4 TiB of float32) before anything is allocated, so
+  // that a mistyped size gets this message instead of std::bad_alloc or an endless allocation.
+  constexpr std::int64_t kLimit = std::int64_t{1} << 40;
+  const auto times = [&](std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    return __builtin_mul_overflow(a, b, &r) || r > kLimit ? kLimit + 1 : r;
+  };
+  const std::int64_t E = d_model, M = d_mlp == 0 ? 0 : d_mlp;
+  const std::int64_t per_block = std::min(kLimit + 1, times(4, times(E, E)) + times(2, times(E, M)) + 8 * E + M);
+  std::int64_t total = std::min(kLimit + 1, times(n_layers, per_block));
+  total = std::min(kLimit + 1, total + times(d_vocab, E) * (tied_embeddings ? 1 : 2) + times(n_ctx, E));
+  if (total > kLimit)
+    ag::fail(kOp, "n_layers {}, d_model {}, d_mlp {}, d_vocab {}, n_ctx {} need more than 2^40 parameters", n_layers,
+             d_model, d_mlp, d_vocab, n_ctx);
 }
 
 TransformerLM::TransformerLM(const TransformerLMConfig& config) : TransformerLM(config, ag::default_generator()) {}

@@ -37,7 +37,7 @@ TensorList unflatten_list(const Tensor& flat, const TensorList& like);
 // H·v at one point: fn is called once here (with params) and its gradient taken with
 // create_graph; each call then runs one backward through that gradient's graph, which stays alive
 // as long as this object. Parameters that the loss does not depend on, or depends on linearly, have
-// zero rows. Every parameter must be a Float32 or Float64 tensor that requires grad.
+// zero rows. Every parameter must be a Float32 or Float64 tensor that requires grad, each given once.
 class HessianVectorProduct {
  public:
   HessianVectorProduct(const GradcheckFn& fn, const TensorList& params);
@@ -80,7 +80,7 @@ struct HessianEigenResult {
 HessianEigenResult top_eigenvalues(const std::function<TensorList(const TensorList&)>& hv, const TensorList& like,
                                    int k, const HessianEigenOptions& options = {});
 // The same on the Hessian of fn (a TensorList -> one-element Tensor, as for ag::hvp and gradcheck)
-// at params.
+// at params; a loss that is NaN or ±inf there is refused.
 HessianEigenResult top_hessian_eigenvalues(const GradcheckFn& fn, const TensorList& params, int k,
                                            const HessianEigenOptions& options = {});
 

@@ -78,7 +78,9 @@ struct FactoredEigenvalues {
 // graph, in A's dtype.
 class FactoredMatrix {
  public:
-  FactoredMatrix(ag::Tensor A, ag::Tensor B);  // throws when the inner dims differ or leading dims do not broadcast
+  // Throws when the inner dims differ, a matrix dim is 0, or the leading dims do not broadcast.
+  // svd(), singular_values() and eigenvalues() throw on factors holding NaN or ±inf.
+  FactoredMatrix(ag::Tensor A, ag::Tensor B);
 
   const ag::Tensor& A() const { return A_; }
   const ag::Tensor& B() const { return B_; }
@@ -88,6 +90,7 @@ class FactoredMatrix {
   std::int64_t ldim() const { return A_.size(-2); }  // m
   std::int64_t mdim() const { return A_.size(-1); }  // r, the inner dimension
   std::int64_t rdim() const { return B_.size(-1); }  // n
+  ag::Dtype dtype() const { return A_.dtype(); }
 
   ag::Tensor AB() const;  // (..., m, n)
   ag::Tensor BA() const;  // (..., r, r); needs m == n
@@ -188,8 +191,11 @@ std::string head_kind_name(HeadKind kind);  // TL's names: "previous_token_head"
 ag::Tensor detection_pattern(HeadKind kind, const ag::Tensor& tokens);
 
 enum class ErrorMeasure {
-  Mul,  // Σ A⊙D / Σ A: the share of the head's attention that falls on the pattern's 1s
-  Abs,  // 1 - round(T · mean |A - D|, 3): TL's "abs", 1 for a perfect match
+  Mul,    // Σ A⊙D / Σ A: the share of the head's attention that falls on the pattern's 1s
+  Abs,    // 1 - round(T · mean |A - D|, 3): TL's "abs", 1 for a perfect match
+  Share,  // the mean over the query positions that have a 1 in D (over the whole batch) of their
+          // attention on the 1s: Mul leaves the positions without one in its denominator, so a
+          // perfect induction head scores only the share of positions with an earlier occurrence
 };
 struct DetectorOptions {
   bool exclude_bos = false;            // attention to key 0 left out (of both sums for Mul)
@@ -200,9 +206,10 @@ struct DetectorOptions {
 // Per-head scores (H) of attention patterns `pattern` (B, H, T, T) (our layout, e.g. a cache's
 // "….attn.pattern"; (H, T, T) for one sequence) against a detection pattern (T, T) or (B, T, T):
 // each sequence scored on its own, as TL's compute_head_attention_similarity_score, and the scores
-// averaged over the batch, as TL's detect_head averages over a list of sequences. Mul is
-// differentiable in the pattern. A head whose (excluded) attention sums to zero on some sequence
-// throws, naming it.
+// averaged over the batch, as TL's detect_head averages over a list of sequences (Share pools the
+// batch's positions instead). Mul and Share are differentiable in the pattern. A head whose
+// (excluded) attention sums to zero on some sequence, a pattern holding NaN or ±inf, and (Share) a
+// detection pattern with no 1 throw, naming them.
 ag::Tensor head_scores(const ag::Tensor& pattern, const ag::Tensor& detection, const DetectorOptions& options = {});
 // The same against the pattern of a head kind on tokens (B, T) ((T) for one sequence).
 ag::Tensor head_scores(const ag::Tensor& pattern, HeadKind kind, const ag::Tensor& tokens,
