@@ -5,11 +5,11 @@
 // write the attention patterns to a page. It says whether the circuit formed (previous-token
 // score >= 0.5, induction score >= 0.7, K-composition >= 1.3x the baseline, the keys-only ablation
 // cutting the induction score by 30 % and the others by less than 10 %); it fails (exit 1) only
-// when the study could not be measured (a score that is not finite).
+// when the study could not be measured (a score that is not finite), and exits 2 on bad arguments.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -70,8 +70,15 @@ std::int64_t best_head(const ag::Tensor& scores, std::int64_t layer) {
 double at(const ag::Tensor& t, std::int64_t i, std::int64_t j) { return t.to_vector()[i * t.size(1) + j]; }
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 1500;  // training steps
-  const double lr = argc > 2 ? std::atof(argv[2]) : 3e-3;
+  int steps = 1500;  // training steps: argv[1] if given, a whole integer >= 1
+  double lr = 3e-3;  // argv[2] if given, a finite number > 0
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const char *first = a.data(), *last = first + a.size();
+    const auto [end, ec] = i == 1 ? std::from_chars(first, last, steps) : std::from_chars(first, last, lr);
+    if (i > 2 || ec != std::errc() || end != last || steps < 1 || !std::isfinite(lr) || lr <= 0)
+      return std::fprintf(stderr, "usage: %s [steps >= 1 [lr > 0]]; bad argument '%s'\n", argv[0], argv[i]), 2;
+  }
   ag::set_num_threads(1);
   ag::Generator gen(1);
   nn::TransformerLM model({.n_layers = 2, .d_model = 64, .n_heads = 4, .d_vocab = kVocab, .n_ctx = kT}, gen);
