@@ -376,3 +376,30 @@ BOOST_AUTO_TEST_CASE(the_torch_layout_takes_blocks_torch_has_and_refuses_the_oth
   c.activation = nn::Activation::GeluTanh;
   refused(c, "module 'blocks.0' (TransformerBlock) uses GELU's tanh approximation");
 }
+
+BOOST_AUTO_TEST_CASE(transformer_lens_hook_names_translate_to_points_of_the_model) {
+  nn::TransformerLM m(small_config(12));
+  const std::vector<std::string> points = m.hook_point_names();
+  // TransformerLens 3.9's run_with_cache names of a 2-layer model with an MLP and LayerNorm
+  // (use_split_qkv_input and use_attn_result on), and ours.
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"hook_embed", "embed_out"}, {"hook_pos_embed", "pos_embed_out"},
+      {"blocks.0.hook_resid_pre", "blocks.0.resid_pre"}, {"blocks.0.hook_q_input", "blocks.0.q_input"},
+      {"blocks.0.ln1.hook_scale", "blocks.0.ln_1.scale"}, {"blocks.0.ln1.hook_normalized", "blocks.0.ln_1.normalized"},
+      {"blocks.0.attn.hook_q", "blocks.0.attn.q"}, {"blocks.0.attn.hook_attn_scores", "blocks.0.attn.scores"},
+      {"blocks.0.attn.hook_pattern", "blocks.0.attn.pattern"}, {"blocks.0.attn.hook_z", "blocks.0.attn.z"},
+      {"blocks.0.attn.hook_result", "blocks.0.attn.result"}, {"blocks.0.hook_attn_out", "blocks.0.attn_out"},
+      {"blocks.1.hook_resid_mid", "blocks.1.resid_mid"}, {"blocks.1.ln2.hook_scale", "blocks.1.ln_2.scale"},
+      {"blocks.1.mlp.hook_pre", "blocks.1.mlp_pre"}, {"blocks.1.mlp.hook_post", "blocks.1.mlp_hidden"},
+      {"blocks.1.hook_mlp_out", "blocks.1.mlp_out"}, {"blocks.1.hook_resid_post", "blocks.1.resid_post"},
+      {"ln_final.hook_scale", "ln_final.scale"}, {"ln_final.hook_normalized", "ln_final.normalized"}};
+  for (const auto& [tl, ours] : pairs) {
+    BOOST_TEST(nn::transformer_lens_point_name(tl) == ours, tl);
+    BOOST_TEST(has(points, ours), ours);
+  }
+  BOOST_TEST(nn::transformer_lens_point_name("blocks.0.attn.pattern").empty());
+  // A TransformerLens name given to add_hook gets our name in the refusal.
+  check_message([&] { m.add_hook("blocks.1.attn.hook_pattern", [](const ag::Tensor&, const std::string&) { return ag::Tensor(); }); },
+                "no hook point named 'blocks.1.attn.hook_pattern' in TransformerLM (TransformerLens's "
+                "'blocks.1.attn.hook_pattern' is 'blocks.1.attn.pattern' here)");
+}

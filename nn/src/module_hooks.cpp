@@ -1,8 +1,11 @@
 // nn::Module's hook-point methods: list the tree's points by dotted name, add and remove hooks.
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "nn/module.hpp"
+#include "nn/transformer_lm.hpp"
 
 namespace nn {
 
@@ -31,7 +34,12 @@ std::pair<Module*, std::size_t> Module::find_hook_point(std::string_view op, con
     if (point != HookPoints::npos) return {m, point};
   }
   const auto names = hook_point_names();
-  ag::fail(op, "no hook point named {} in {}; its hook points are: {}", quote_name(dotted_name), type_name_,
+  // A TransformerLens name ("blocks.0.attn.hook_pattern"): say what it is called here.
+  std::string hint;
+  if (const std::string ours = transformer_lens_point_name(dotted_name);
+      !ours.empty() && std::find(names.begin(), names.end(), ours) != names.end())
+    hint = fmt::format(" (TransformerLens's {} is {} here)", quote_name(dotted_name), quote_name(ours));
+  ag::fail(op, "no hook point named {} in {}{}; its hook points are: {}", quote_name(dotted_name), type_name_, hint,
            names.empty() ? std::string("(none)") : fmt::format("{}", fmt::join(names, ", ")));
 }
 

@@ -410,4 +410,21 @@ std::string transformer_lens_config_json(const TransformerLMConfig& config) {
   return j.dump();
 }
 
+std::string transformer_lens_point_name(std::string_view tl_name) {
+  std::string s(tl_name);
+  if (s.find("hook_") == std::string::npos) return "";
+  if (s == "hook_embed") return "embed_out";
+  if (s == "hook_pos_embed") return "pos_embed_out";
+  const auto replace = [&s](std::string_view from, std::string_view to) {
+    if (const auto at = s.find(from); at != std::string::npos) s.replace(at, from.size(), to);
+  };
+  replace(".ln1.", ".ln_1.");
+  replace(".ln2.", ".ln_2.");
+  replace(".mlp.hook_pre", ".mlp_pre");
+  replace(".mlp.hook_post", ".mlp_hidden");
+  replace(".attn.hook_attn_scores", ".attn.scores");
+  replace("hook_", "");
+  return s;
+}
+
 }  // namespace nn

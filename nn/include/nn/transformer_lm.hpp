@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <autograd/autograd.hpp>
@@ -113,5 +114,10 @@ void save_transformer_lens_state_dict(const TransformerLM& model, const std::str
 void load_transformer_lens_state_dict(TransformerLM& model, const std::string& path);
 // The HookedTransformerConfig arguments as JSON: HookedTransformerConfig(**json.loads(s)).
 std::string transformer_lens_config_json(const TransformerLMConfig& config);
+// TransformerLens's name of a hook point in our naming: "blocks.0.attn.hook_pattern" ->
+// "blocks.0.attn.pattern", "blocks.1.ln1.hook_scale" -> "blocks.1.ln_1.scale", "blocks.0.mlp.hook_post"
+// -> "blocks.0.mlp_hidden", "hook_embed" -> "embed_out" (docs/circuits.md's table); "" for a name
+// without "hook_". Our q, k, v, z, pattern and result put the head dim first: (B, H, T, ·).
+std::string transformer_lens_point_name(std::string_view tl_name);
 
 }  // namespace nn
