@@ -174,4 +174,6 @@ BOOST_AUTO_TEST_CASE(resample_ablation_takes_each_sequences_z_from_another) {
   BOOST_TEST(max_abs_diff(got, want) == 0.0);
   BOOST_TEST(max_abs_diff(got, m.forward(kClean)) > 1e-6);
   check_message([&] { circuits::resample_ablate_head(0, ag::narrow(z, 0, 0, 1), gen); }, "B >= 2");
+  check_message([&] { circuits::resample_ablate_head(-1, z, gen); }, "resample_ablate_head: head -1 is out of range");
+  check_message([&] { circuits::resample_ablate_head(z.size(1), z, gen); }, "is out of range for source_z");
 }

@@ -244,6 +244,8 @@ BOOST_AUTO_TEST_CASE(bad_configs_and_tokens_are_refused_naming_the_setting) {
   check_message([&] { m.forward(ag::zeros({1, 2, 3}, ag::Dtype::Int64)); }, "(B, T) or (T)");
   BOOST_CHECK_THROW(m.forward(ag::full({1, 3}, 7.0, ag::Dtype::Int64)), std::invalid_argument);
   BOOST_CHECK_THROW(m.block(2), std::invalid_argument);
+  check_message([&] { m.forward_from(1, ag::zeros({1, 3, 8}, ag::Dtype::Float32)); },
+                "TransformerLM::forward_from: residual is Float32 but the model's parameters are Float64");
 }
 
 BOOST_AUTO_TEST_CASE(the_transformer_lens_layout_round_trips_and_refusals_change_nothing) {
@@ -283,6 +285,9 @@ BOOST_AUTO_TEST_CASE(the_transformer_lens_layout_round_trips_and_refusals_change
   auto extra = sd;
   extra.emplace_back("blocks.0.attn.W_X", ag::zeros({1}, ag::Dtype::Float64));
   refused(extra, "'blocks.0.attn.W_X' is not a parameter");
+  extra = sd;
+  extra.emplace_back("blocks.7.attn.mask", ag::zeros({1}, ag::Dtype::Float64));  // a buffer of no layer here
+  refused(extra, "'blocks.7.attn.mask' is not a parameter of this model (2 layers");
   extra = sd;
   extra.emplace_back("blocks.0.attn.IGNORE", ag::zeros({1}, ag::Dtype::Float64));  // TL's buffers are skipped
   nn::load_transformer_lens_state_dict(b, extra);

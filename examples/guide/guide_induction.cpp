@@ -48,17 +48,11 @@ ag::Tensor repeated(std::int64_t B, ag::Generator& gen) {
   return ag::cat({half, half}, 1);
 }
 
-// Each head's share of attention on the detector's targets, over the query positions that have
-// one (TL's head_detector, circuits::head_scores, also counts the positions without): (L, H).
+// Each head's share of attention on the detector's targets over the query positions that have
+// one (Share; TL's measure, Mul, also counts the positions without): (L, H).
 ag::Tensor scores(const nn::ActivationCache& cache, circuits::HeadKind kind, const ag::Tensor& tokens) {
-  const ag::Tensor d = circuits::detection_pattern(kind, tokens);  // (B, T, T)
-  const ag::Tensor has = ag::gt(ag::sum(d, -1), 0.0).to(d.dtype());  // (B, T): 1 where a target is
-  std::vector<ag::Tensor> layers;
-  for (const char* name : {"blocks.0.attn.pattern", "blocks.1.attn.pattern"}) {
-    const ag::Tensor on = ag::sum(ag::mul(cache[name].to(d.dtype()), ag::unsqueeze(d, 1)), -1);  // (B, H, T)
-    layers.push_back(ag::div(ag::sum(ag::mul(on, ag::unsqueeze(has, 1)), {0, 2}), ag::sum(has)));
-  }
-  return ag::stack(layers, 0);
+  return circuits::head_scores(cache, kind, tokens, {.error_measure = circuits::ErrorMeasure::Share},
+                               {"blocks.0.attn.pattern", "blocks.1.attn.pattern"});
 }
 
 // The head with the highest score in one layer of an (L, H) score table.

@@ -247,6 +247,9 @@ ForwardHook resample_ablate_head(std::int64_t head, const ag::Tensor& source_z, 
   if (!source_z.defined() || source_z.dim() != 4 || source_z.size(0) < 2)
     ag::fail(op, "source_z must be (B, H, T, d_k) with B >= 2 sequences to draw from, got {}",
              source_z.defined() ? ag::shape_str(source_z.shape()) : "undefined");
+  if (head < 0 || head >= source_z.size(1))
+    ag::fail(op, "head {} is out of range for source_z {} (heads 0 .. {})", head, ag::shape_str(source_z.shape()),
+             source_z.size(1) - 1);
   // Sattolo's algorithm: a random cyclic permutation, so no sequence keeps its own z.
   const std::int64_t B = source_z.size(0);
   std::vector<std::int64_t> perm(static_cast<std::size_t>(B));

@@ -203,6 +203,9 @@ ag::Tensor TransformerLM::forward_from(std::int64_t layer, const ag::Tensor& res
       residual.size(-2) > config_.n_ctx)
     ag::fail("TransformerLM::forward_from", "residual of shape {} is not (B, T, d_model = {}) with T <= n_ctx = {}",
              residual.defined() ? ag::shape_str(residual.shape()) : "undefined", config_.d_model, config_.n_ctx);
+  if (residual.dtype() != embed_->weight().dtype())
+    ag::fail("TransformerLM::forward_from", "residual is {} but the model's parameters are {}",
+             ag::dtype_name(residual.dtype()), ag::dtype_name(embed_->weight().dtype()));
   const ag::Tensor r = residual.dim() == 2 ? ag::unsqueeze(residual, 0) : residual;
   const ag::Tensor out = unembed(run_blocks(r, layer, config_.n_layers));
   return residual.dim() == 2 ? ag::squeeze(out, 0) : out;
@@ -364,7 +367,12 @@ void load_transformer_lens_state_dict(TransformerLM& model, const NamedTensors& 
   }
   for (const auto& [name, t] : given) {
     if (used.count(name)) continue;
-    const bool buffer = name.ends_with(".attn.mask") || name.ends_with(".attn.IGNORE");
+    // TL's buffers, of one of this model's layers: "blocks.<l>.attn.mask" or ".attn.IGNORE".
+    bool buffer = false;
+    for (std::int64_t l = 0; l < c.n_layers && !buffer; ++l) {
+      const std::string prefix = fmt::format("blocks.{}.attn.", l);
+      buffer = name == prefix + "mask" || name == prefix + "IGNORE";
+    }
     if (!buffer)
       ag::fail(op, "tensor '{}' is not a parameter of this model ({} layers, d_mlp {}{})", ag::printable(name),
                c.n_layers, c.d_mlp, c.normalization == Normalization::None ? ", no LayerNorm" : "");
