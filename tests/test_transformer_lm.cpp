@@ -6,6 +6,7 @@
 #define BOOST_TEST_MODULE transformer_lm
 #include <boost/test/unit_test.hpp>
 
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -234,7 +235,8 @@ BOOST_AUTO_TEST_CASE(bad_configs_and_tokens_are_refused_naming_the_setting) {
   // Sizes no machine holds are refused before any allocation (not std::bad_alloc, not a hang).
   for (auto [layers, width, mlp] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{std::int64_t{1} << 40, 8, 0},
                                     {2, std::int64_t{1} << 40, 0}, {2, 8, std::int64_t{1} << 40},
-                                    {2, std::int64_t{1} << 31, 0}}) {
+                                    {2, std::int64_t{1} << 31, 0}, {2, std::int64_t{1} << 61, 0},
+                                    {2, 8, std::numeric_limits<std::int64_t>::max()}}) {
     c = small_config();
     c.n_layers = layers, c.d_model = width, c.n_heads = 1, c.d_mlp = mlp;
     check_message([&] { nn::TransformerLM m(c); }, "need more than 2^40 parameters");

@@ -49,8 +49,10 @@ void TransformerLMConfig::check() const {
     std::int64_t r = 0;
     return __builtin_mul_overflow(a, b, &r) || r > kLimit ? kLimit + 1 : r;
   };
-  const std::int64_t E = d_model, M = d_mlp == 0 ? 0 : d_mlp;
-  const std::int64_t per_block = std::min(kLimit + 1, times(4, times(E, E)) + times(2, times(E, M)) + 8 * E + M);
+  // Every term is at most kLimit + 1, so these sums of a few cannot overflow.
+  const std::int64_t E = d_model, M = std::min(d_mlp, kLimit + 1);
+  const std::int64_t per_block =
+      std::min(kLimit + 1, times(4, times(E, E)) + times(2, times(E, M)) + times(8, E) + M);
   std::int64_t total = std::min(kLimit + 1, times(n_layers, per_block));
   total = std::min(kLimit + 1, total + times(d_vocab, E) * (tied_embeddings ? 1 : 2) + times(n_ctx, E));
   if (total > kLimit)
