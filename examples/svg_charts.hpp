@@ -74,6 +74,7 @@ struct LineChart {
   std::vector<Series> series;
   std::vector<ReferenceLine> references;
   double y_min = 0, y_max = 0;  // y_max <= y_min: from the data
+  bool log_y = false;           // a logarithmic y axis, ticks at powers of ten; values <= 0 are left out
   double width = 590, height = 340;
   std::string attributes;
 };

@@ -20,18 +20,27 @@ double nice_step(double range, int n) {
   return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
 }
 
-// The plot area: data (x0..x1, y0..y1) onto pixels.
+// The plot area: data (x0..x1, y0..y1) onto pixels. On a log axis y0 and y1 are log10 of the
+// range and py takes the value itself.
 struct Axes {
   double left = 62, right = 18, top = 36, bottom = 46, W = 640, H = 360;
   double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  bool log_y = false;
   double px(double x) const { return left + (W - left - right) * (x - x0) / (x1 - x0); }
-  double py(double y) const { return H - bottom - (H - top - bottom) * (std::clamp(y, y0, y1) - y0) / (y1 - y0); }
+  double py(double y) const {
+    const double v = log_y ? std::log10(y) : y;
+    return H - bottom - (H - top - bottom) * (std::clamp(v, y0, y1) - y0) / (y1 - y0);
+  }
 };
+
+// A value the chart can draw: finite, and positive on a log axis.
+bool drawable(double y, bool log_y) { return std::isfinite(y) && (!log_y || y > 0); }
 
 Axes fit_axes(const LineChart& c) {
   Axes a;
   a.W = c.width;
   a.H = c.height;
+  a.log_y = c.log_y;
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
   for (const auto& s : c.series) {
     if (s.x.size() != s.y.size())
@@ -40,13 +49,19 @@ Axes fit_axes(const LineChart& c) {
     for (std::size_t i = 0; i < s.x.size(); ++i) {
       xmin = std::min(xmin, s.x[i]);
       xmax = std::max(xmax, s.x[i]);
-      if (std::isfinite(s.y[i])) ymin = std::min(ymin, s.y[i]), ymax = std::max(ymax, s.y[i]);
+      if (drawable(s.y[i], c.log_y)) ymin = std::min(ymin, s.y[i]), ymax = std::max(ymax, s.y[i]);
     }
   }
   if (!(xmax > xmin)) xmin = 0, xmax = std::isfinite(xmax) && xmax > 0 ? xmax : 1;
   a.x0 = std::min(0.0, xmin);
   a.x1 = xmax;
-  if (c.y_max > c.y_min) {
+  if (c.log_y) {
+    const bool given = c.y_max > c.y_min && c.y_min > 0;
+    if (!given && !(ymax >= ymin)) ymin = 1, ymax = 10;
+    a.y0 = std::floor(std::log10(given ? c.y_min : ymin));
+    a.y1 = std::ceil(std::log10(given ? c.y_max : ymax));
+    if (a.y1 <= a.y0) a.y1 = a.y0 + 1;
+  } else if (c.y_max > c.y_min) {
     a.y0 = c.y_min, a.y1 = c.y_max;
   } else {
     if (!(ymax > ymin)) ymin = std::isfinite(ymin) ? ymin - 1 : 0, ymax = ymin + 2;
@@ -59,8 +74,18 @@ std::string axes_svg(const LineChart& c, const Axes& a) {
   std::string s = fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n"
                               "<line x1=\"{0}\" y1=\"{2}\" x2=\"{3}\" y2=\"{2}\" stroke=\"black\"/>\n",
                               a.left, a.top, a.H - a.bottom, a.W - a.right);
+  if (a.log_y) {
+    // A tick at every power of ten (every second or third one on a tall range).
+    const int every = a.y1 - a.y0 > 12 ? 3 : a.y1 - a.y0 > 6 ? 2 : 1;
+    for (int e = static_cast<int>(a.y0); e <= static_cast<int>(a.y1); e += every) {
+      const double y = a.py(std::pow(10.0, e));
+      s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/>"
+                       "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" class=\"y-tick\">1e{}</text>\n",
+                       a.left, y, a.W - a.right, y, a.left - 5, y + 4, e);
+    }
+  }
   const double ys = nice_step(a.y1 - a.y0, 5);
-  for (double v = std::ceil(a.y0 / ys - 1e-9) * ys; v <= a.y1 + ys * 1e-9; v += ys) {
+  for (double v = std::ceil(a.y0 / ys - 1e-9) * ys; !a.log_y && v <= a.y1 + ys * 1e-9; v += ys) {
     const double y = a.py(v);
     s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/>"
                      "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" class=\"y-tick\">{:g}</text>\n",
@@ -90,13 +115,13 @@ std::string axes_svg(const LineChart& c, const Axes& a) {
 std::string series_svg(const Series& s, const Axes& a, const LineChart& c) {
   std::string points;
   for (std::size_t i = 0; i < s.x.size(); ++i)
-    if (std::isfinite(s.y[i])) points += fmt::format("{:.1f},{:.1f} ", a.px(s.x[i]), a.py(s.y[i]));
+    if (drawable(s.y[i], a.log_y)) points += fmt::format("{:.1f},{:.1f} ", a.px(s.x[i]), a.py(s.y[i]));
   std::string out = fmt::format("<g class=\"series\" data-name=\"{}\"><polyline fill=\"none\" stroke=\"{}\" "
                                 "stroke-width=\"1.6\" points=\"{}\"/>\n",
                                 escape(s.name), s.colour, points);
   if (s.markers)
     for (std::size_t i = 0; i < s.x.size(); ++i) {
-      if (!std::isfinite(s.y[i])) continue;
+      if (!drawable(s.y[i], a.log_y)) continue;
       const std::string text = fmt::format("{}: {} {:g}, {} {:.4g}", s.name, c.x_label, s.x[i], c.y_label, s.y[i]);
       out += fmt::format("<circle class=\"point\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\" data-v=\"{}\">"
                          "<title>{}</title></circle>\n",

@@ -224,6 +224,13 @@ BOOST_AUTO_TEST_CASE(bad_configs_and_tokens_are_refused_naming_the_setting) {
   c.dtype = ag::Dtype::Int64;
   check_message([&] { nn::TransformerLM m(c); }, "dtype");
   c = small_config();
+  c.d_vocab_out = -2;
+  check_message([&] { nn::TransformerLM m(c); }, "TransformerLM: d_vocab_out must be positive, or 0 for d_vocab, got -2");
+  c = small_config();
+  c.d_vocab_out = 5, c.tied_embeddings = true;
+  check_message([&] { nn::TransformerLM m(c); },
+                "TransformerLM: tied embeddings need d_vocab_out = d_vocab, got d_vocab_out 5 and d_vocab 7");
+  c = small_config();
   c.activation = static_cast<nn::Activation>(77);
   check_message([&] { nn::TransformerLM m(c); }, "TransformerLM: unknown activation 77");
   c = small_config();
@@ -296,6 +303,81 @@ BOOST_AUTO_TEST_CASE(the_transformer_lens_layout_round_trips_and_refusals_change
   BOOST_TEST(max_abs_diff(b.forward(kTokens), a.forward(kTokens)) == 0.0);
 }
 
+// d_vocab_out below d_vocab (TransformerLens's d_vocab_out: the grokking model reads tokens 0 .. p
+// and predicts 0 .. p-1): the logits have d_vocab_out columns, the unembedding is that wide, the
+// loss refuses a target past it, and the TL layout and config carry it.
+BOOST_AUTO_TEST_CASE(an_output_vocabulary_narrower_than_the_input_one) {
+  nn::TransformerLMConfig c = small_config(12);
+  c.d_vocab_out = 5;
+  nn::TransformerLM a(c), b(c);
+  randomise(a, 31);
+  BOOST_TEST(a.config().d_vocab_out == 5);
+  BOOST_TEST(ag::shape_str(a.forward(kTokens).shape()) == ag::shape_str({kTokens.size(0), kTokens.size(1), 5}));
+  BOOST_TEST(ag::shape_str(a.W_U().shape()) == "[8, 5]");
+  BOOST_TEST(contains(a.extra_repr(), "d_vocab_out=5"));
+  // Inputs may use every token of d_vocab; targets only those below d_vocab_out.
+  const ag::Tensor tokens = ag::tensor(std::vector<std::int64_t>{6, 1, 4, 0}, {1, 4});
+  BOOST_TEST(a.forward(tokens).size(2) == 5);
+  BOOST_CHECK_THROW(a.loss(ag::tensor(std::vector<std::int64_t>{0, 6, 1}, {1, 3})), std::invalid_argument);
+  BOOST_TEST(std::isfinite(a.loss(ag::tensor(std::vector<std::int64_t>{6, 4, 1}, {1, 3})).item()));
+  nn::load_transformer_lens_state_dict(b, nn::transformer_lens_state_dict(a));
+  BOOST_TEST(max_abs_diff(a.forward(kTokens), b.forward(kTokens)) == 0.0);
+  const std::string j = nn::transformer_lens_config_json(c);
+  BOOST_TEST(contains(j, "\"d_vocab\":7,\"d_vocab_out\":5"), j);
+  BOOST_TEST(!contains(nn::transformer_lens_config_json(small_config()), "d_vocab_out"));
+  check_message([&] { nn::circuits::logit_directions(a, {5}); }, "logit_directions: token 5 is out of range for d_vocab_out 5");
+}
+
+// forward_last is forward's last row in every form of the model, and so are its gradients; a
+// hooked model takes the full forward (its hooks see the whole sequence), and a hooked block
+// refuses the partial one.
+BOOST_AUTO_TEST_CASE(forward_last_is_the_last_row_of_forward_with_the_same_gradients) {
+  for (int form = 0; form < 6; ++form) {
+    nn::TransformerLMConfig c = small_config(form == 0 ? 0 : 12);
+    if (form == 2) c.activation = nn::Activation::Relu, c.normalization = nn::Normalization::None, c.d_vocab_out = 4;
+    if (form == 3) c.activation = nn::Activation::GeluTanh, c.tied_embeddings = true;
+    if (form == 4) c.positional_embedding = nn::PositionalEmbedding::None;
+    if (form == 5) c.n_layers = 1;
+    nn::TransformerLM m(c);
+    randomise(m, 60 + static_cast<std::uint64_t>(form));
+    const std::int64_t T = kTokens.size(1), V = m.config().d_vocab_out;
+    const ag::Tensor full = m.forward(kTokens);
+    const ag::Tensor last = m.forward_last(kTokens);
+    BOOST_TEST(ag::shape_str(last.shape()) == ag::shape_str({kTokens.size(0), V}), "form " << form);
+    const ag::Tensor want = ag::reshape(ag::narrow(full, 1, T - 1, 1), {kTokens.size(0), V});
+    BOOST_TEST(max_abs_diff(last, want) < 1e-12, "form " << form);
+    // The negative control: the row before differs.
+    BOOST_TEST(max_abs_diff(last, ag::reshape(ag::narrow(full, 1, T - 2, 1), {kTokens.size(0), V})) > 1e-3);
+    // Unbatched tokens give an unbatched row.
+    const ag::Tensor one = ag::narrow(kTokens, 0, 1, 1);
+    BOOST_TEST(max_abs_diff(m.forward_last(ag::reshape(one, {T})), ag::reshape(ag::narrow(want, 0, 1, 1), {V})) < 1e-12);
+    // The same gradient for every parameter, of a weighted sum of the last logits.
+    const ag::Tensor w = ag::randn({kTokens.size(0), V}, ag::Dtype::Float64);
+    std::vector<ag::Tensor> params;
+    for (const auto& [n, p] : m.named_parameters()) params.push_back(p);
+    const auto a = ag::grad({ag::sum(ag::mul(m.forward_last(kTokens), w))}, params);
+    const auto b = ag::grad({ag::sum(ag::mul(ag::reshape(ag::narrow(m.forward(kTokens), 1, T - 1, 1),
+                                                         {kTokens.size(0), V}), w))}, params);
+    for (std::size_t i = 0; i < params.size(); ++i) BOOST_TEST(max_abs_diff(a[i], b[i]) < 1e-12, "form " << form);
+  }
+  nn::TransformerLM m(small_config(12));
+  randomise(m, 70);
+  const ag::Tensor want = m.forward_last(kTokens);
+  std::int64_t calls = 0;
+  const nn::HookHandle h = m.add_hook("blocks.1.attn_out", [&](const ag::Tensor& v, const std::string&) {
+    BOOST_TEST(v.size(1) == kTokens.size(1));  // the whole sequence
+    ++calls;
+    return v;
+  });
+  BOOST_TEST(max_abs_diff(m.forward_last(kTokens), want) < 1e-12);
+  BOOST_TEST(calls == 1);
+  check_message([&] { m.block(1).forward_last(ag::zeros({1, 3, 8}, ag::Dtype::Float64)); },
+                "TransformerBlock::forward_last: the block has 1 hook(s)");
+  m.remove_hooks();
+  check_message([&] { m.block(1).forward_last(ag::zeros({8}, ag::Dtype::Float64)); },
+                "TransformerBlock::forward_last: x must be (B, T, d_model) or (T, d_model), got [8]");
+}
+
 BOOST_AUTO_TEST_CASE(the_transformer_lens_config_names_every_setting) {
   nn::TransformerLMConfig c = small_config();
   const std::string j = nn::transformer_lens_config_json(c);
@@ -327,8 +409,9 @@ BOOST_AUTO_TEST_CASE(module_list_keeps_order_and_refuses_bad_access) {
 BOOST_AUTO_TEST_CASE(load_module_rebuilds_the_model_in_every_form) {
   const TempDir dir;
   const std::string path = dir.file("transformer_lm_module.safetensors");
-  for (int form = 0; form < 5; ++form) {
+  for (int form = 0; form < 6; ++form) {
     nn::TransformerLMConfig c = small_config(form == 0 ? 0 : 12);
+    if (form == 5) c.d_vocab_out = 5;
     if (form == 2) c.activation = nn::Activation::Relu, c.normalization = nn::Normalization::None;
     if (form == 3) c.activation = nn::Activation::GeluTanh, c.tied_embeddings = true;
     if (form == 4) c.positional_embedding = nn::PositionalEmbedding::None, c.layer_norm_eps = 1e-3;

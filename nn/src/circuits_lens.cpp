@@ -135,9 +135,9 @@ ag::Tensor logit_lens(const TransformerLM& model, const ResidualStack& accumulat
 }
 
 ag::Tensor logit_directions(const TransformerLM& model, const std::vector<std::int64_t>& tokens) {
-  const std::int64_t V = model.config().d_vocab;
+  const std::int64_t V = model.config().d_vocab_out;
   for (auto t : tokens)
-    if (t < 0 || t >= V) ag::fail("logit_directions", "token {} is out of range for d_vocab {}", t, V);
+    if (t < 0 || t >= V) ag::fail("logit_directions", "token {} is out of range for d_vocab_out {}", t, V);
   const ag::Tensor idx = ag::tensor(tokens, {static_cast<std::int64_t>(tokens.size())});
   ag::Tensor d = ag::index_select(ag::transpose(model.W_U(), 0, 1), 0, idx);  // (n, E)
   if (model.config().normalization == Normalization::LayerNorm) d = ag::mul(d, model.ln_final().weight());

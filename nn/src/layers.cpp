@@ -170,6 +170,26 @@ TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const Atte
   return {at.run(resid_post, ag::add(x1h, at.run(kMlpOut, fc_2_->forward(act)))), a.weights};  // residual
 }
 
+ag::Tensor TransformerBlock::forward_last(const ag::Tensor& x) const {
+  if (hook_count() != 0)
+    ag::fail("TransformerBlock::forward_last", "the block has {} hook(s), which this partial forward would skip; use "
+             "forward", hook_count());
+  if (!x.defined() || x.dim() < 2)
+    ag::fail("TransformerBlock::forward_last", "x must be (B, T, d_model) or (T, d_model), got {}",
+             x.defined() ? ag::shape_str(x.shape()) : "undefined");
+  const auto norm = [](const std::shared_ptr<LayerNorm>& ln, const ag::Tensor& v) { return ln ? ln->forward(v) : v; };
+  const std::int64_t rows = x.dim() - 2, T = x.size(rows);
+  const ag::Tensor h = norm(ln_1_, x);
+  // The last query sees every key, so no mask is needed.
+  AttentionOptions options;
+  options.need_weights = false;
+  const ag::Tensor x1 = ag::add(ag::narrow(x, rows, T - 1, 1), attn_->forward(ag::narrow(h, rows, T - 1, 1), h, h,
+                                                                               options).output);
+  if (!options_.mlp) return x1;
+  const ag::Tensor f = fc_1_->forward(norm(ln_2_, x1));
+  return ag::add(x1, fc_2_->forward(options_.gelu ? ag::gelu(f, options_.gelu_tanh) : ag::relu(f)));
+}
+
 namespace {
 template <class M>
 M& child(const std::shared_ptr<M>& m, const char* name, const char* why) {

@@ -72,6 +72,7 @@ json known_options(const Module& m) {
             {"d_head", c.d_head},
             {"d_mlp", c.d_mlp},
             {"d_vocab", c.d_vocab},
+            {"d_vocab_out", c.d_vocab_out},
             {"n_ctx", c.n_ctx},
             {"activation", activation},
             {"normalization", c.normalization == Normalization::LayerNorm ? "layer_norm" : "none"},

@@ -69,6 +69,7 @@ std::shared_ptr<Module> build_language_model(const ModuleConfig& c) {
       .d_head = c.integer("d_head"),
       .d_mlp = c.integer("d_mlp"),
       .d_vocab = c.integer("d_vocab"),
+      .d_vocab_out = c.options.count("d_vocab_out") != 0 ? c.integer("d_vocab_out") : 0,
       .n_ctx = c.integer("n_ctx"),
       .activation = activations[choice(c, "activation", {"gelu", "gelu_new", "relu"})],
       .normalization =

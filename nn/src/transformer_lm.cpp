@@ -27,6 +27,10 @@ void TransformerLMConfig::check() const {
   positive("n_heads", n_heads);
   positive("d_vocab", d_vocab);
   positive("n_ctx", n_ctx);
+  if (d_vocab_out < 0) ag::fail(kOp, "d_vocab_out must be positive, or 0 for d_vocab, got {}", d_vocab_out);
+  if (tied_embeddings && d_vocab_out != 0 && d_vocab_out != d_vocab)
+    ag::fail(kOp, "tied embeddings need d_vocab_out = d_vocab, got d_vocab_out {} and d_vocab {}", d_vocab_out,
+             d_vocab);
   if (d_mlp < 0) ag::fail(kOp, "d_mlp must be positive, or 0 for attention-only blocks, got {}", d_mlp);
   if (d_head < 0) ag::fail(kOp, "d_head must be positive, or 0 for d_model / n_heads, got {}", d_head);
   if (d_model % n_heads != 0) ag::fail(kOp, "d_model {} is not divisible by n_heads {}", d_model, n_heads);
@@ -54,7 +58,8 @@ void TransformerLMConfig::check() const {
   const std::int64_t per_block =
       std::min(kLimit + 1, times(4, times(E, E)) + times(2, times(E, M)) + times(8, E) + M);
   std::int64_t total = std::min(kLimit + 1, times(n_layers, per_block));
-  total = std::min(kLimit + 1, total + times(d_vocab, E) * (tied_embeddings ? 1 : 2) + times(n_ctx, E));
+  const std::int64_t unembed = tied_embeddings ? 0 : times(d_vocab_out == 0 ? d_vocab : d_vocab_out, E + 1);
+  total = std::min(kLimit + 1, total + times(d_vocab, E) + unembed + times(n_ctx, E));
   if (total > kLimit)
     ag::fail(kOp, "n_layers {}, d_model {}, d_mlp {}, d_vocab {}, n_ctx {} need more than 2^40 parameters", n_layers,
              d_model, d_mlp, d_vocab, n_ctx);
@@ -66,6 +71,7 @@ TransformerLM::TransformerLM(const TransformerLMConfig& config, ag::Generator& g
     : Module("TransformerLM"), config_(config) {
   config_.check();
   if (config_.d_head == 0) config_.d_head = config_.d_model / config_.n_heads;
+  if (config_.d_vocab_out == 0) config_.d_vocab_out = config_.d_vocab;
   declare_hook_points({"embed_out", "pos_embed_out", "logits"});
   build(gen);
 }
@@ -94,7 +100,7 @@ void TransformerLM::build(ag::Generator& gen) {
         "ln_final", std::make_shared<LayerNorm>(LayerNormOptions{.normalized_shape = {c.d_model},
                                                                   .eps = c.layer_norm_eps, .dtype = c.dtype}));
   if (!c.tied_embeddings)
-    unembed_ = register_module("unembed", std::make_shared<Linear>(LinearOptions{c.d_model, c.d_vocab, true, c.dtype}, gen));
+    unembed_ = register_module("unembed", std::make_shared<Linear>(LinearOptions{c.d_model, c.d_vocab_out, true, c.dtype}, gen));
   if (pos_embed_) positions_ = ag::arange(std::int64_t{0}, c.n_ctx, std::int64_t{1}, ag::Dtype::Int64);
   // TransformerLens's default initialisation.
   ag::NoGradGuard no_grad;
@@ -181,6 +187,19 @@ ag::Tensor TransformerLM::forward(const ag::Tensor& tokens) const {
   return as_given(tokens, unembed(run_blocks(embed_tokens(t), 0, config_.n_layers)));
 }
 
+ag::Tensor TransformerLM::forward_last(const ag::Tensor& tokens) const {
+  const ag::Tensor t = as_batch(tokens);
+  ag::Tensor logits;
+  if (hook_count() != 0) {
+    logits = forward(t);
+    logits = ag::narrow(logits, 1, logits.size(1) - 1, 1);
+  } else {
+    const ag::Tensor x = run_blocks(embed_tokens(t), 0, config_.n_layers - 1);
+    logits = unembed(block(config_.n_layers - 1).forward_last(x));
+  }
+  return as_given(tokens, ag::reshape(logits, {logits.size(0), logits.size(2)}));
+}
+
 ag::Tensor TransformerLM::loss(const ag::Tensor& tokens) const {
   const ag::Tensor t = as_batch(tokens);
   if (t.defined() && t.dim() == 2 && t.size(1) < 2)
@@ -215,8 +234,9 @@ ag::Tensor TransformerLM::forward_from(std::int64_t layer, const ag::Tensor& res
 
 std::string TransformerLM::extra_repr() const {
   const auto& c = config_;
-  return fmt::format("n_layers={}, d_model={}, n_heads={}, d_head={}, d_mlp={}, d_vocab={}, n_ctx={}{}{}{}", c.n_layers,
-                     c.d_model, c.n_heads, c.d_head, c.d_mlp, c.d_vocab, c.n_ctx,
+  return fmt::format("n_layers={}, d_model={}, n_heads={}, d_head={}, d_mlp={}, d_vocab={}, {}n_ctx={}{}{}{}",
+                     c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_mlp, c.d_vocab,
+                     c.d_vocab_out != c.d_vocab ? fmt::format("d_vocab_out={}, ", c.d_vocab_out) : "", c.n_ctx,
                      c.normalization == Normalization::None ? ", normalization=none" : "",
                      c.positional_embedding == PositionalEmbedding::None ? ", positional_embedding=none" : "",
                      c.tied_embeddings ? ", tied_embeddings=true" : "");
@@ -322,7 +342,7 @@ NamedTensors transformer_lens_state_dict(const TransformerLM& model) {
     out.emplace_back("pos_embed.W_pos", ag::zeros({c.n_ctx, c.d_model}, c.dtype));
   if (c.tied_embeddings) {
     out.emplace_back("unembed.W_U", ag::transpose(model.embed().weight(), 0, 1).clone());
-    out.emplace_back("unembed.b_U", ag::zeros({c.d_vocab}, c.dtype));
+    out.emplace_back("unembed.b_U", ag::zeros({c.d_vocab_out}, c.dtype));
   }
   return out;
 }
@@ -402,6 +422,7 @@ std::string transformer_lens_config_json(const TransformerLMConfig& config) {
   j["n_heads"] = config.n_heads;
   j["d_head"] = config.d_model / config.n_heads;
   j["d_vocab"] = config.d_vocab;
+  if (config.d_vocab_out != 0 && config.d_vocab_out != config.d_vocab) j["d_vocab_out"] = config.d_vocab_out;
   j["n_ctx"] = config.n_ctx;
   if (config.d_mlp == 0)
     j["attn_only"] = true;

@@ -233,6 +233,11 @@ class TransformerBlock : public Module {
   // x (B, T, d_model) or (T, d_model); attention options as MultiHeadAttention's (masks, causal).
   ag::Tensor forward(const ag::Tensor& x) const;
   TransformerBlockOutput forward(const ag::Tensor& x, const AttentionOptions& options) const;
+  // The causal forward's last row alone, (B, 1, d_model) (or (1, d_model)): the last position's
+  // query, attention output and MLP, with keys and values from every row. Equals
+  // forward(x, {.is_causal = true}) at the last position to rounding. Runs no hook point; throws
+  // when the block has hooks.
+  ag::Tensor forward_last(const ag::Tensor& x) const;
   ag::Tensor operator()(const ag::Tensor& x) const { return forward(x); }
 
   const TransformerBlockOptions& options() const { return options_; }

@@ -1,15 +1,15 @@
 #pragma once
 // nn::TransformerLM: a decoder-only language model to study, configured as TransformerLens's
 // HookedTransformerConfig is (n_layers, d_model, n_heads, d_head, d_mlp with 0 = attention-only,
-// d_vocab, n_ctx, activation, normalisation, positional embedding), with the same forward:
+// d_vocab, d_vocab_out, n_ctx, activation, normalisation, positional embedding), with the same forward:
 //
 //   x = embed(tokens) + pos_embed(0 .. T-1)           "embed_out", "pos_embed_out"   (B, T, E)
 //   x = blocks.i(x), i = 0 .. n_layers-1              pre-LayerNorm TransformerBlocks, causal
-//   logits = unembed(ln_final(x))                     "logits" (B, T, d_vocab)
+//   logits = unembed(ln_final(x))                     "logits" (B, T, d_vocab_out)
 //
 // Children: "embed" (Embedding), "pos_embed" (Embedding n_ctx x E, when learned), "blocks"
 // (ModuleList of TransformerBlock "0", "1", ...), "ln_final" (LayerNorm, when normalised),
-// "unembed" (Linear E -> d_vocab with bias; absent when tied: logits = ln_final(x) · embedᵀ).
+// "unembed" (Linear E -> d_vocab_out with bias; absent when tied: logits = ln_final(x) · embedᵀ).
 // Hook points, named by module path: the model's own "embed_out", "pos_embed_out", "logits", and
 // every block's ("blocks.0.resid_pre", "blocks.0.k_input", "blocks.0.attn.pattern", ...,
 // "ln_final.scale", "ln_final.normalized"). docs/circuits.md maps them to TransformerLens's names.
@@ -40,6 +40,7 @@ struct TransformerLMConfig {
   std::int64_t d_head = 0;  // 0: d_model / n_heads; otherwise it must equal that
   std::int64_t d_mlp = 0;   // 0: attention-only blocks
   std::int64_t d_vocab = 0;
+  std::int64_t d_vocab_out = 0;  // logits per position; 0: d_vocab (TransformerLens's d_vocab_out = -1)
   std::int64_t n_ctx = 0;   // the longest sequence
   Activation activation = Activation::Gelu;
   Normalization normalization = Normalization::LayerNorm;
@@ -60,9 +61,14 @@ class TransformerLM : public Module {
   TransformerLM(const TransformerLMConfig& config, ag::Generator& gen);
 
   // tokens (B, T) or (T), Int64 (or float holding integers) in [0, d_vocab), T <= n_ctx
-  // -> logits (B, T, d_vocab) (or (T, d_vocab)). Always causal.
+  // -> logits (B, T, d_vocab_out) (or (T, d_vocab_out)). Always causal.
   ag::Tensor forward(const ag::Tensor& tokens) const;
   ag::Tensor operator()(const ag::Tensor& tokens) const { return forward(tokens); }
+  // The logits at the last position alone, (B, d_vocab_out) (or (d_vocab_out)): forward(tokens)'s
+  // last row to rounding, with the last block computing only that row and one position unembedded
+  // (a task read at one position, such as grokking's "a b =", needs no more). With any hook on the
+  // model it is forward(tokens)'s last row itself, every hook point seeing the whole sequence.
+  ag::Tensor forward_last(const ag::Tensor& tokens) const;
   // Mean cross entropy of predicting tokens[:, t+1] from tokens[:, :t+1] (TL's lm_cross_entropy_loss).
   ag::Tensor loss(const ag::Tensor& tokens) const;
 
@@ -80,7 +86,7 @@ class TransformerLM : public Module {
   Embedding& pos_embed() const;  // throws without a learned positional embedding
   LayerNorm& ln_final() const;   // throws without normalisation
   Linear& unembed_layer() const;  // throws when tied
-  // W_U (E, d_vocab): unembed.weight, or embed.weightᵀ when tied; b_U (d_vocab) or undefined.
+  // W_U (E, d_vocab_out): unembed.weight, or embed.weightᵀ when tied; b_U (d_vocab_out) or undefined.
   ag::Tensor W_U() const;
   ag::Tensor b_U() const;
   std::string extra_repr() const override;

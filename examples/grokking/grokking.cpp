@@ -1,0 +1,324 @@
+#include "grokking.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace grokking {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+bool is_prime(std::int64_t n) {
+  if (n < 2) return false;
+  for (std::int64_t d = 2; d * d <= n; ++d)
+    if (n % d == 0) return false;
+  return true;
+}
+
+// Every pair as "a b =" (p², 3) Int64, row a·p + b, and its label (a + b) mod p.
+struct Data {
+  ag::Tensor tokens, labels;             // all pairs
+  std::vector<std::int64_t> train, test;  // row indices
+  ag::Tensor train_tokens, train_labels, test_tokens, test_labels;
+};
+
+Data make_data(const Config& c) {
+  const std::int64_t p = c.p, n = p * p;
+  std::vector<std::int64_t> tokens, labels;
+  tokens.reserve(static_cast<std::size_t>(3 * n));
+  for (std::int64_t a = 0; a < p; ++a)
+    for (std::int64_t b = 0; b < p; ++b) {
+      tokens.insert(tokens.end(), {a, b, p});
+      labels.push_back((a + b) % p);
+    }
+  Data d;
+  d.tokens = ag::tensor(tokens, {n, 3});
+  d.labels = ag::tensor(labels, {n});
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::mt19937_64 rng(c.seed * 0x9e3779b97f4a7c15ULL + 7);
+  std::shuffle(order.begin(), order.end(), rng);
+  const auto n_train = static_cast<std::size_t>(std::llround(c.train_fraction * static_cast<double>(n)));
+  d.train.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n_train));
+  d.test.assign(order.begin() + static_cast<std::ptrdiff_t>(n_train), order.end());
+  d.train_tokens = ag::index_select(d.tokens, 0, d.train);
+  d.train_labels = ag::index_select(d.labels, 0, d.train);
+  d.test_tokens = ag::index_select(d.tokens, 0, d.test);
+  d.test_labels = ag::index_select(d.labels, 0, d.test);
+  return d;
+}
+
+// The logits at the "=" position, (N, p), in Float64: the loss is taken in double precision as
+// the demo does (late in training the correct log-probabilities are within 1e-6 of 0).
+// Only that position is computed after the attention's keys and values (TransformerLM::forward_last).
+ag::Tensor answer_logits(const nn::TransformerLM& model, const ag::Tensor& tokens) {
+  return model.forward_last(tokens).to(ag::Dtype::Float64);
+}
+
+double accuracy(const ag::Tensor& logits, const ag::Tensor& labels) {
+  ag::NoGradGuard no_grad;
+  const ag::Tensor right = ag::eq(ag::argmax(logits, 1), labels);
+  return ag::mean(right.to(ag::Dtype::Float64)).item();
+}
+
+struct Measured {
+  double loss = 0, accuracy = 0;
+};
+
+Measured measure(const nn::TransformerLM& model, const ag::Tensor& tokens, const ag::Tensor& labels) {
+  ag::NoGradGuard no_grad;
+  const ag::Tensor logits = answer_logits(model, tokens);
+  return {ag::cross_entropy(logits, labels).item(), accuracy(logits, labels)};
+}
+
+// The squared norm per frequency of W_E's first p rows in the Fourier basis: [0] the constant,
+// [k] frequency k (its cos and sin rows together).
+std::vector<double> fourier_power(const nn::TransformerLM& model, const ag::Tensor& basis) {
+  ag::NoGradGuard no_grad;
+  const std::int64_t p = basis.size(0);
+  const ag::Tensor W_E = ag::narrow(model.embed().weight(), 0, 0, p).to(ag::Dtype::Float64);
+  const std::vector<double> rows = ag::sum(ag::square(ag::matmul(basis, W_E)), {1}).to_vector();
+  std::vector<double> power(static_cast<std::size_t>((p - 1) / 2 + 1), 0.0);
+  power[0] = rows[0];
+  for (std::int64_t k = 1; 2 * k < p + 1; ++k)
+    power[static_cast<std::size_t>(k)] = rows[static_cast<std::size_t>(2 * k - 1)] + rows[static_cast<std::size_t>(2 * k)];
+  return power;
+}
+
+// The unit vectors cos(w(a+b)) and sin(w(a+b)) over the pairs (row a·p + b), one column each per
+// key frequency w: (p², 2K) Float64, orthonormal columns.
+ag::Tensor sum_directions(std::int64_t p, const std::vector<std::int64_t>& keys) {
+  const auto K = static_cast<std::int64_t>(keys.size());
+  std::vector<double> v(static_cast<std::size_t>(p * p * 2 * K));
+  for (std::int64_t k = 0; k < K; ++k) {
+    double cos_norm = 0, sin_norm = 0;
+    for (std::int64_t i = 0; i < p * p; ++i) {
+      const double angle = 2 * std::numbers::pi * static_cast<double>(keys[static_cast<std::size_t>(k)]) *
+                           static_cast<double>((i / p + i % p) % p) / static_cast<double>(p);
+      const double c = std::cos(angle), s = std::sin(angle);
+      v[static_cast<std::size_t>(i * 2 * K + 2 * k)] = c;
+      v[static_cast<std::size_t>(i * 2 * K + 2 * k + 1)] = s;
+      cos_norm += c * c, sin_norm += s * s;
+    }
+    for (std::int64_t i = 0; i < p * p; ++i) {
+      v[static_cast<std::size_t>(i * 2 * K + 2 * k)] /= std::sqrt(cos_norm);
+      v[static_cast<std::size_t>(i * 2 * K + 2 * k + 1)] /= std::sqrt(sin_norm);
+    }
+  }
+  return ag::tensor(v, {p * p, 2 * K}, ag::Dtype::Float64);
+}
+
+// The restricted and excluded losses (Nanda et al. 2023, section 5.1) of the model as it is now,
+// from the MLP activations at the "=" position over all p² pairs.
+std::pair<double, double> progress_measures(nn::TransformerLM& model, const Data& d, const ag::Tensor& directions) {
+  ag::NoGradGuard no_grad;
+  const nn::ActivationCache cache =
+      nn::run_with_cache(model, [&] { return model.forward(d.tokens); },
+                         {.names = {"blocks.0.mlp_hidden", "blocks.0.resid_mid", "logits"}});
+  const auto last = [](const ag::Tensor& t) {
+    return ag::reshape(ag::narrow(t, 1, 2, 1), {t.size(0), t.size(2)}).to(ag::Dtype::Float64);
+  };
+  const ag::Tensor acts = last(cache["blocks.0.mlp_hidden"]);   // (p², d_mlp)
+  const ag::Tensor resid_mid = last(cache["blocks.0.resid_mid"]);
+  const ag::Tensor logits = last(cache["logits"]);
+  const nn::Linear& fc_2 = model.block(0).fc_2();
+  const ag::Tensor W_out = fc_2.weight().to(ag::Dtype::Float64), W_U = model.W_U().to(ag::Dtype::Float64);
+  const ag::Tensor b_out = fc_2.bias().to(ag::Dtype::Float64), b_U = model.b_U().to(ag::Dtype::Float64);
+  const ag::Tensor key_part = ag::matmul(directions, ag::matmul(ag::transpose(directions, 0, 1), acts));
+  // Restricted: each neuron's mean plus its key-frequency components, through W_out and W_U,
+  // shifted so that the mean logit over the pairs is the model's.
+  const ag::Tensor mean_acts = ag::mean(acts, {0}, true);
+  ag::Tensor restricted = ag::matmul(ag::add(mean_acts, key_part), W_out);
+  restricted = ag::matmul(restricted, W_U);
+  restricted = ag::add(restricted, ag::sub(ag::mean(logits, {0}, true), ag::mean(restricted, {0}, true)));
+  // Excluded: the key-frequency components removed from the activations, the rest of the
+  // residual stream kept.
+  ag::Tensor resid = ag::add(ag::linear(ag::sub(acts, key_part), W_out, b_out), resid_mid);
+  const ag::Tensor excluded = ag::add(ag::matmul(resid, W_U), b_U);
+  const double r = ag::cross_entropy(ag::index_select(restricted, 0, d.test), d.test_labels).item();
+  const double e = ag::cross_entropy(ag::index_select(excluded, 0, d.train), d.train_labels).item();
+  return {r, e};
+}
+
+double key_share(const std::vector<double>& power, const std::vector<std::int64_t>& keys) {
+  double total = 0, key = 0;
+  for (std::size_t k = 1; k < power.size(); ++k) total += power[k];
+  for (auto k : keys) key += power[static_cast<std::size_t>(k)];
+  return total > 0 ? key / total : 0.0;
+}
+
+// The initial weights under TransformerLens's names, with the training pairs' rows, for
+// benchmarks/grokking_torch.py to train the same model from the same start.
+void save_initial(const nn::TransformerLM& model, const Data& d, const std::string& path) {
+  nn::NamedTensors tensors = nn::transformer_lens_state_dict(model);
+  tensors.emplace_back("data.train_indices", ag::tensor(d.train, {static_cast<std::int64_t>(d.train.size())}));
+  nn::save_safetensors(path, tensors);
+}
+
+}  // namespace
+
+Config Config::quick() {
+  Config c;
+  c.p = 53;
+  c.train_fraction = 0.6;
+  c.steps = 2000;
+  c.eval_interval = 50;
+  c.snapshot_interval = 100;
+  return c;
+}
+
+void Config::check() const {
+  const auto fail = [](const std::string& what) { throw std::invalid_argument("grokking: " + what); };
+  if (!is_prime(p) || p < 5) fail(fmt::format("p must be a prime >= 5, got {}", p));
+  if (p > 1000) fail(fmt::format("p {} is too large (at most 1000: the data holds p² pairs)", p));
+  if (!(train_fraction > 0 && train_fraction < 1))
+    fail(fmt::format("train_fraction must be in (0, 1), got {}", train_fraction));
+  const double train = std::round(train_fraction * static_cast<double>(p * p));
+  if (train < 1 || train > static_cast<double>(p * p - 1))
+    fail(fmt::format("train_fraction {} of {} pairs leaves no training or no test pair", train_fraction, p * p));
+  if (d_model <= 0 || n_heads <= 0 || d_mlp <= 0 || d_model % n_heads != 0)
+    fail(fmt::format("d_model {} must be a positive multiple of n_heads {}, and d_mlp {} positive", d_model, n_heads,
+                     d_mlp));
+  if (steps <= 0 || eval_interval <= 0 || snapshot_interval <= 0)
+    fail(fmt::format("steps {}, eval_interval {} and snapshot_interval {} must be positive", steps, eval_interval,
+                     snapshot_interval));
+  for (double x : {lr, weight_decay, beta1, beta2})
+    if (!std::isfinite(x) || x < 0) fail(fmt::format("lr, weight decay and betas must be finite and >= 0, got {}", x));
+  if (!(lr > 0) || !(beta1 < 1) || !(beta2 < 1))
+    fail(fmt::format("lr {} must be > 0 and the betas {}, {} below 1", lr, beta1, beta2));
+}
+
+std::string Config::describe() const {
+  return fmt::format("a + b mod {}; {:.0f} % of the {} pairs for training", p, 100 * train_fraction, p * p);
+}
+
+ag::Tensor fourier_basis(std::int64_t p) {
+  std::vector<double> f(static_cast<std::size_t>(p * p));
+  const auto at = [&](std::int64_t r, std::int64_t x) -> double& { return f[static_cast<std::size_t>(r * p + x)]; };
+  for (std::int64_t x = 0; x < p; ++x) at(0, x) = 1 / std::sqrt(static_cast<double>(p));
+  for (std::int64_t k = 1; 2 * k < p + 1; ++k)
+    for (std::int64_t x = 0; x < p; ++x) {
+      const double angle = 2 * std::numbers::pi * static_cast<double>(k * x % p) / static_cast<double>(p);
+      const double scale = std::sqrt(2 / static_cast<double>(p));
+      at(2 * k - 1, x) = scale * std::cos(angle);
+      at(2 * k, x) = scale * std::sin(angle);
+    }
+  return ag::tensor(f, {p, p}, ag::Dtype::Float64);
+}
+
+std::vector<std::int64_t> key_frequencies(const std::vector<double>& norms) {
+  std::vector<std::int64_t> order(norms.size());
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](auto a, auto b) { return norms[static_cast<std::size_t>(a)] > norms[static_cast<std::size_t>(b)]; });
+  double total = 0;
+  for (double n : norms) total += n * n;
+  std::vector<std::int64_t> keys;
+  double carried = 0;
+  for (auto i : order) {
+    if (carried >= 0.9 * total) break;
+    keys.push_back(i + 1);
+    carried += norms[static_cast<std::size_t>(i)] * norms[static_cast<std::size_t>(i)];
+  }
+  return keys;
+}
+
+Result run(const Config& config, const Outputs& outputs) {
+  config.check();
+  Result r;
+  r.config = config;
+  const Config& c = r.config;
+  const Data d = make_data(c);
+  r.train_pairs = static_cast<std::int64_t>(d.train.size());
+  r.test_pairs = static_cast<std::int64_t>(d.test.size());
+  ag::Generator init(c.seed);
+  nn::TransformerLM model({.n_layers = 1, .d_model = c.d_model, .n_heads = c.n_heads, .d_mlp = c.d_mlp,
+                           .d_vocab = c.p + 1, .d_vocab_out = c.p, .n_ctx = 3, .activation = nn::Activation::Relu,
+                           .normalization = nn::Normalization::None, .dtype = c.dtype},
+                          init);
+  r.parameters = model.num_parameters();
+  r.threads = ag::get_num_threads();
+  if (!outputs.initial_weights.empty()) save_initial(model, d, outputs.initial_weights);
+  // The biases stay 0 as in the demo (which sets requires_grad = False on them): only the weights
+  // and embeddings are trained.
+  nn::NamedTensors trained;
+  for (const auto& [name, p] : model.named_parameters())
+    if (p.dim() >= 2) trained.emplace_back(name, p), r.trained_parameters += p.numel();
+  nn::AdamW opt(trained, {.lr = c.lr, .beta1 = c.beta1, .beta2 = c.beta2, .weight_decay = c.weight_decay});
+
+  std::vector<std::pair<std::int64_t, std::vector<ag::Tensor>>> snapshots;
+  const auto snapshot = [&](std::int64_t step) {
+    ag::NoGradGuard no_grad;
+    std::vector<ag::Tensor> values;
+    for (const auto& [name, p] : trained) values.push_back(p.clone());
+    snapshots.emplace_back(step, std::move(values));
+  };
+  const auto evaluate = [&](std::int64_t step, Measured train) {
+    const Measured test = measure(model, d.test_tokens, d.test_labels);
+    CurvePoint point{step, train.loss, train.accuracy, test.loss, test.accuracy};
+    r.curve.push_back(point);
+    if (!r.grokked_step && test.accuracy >= 0.99) r.grokked_step = step;
+    if (outputs.progress) outputs.progress(point);
+  };
+  for (std::int64_t step = 0; step < c.steps; ++step) {
+    const auto start = Clock::now();
+    opt.zero_grad();
+    const ag::Tensor logits = answer_logits(model, d.train_tokens);
+    ag::Tensor loss = ag::cross_entropy(logits, d.train_labels);
+    const Measured train{loss.item(), accuracy(logits, d.train_labels)};
+    if (!std::isfinite(train.loss))
+      throw std::runtime_error(fmt::format("grokking: the training loss is {} at step {}", train.loss, step));
+    r.train_seconds += seconds_since(start);
+    r.train_losses.push_back(train.loss);
+    if (!r.memorized_step && train.accuracy >= 0.99) r.memorized_step = step;
+    if (step % c.eval_interval == 0) evaluate(step, train);
+    if (step % c.snapshot_interval == 0) snapshot(step);
+    const auto resumed = Clock::now();
+    loss.backward();
+    opt.step();
+    r.train_seconds += seconds_since(resumed);
+  }
+  evaluate(c.steps, measure(model, d.train_tokens, d.train_labels));
+  if (snapshots.back().first != c.steps) snapshot(c.steps);
+  r.final_point = r.curve.back();
+  r.test_loss_peak = *std::max_element(r.curve.begin(), r.curve.end(),
+                                       [](const auto& a, const auto& b) { return a.test_loss < b.test_loss; });
+
+  const auto measure_start = Clock::now();
+  const ag::Tensor basis = fourier_basis(c.p);
+  const std::vector<double> power = fourier_power(model, basis);
+  r.constant_norm = std::sqrt(power[0]);
+  for (std::size_t k = 1; k < power.size(); ++k) r.frequency_norms.push_back(std::sqrt(power[k]));
+  r.key_frequencies = key_frequencies(r.frequency_norms);
+  const ag::Tensor directions = sum_directions(c.p, r.key_frequencies);
+  for (const auto& [step, values] : snapshots) {
+    {
+      ag::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        ag::Tensor target = trained[i].second;
+        target.copy_(values[i]);
+      }
+    }
+    const auto [restricted, excluded] = progress_measures(model, d, directions);
+    const Measured train = measure(model, d.train_tokens, d.train_labels);
+    const Measured test = measure(model, d.test_tokens, d.test_labels);
+    r.progress.push_back({.step = step, .train_loss = train.loss, .test_loss = test.loss,
+                          .restricted_loss = restricted, .excluded_loss = excluded,
+                          .key_share = key_share(fourier_power(model, basis), r.key_frequencies)});
+  }
+  r.measure_seconds = seconds_since(measure_start);
+  return r;
+}
+
+}  // namespace grokking
