@@ -87,7 +87,7 @@ if(NOT failed)
 endif()
 
 # Bad flags are refused before any work, naming the flag or the setting.
-foreach(case "--p;4|--p: Value 4 not in range"
+foreach(case "--p;4|--p: must be an integer from 5 to 1000"
              "--p;91|p must be a prime"
              "--train-fraction;1.5|train_fraction must be in (0, 1)"
              "--steps;0|--steps"
