@@ -103,7 +103,7 @@ BOOST_AUTO_TEST_CASE(the_stacks_name_what_the_cache_lacks) {
   check_message([&] { circuits::decompose_resid(m, c); }, "'embed_out'");
   check_message([&] { circuits::accumulated_resid(m, c, 3); }, "layer 3 is out of range");
   check_message([&] { circuits::stack_head_results(m, c, 0); }, "layer 0 has nothing before it");
-  check_message([&] { circuits::logit_directions(m, {7}); }, "token 7 is out of range for d_vocab 7");
+  check_message([&] { circuits::logit_directions(m, {7}); }, "token 7 is out of range for d_vocab_out 7");
   check_message([&] { circuits::residual_stack_to_logit(ag::zeros({1, 2, 6, 8}, ag::Dtype::Float64), ag::zeros({7}, ag::Dtype::Float64)); },
                 "direction of shape [7]");
 }

@@ -244,8 +244,8 @@ Result run(const Config& config, const Outputs& outputs) {
   r.test_pairs = static_cast<std::int64_t>(d.test.size());
   ag::Generator init(c.seed);
   nn::TransformerLM model({.n_layers = 1, .d_model = c.d_model, .n_heads = c.n_heads, .d_mlp = c.d_mlp,
-                           .d_vocab = c.p + 1, .d_vocab_out = c.p, .n_ctx = 3, .activation = nn::Activation::Relu,
-                           .normalization = nn::Normalization::None, .dtype = c.dtype},
+                           .d_vocab = c.p + 1, .n_ctx = 3, .activation = nn::Activation::Relu,
+                           .normalization = nn::Normalization::None, .dtype = c.dtype, .d_vocab_out = c.p},
                           init);
   r.parameters = model.num_parameters();
   r.threads = ag::get_num_threads();

@@ -69,7 +69,6 @@ std::shared_ptr<Module> build_language_model(const ModuleConfig& c) {
       .d_head = c.integer("d_head"),
       .d_mlp = c.integer("d_mlp"),
       .d_vocab = c.integer("d_vocab"),
-      .d_vocab_out = c.options.count("d_vocab_out") != 0 ? c.integer("d_vocab_out") : 0,
       .n_ctx = c.integer("n_ctx"),
       .activation = activations[choice(c, "activation", {"gelu", "gelu_new", "relu"})],
       .normalization =
@@ -79,7 +78,8 @@ std::shared_ptr<Module> build_language_model(const ModuleConfig& c) {
                                   : PositionalEmbedding::None,
       .tied_embeddings = c.flag("tied_embeddings"),
       .layer_norm_eps = c.number("layer_norm_eps"),
-      .dtype = c.parameter_dtype()});
+      .dtype = c.parameter_dtype(),
+      .d_vocab_out = c.options.count("d_vocab_out") != 0 ? c.integer("d_vocab_out") : 0});
 }
 
 std::shared_ptr<Module> build_module_list(const ModuleConfig& c) {

@@ -40,7 +40,6 @@ struct TransformerLMConfig {
   std::int64_t d_head = 0;  // 0: d_model / n_heads; otherwise it must equal that
   std::int64_t d_mlp = 0;   // 0: attention-only blocks
   std::int64_t d_vocab = 0;
-  std::int64_t d_vocab_out = 0;  // logits per position; 0: d_vocab (TransformerLens's d_vocab_out = -1)
   std::int64_t n_ctx = 0;   // the longest sequence
   Activation activation = Activation::Gelu;
   Normalization normalization = Normalization::LayerNorm;
@@ -48,6 +47,8 @@ struct TransformerLMConfig {
   bool tied_embeddings = false;  // logits = ln_final(x) · embed.weightᵀ, no unembed bias
   double layer_norm_eps = 1e-5;
   ag::Dtype dtype = ag::Dtype::Float32;
+  // Last, so that positional initialisers written before it existed keep their meaning.
+  std::int64_t d_vocab_out = 0;  // logits per position; 0: d_vocab (TransformerLens's d_vocab_out = -1)
 
   // Throws naming the setting at fault (a size not positive, d_model not n_heads · d_head, ...).
   void check() const;
