@@ -1,6 +1,8 @@
 // Times what a circuits study spends its time on, on a small study model (2 layers, d_vocab 64,
 // n_ctx 64, d_model 128, 4 heads, d_mlp 512, batch 16, float32): a full z patching sweep (every
-// layer, per head and per head × position), run_with_cache of the activations TransformerLens's
+// layer, per head and per head × position; by circuits::z_patching_sweep with the metric read at
+// the last position, the same with every position's logits made, and by study::activation_patching,
+// a hooked full forward per patch), run_with_cache of the activations TransformerLens's
 // run_with_cache holds by default (the same tensors under our names; and of every one of our hook
 // points, which include q/k/v inputs, raw scores, concat and per-head results that TL computes only
 // when asked), and a training step (forward, backward, AdamW). Prints one JSON object per
@@ -8,6 +10,7 @@
 // same model and prints ratios.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -50,10 +53,36 @@ int main(int argc, char** argv) {
     const ag::Tensor last = ag::squeeze(ag::narrow(model.forward(tokens), 1, T - 1, 1), 1);  // (B, V)
     return ag::mean(ag::gather(last, 1, ag::reshape(ag::narrow(clean, 1, T - 1, 1), {B, 1})));
   };
-  const double sweep = median_seconds(reps, [&] {
+  // The same sweep three ways: study::activation_patching (a hooked full forward per patch), and
+  // circuits::z_patching_sweep, told that the metric reads the last position or not.
+  std::vector<nn::study::PatchingResult> hooked;
+  const double sweep_hooks = median_seconds(reps, [&] {
+    hooked.clear();
     for (int l = 0; l < 2; ++l)
-      (void)nn::study::activation_patching(model, fmt::format("blocks.{}.attn.z", l), metric, clean, corrupted);
+      hooked.push_back(
+          nn::study::activation_patching(model, fmt::format("blocks.{}.attn.z", l), metric, clean, corrupted));
   });
+  const auto answer = ag::reshape(ag::narrow(clean, 1, T - 1, 1), {B, 1});
+  const auto metric_of_logits = [&](const ag::Tensor& logits) {  // (B, T or 1, V): the last row
+    return ag::mean(ag::gather(ag::squeeze(ag::narrow(logits, 1, logits.size(1) - 1, 1), 1), 1, answer));
+  };
+  std::vector<nn::study::PatchingResult> fast, fast_all;
+  const double sweep = median_seconds(reps, [&] {
+    fast = nn::circuits::z_patching_sweep(model, metric_of_logits, clean, corrupted,
+                                          {.reads = nn::circuits::MetricReads::LastPosition});
+  });
+  const double sweep_all = median_seconds(reps, [&] {
+    fast_all = nn::circuits::z_patching_sweep(model, metric_of_logits, clean, corrupted);
+  });
+  // The largest difference from the hooked sweep's metrics (float32 rounding).
+  double worst = 0;
+  for (const auto* r : {&fast, &fast_all})
+    for (std::size_t l = 0; l < 2; ++l)
+      for (std::size_t h = 0; h < hooked[l].per_head.size(); ++h) {
+        worst = std::max(worst, std::abs((*r)[l].per_head[h] - hooked[l].per_head[h]));
+        for (std::size_t t = 0; t < hooked[l].per_head_position[h].size(); ++t)
+          worst = std::max(worst, std::abs((*r)[l].per_head_position[h][t] - hooked[l].per_head_position[h][t]));
+      }
   // TransformerLens's default hook points, in our names (docs/circuits.md maps them).
   std::vector<std::string> tl_points = {"embed_out", "pos_embed_out", "ln_final.scale", "ln_final.normalized"};
   for (int l = 0; l < 2; ++l)
@@ -79,7 +108,9 @@ int main(int argc, char** argv) {
     loss.backward();
     opt.step();
   });
-  std::printf("{\"what\": \"sweep\", \"seconds\": %.6f}\n", sweep);
+  std::printf("{\"what\": \"sweep\", \"seconds\": %.6f, \"largest_difference\": %.3g}\n", sweep, worst);
+  std::printf("{\"what\": \"sweep_all_positions\", \"seconds\": %.6f}\n", sweep_all);
+  std::printf("{\"what\": \"sweep_hooks\", \"seconds\": %.6f}\n", sweep_hooks);
   std::printf("{\"what\": \"run_with_cache\", \"seconds\": %.6f, \"bytes\": %zu}\n", cache, cache_bytes);
   std::printf("{\"what\": \"run_with_cache_every_point\", \"seconds\": %.6f, \"bytes\": %zu}\n", cache_all, all_bytes);
   std::printf("{\"what\": \"train_step\", \"seconds\": %.6f}\n", step);

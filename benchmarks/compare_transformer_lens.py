@@ -83,13 +83,18 @@ def main():
     for line in lines.splitlines():
         r = json.loads(line)
         ours[r["what"]] = r["seconds"]
-        if "bytes" in r:
-            ours[r["what"] + "_bytes"] = r["bytes"]
+        for extra in ("bytes", "largest_difference"):
+            if extra in r:
+                ours[r["what"] + "_" + extra] = r[extra]
     t = theirs(a.reps)
     print(f"torch {torch.__version__}, one thread, medians of {a.reps}")
     print(f"{'':22}{'TransformerLens':>16}{'headgrad':>12}{'ratio':>8}")
     for k in ("sweep", "run_with_cache", "train_step"):
         print(f"{k:22}{t[k]:>15.4f}s{ours[k]:>11.4f}s{t[k] / ours[k]:>7.2f}x")
+    for k, what in (("sweep_all_positions", "every position's logits made"),
+                    ("sweep_hooks", "study::activation_patching")):
+        print(f"  sweep, {what}: {ours[k]:.4f}s, {t['sweep'] / ours[k]:.2f}x")
+    print(f"  largest difference of the sweeps' metrics from activation_patching's: {ours['sweep_largest_difference']:.3g}")
     b = ours["run_with_cache_bytes"]
     print(f"{'cache bytes':22}{t['cache_bytes']:>16}{b:>12}{t['cache_bytes'] / b:>7.2f}x")
     print(f"ours, every hook point: run_with_cache {ours['run_with_cache_every_point']:.4f}s, "

@@ -1,6 +1,8 @@
 #include "nn/layers.hpp"
 
+#include <limits>
 #include <memory>
+#include <vector>
 
 #include "nn/init.hpp"
 #include "parameter_budget.hpp"
@@ -143,8 +145,6 @@ ag::Tensor TransformerBlock::forward(const ag::Tensor& x) const {
 TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const AttentionOptions& options) const {
   // Each hook point returns its value unchanged (no call, no allocation) when it has no hook.
   const HookPoints& at = hook_points();
-  const std::size_t resid_post = at.names().size() - 1;
-  const auto norm = [](const std::shared_ptr<LayerNorm>& ln, const ag::Tensor& v) { return ln ? ln->forward(v) : v; };
   const ag::Tensor x0 = at.run(kResidPre, x);  // (B, T, d_model)
   AttentionOutput a;
   const ag::Tensor q_in = at.run(kQInput, x0), k_in = at.run(kKInput, x0), v_in = at.run(kVInput, x0);
@@ -159,15 +159,22 @@ TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const Atte
     }
     a = attn_->forward(in[0], in[1], in[2], options);
   } else {
-    const ag::Tensor h = norm(ln_1_, x0);
+    const ag::Tensor h = ln_1_ ? ln_1_->forward(x0) : x0;
     a = attn_->forward(h, h, h, options);
   }
-  const ag::Tensor x1 = ag::add(x0, at.run(kAttnOut, a.output));  // residual
-  if (!options_.mlp) return {at.run(resid_post, x1), a.weights};
+  return {after_attention(x0, a.output), a.weights};
+}
+
+ag::Tensor TransformerBlock::after_attention(const ag::Tensor& x, const ag::Tensor& attn_out) const {
+  // Each hook point returns its value unchanged (no call, no allocation) when it has no hook.
+  const HookPoints& at = hook_points();
+  const std::size_t resid_post = at.names().size() - 1;
+  const ag::Tensor x1 = ag::add(x, at.run(kAttnOut, attn_out));  // residual
+  if (!options_.mlp) return at.run(resid_post, x1);
   const ag::Tensor x1h = at.run(kResidMid, x1);
-  const ag::Tensor f = at.run(kMlpPre, fc_1_->forward(norm(ln_2_, x1h)));  // (B, T, d_ff)
+  const ag::Tensor f = at.run(kMlpPre, fc_1_->forward(ln_2_ ? ln_2_->forward(x1h) : x1h));  // (..., d_ff)
   const ag::Tensor act = at.run(kMlpHidden, options_.gelu ? ag::gelu(f, options_.gelu_tanh) : ag::relu(f));
-  return {at.run(resid_post, ag::add(x1h, at.run(kMlpOut, fc_2_->forward(act)))), a.weights};  // residual
+  return at.run(resid_post, ag::add(x1h, at.run(kMlpOut, fc_2_->forward(act))));  // residual
 }
 
 ag::Tensor TransformerBlock::forward_last(const ag::Tensor& x) const {
@@ -177,17 +184,60 @@ ag::Tensor TransformerBlock::forward_last(const ag::Tensor& x) const {
   if (!x.defined() || x.dim() < 2)
     ag::fail("TransformerBlock::forward_last", "x must be (B, T, d_model) or (T, d_model), got {}",
              x.defined() ? ag::shape_str(x.shape()) : "undefined");
-  const auto norm = [](const std::shared_ptr<LayerNorm>& ln, const ag::Tensor& v) { return ln ? ln->forward(v) : v; };
-  const std::int64_t rows = x.dim() - 2, T = x.size(rows);
-  const ag::Tensor h = norm(ln_1_, x);
-  // The last query sees every key, so no mask is needed.
-  AttentionOptions options;
-  options.need_weights = false;
-  const ag::Tensor x1 = ag::add(ag::narrow(x, rows, T - 1, 1), attn_->forward(ag::narrow(h, rows, T - 1, 1), h, h,
-                                                                               options).output);
-  if (!options_.mlp) return x1;
-  const ag::Tensor f = fc_1_->forward(norm(ln_2_, x1));
-  return ag::add(x1, fc_2_->forward(options_.gelu ? ag::gelu(f, options_.gelu_tanh) : ag::relu(f)));
+  if (x.dim() == 2) return ag::squeeze(forward_rows(ag::unsqueeze(x, 0), {}, {}, 1).output, 0);
+  return forward_rows(x, {}, {}, 1).output;
+}
+
+TransformerBlock::Rows TransformerBlock::forward_rows(const ag::Tensor& x_rows, const ag::Tensor& k_prev,
+                                                      const ag::Tensor& v_prev, std::int64_t queries) const {
+  constexpr std::string_view op = "TransformerBlock::forward_rows";
+  if (hook_count() != 0)
+    ag::fail(op, "the block has {} hook(s), which this partial forward would skip; use forward", hook_count());
+  const std::int64_t E = options_.d_model;
+  if (!x_rows.defined() || x_rows.dim() != 3 || x_rows.size(2) != E)
+    ag::fail(op, "x_rows must be (B, R, d_model = {}), got {}", E,
+             x_rows.defined() ? ag::shape_str(x_rows.shape()) : "undefined");
+  const std::int64_t B = x_rows.size(0), R = x_rows.size(1);
+  if (k_prev.defined() != v_prev.defined())
+    ag::fail(op, "k_prev and v_prev come together: one is undefined and the other is not");
+  const std::int64_t before = k_prev.defined() ? k_prev.size(1) : 0, T = before + R;
+  for (const ag::Tensor* t : {&k_prev, &v_prev})
+    if (t->defined() && (t->dim() != 3 || t->size(0) != B || t->size(2) != E || t->size(1) != before ||
+                         t->dtype() != x_rows.dtype()))
+      ag::fail(op, "k_prev and v_prev must be (B = {}, rows before, d_model = {}) of x_rows' dtype {}, got {} {} and "
+               "{} {}", B, E, ag::dtype_name(x_rows.dtype()), ag::dtype_name(k_prev.dtype()),
+               ag::shape_str(k_prev.shape()), ag::dtype_name(v_prev.dtype()), ag::shape_str(v_prev.shape()));
+  if (queries < 1 || queries > R)
+    ag::fail(op, "queries = {} must be in 1 .. R = {} (the rows of x_rows {})", queries, R,
+             ag::shape_str(x_rows.shape()));
+  if (is_training() && options_.dropout > 0)
+    ag::fail(op, "dropout {} would act in training mode, and this forward has none; call eval() first",
+             options_.dropout);
+  const MultiHeadAttention& a = *attn_;
+  const ag::Tensor h = ln_1_ ? ln_1_->forward(x_rows) : x_rows;
+  const ag::Tensor hq = queries == R ? h : ag::narrow(h, 1, R - queries, queries);
+  Rows r;
+  r.keys = ag::linear(h, a.W_K(), a.b_K());
+  r.values = ag::linear(h, a.W_V(), a.b_V());
+  if (before > 0) {
+    r.keys = ag::cat({k_prev, r.keys}, 1);
+    r.values = ag::cat({v_prev, r.values}, 1);
+  }
+  // Query i is row T-queries+i and sees keys 0 .. T-queries+i. The last row sees every key.
+  ag::Tensor mask;
+  if (queries > 1 && queries < T) {
+    std::vector<double> m(static_cast<std::size_t>(queries * T), 0.0);
+    for (std::int64_t i = 0; i < queries; ++i)
+      for (std::int64_t j = T - queries + i + 1; j < T; ++j)
+        m[static_cast<std::size_t>(i * T + j)] = -std::numeric_limits<double>::infinity();
+    mask = ag::tensor(m, {queries, T}, x_rows.dtype());
+  }
+  r.z = ag::scaled_dot_product_attention_heads_last(ag::linear(hq, a.W_Q(), a.b_Q()), r.keys, r.values, a.num_heads(),
+                                                    mask, queries == T && queries > 1, 0.0, 0.0, nullptr, false)
+            .output;
+  const ag::Tensor x_q = queries == R ? x_rows : ag::narrow(x_rows, 1, R - queries, queries);
+  r.output = after_attention(x_q, ag::linear(r.z, a.W_O(), a.b_O()));
+  return r;
 }
 
 namespace {

@@ -19,6 +19,7 @@
 
 #include "nn/hooks.hpp"
 #include "nn/multihead_attention.hpp"
+#include "nn/study.hpp"
 #include "nn/transformer_lm.hpp"
 
 namespace nn::circuits {
@@ -277,6 +278,32 @@ struct PathPatchingResult {
 PathPatchingResult path_patching(TransformerLM& model, const std::function<ag::Tensor(const ag::Tensor& logits)>& metric,
                                  const ag::Tensor& clean_tokens, const ag::Tensor& corrupted_tokens,
                                  std::int64_t sender_layer, std::int64_t receiver_layer, Composition receiver_input);
+
+// Activation patching of every layer's z, per head and per head × position (TransformerLens's
+// get_act_patch_attn_head_out_all_pos and _by_pos, on hook_z): for each layer, the metric of the
+// corrupted run with head h's z taken from the clean run, at every position and at each position
+// alone. Equal to study::activation_patching at "blocks.{l}.attn.z" with run(tokens) =
+// metric(model.forward(tokens)), to rounding, but each patched forward starts at the patched
+// layer from the corrupted run's cached residual stream and keys and values; a patch at position
+// p recomputes only the rows p .. T-1 its change can reach under causal attention (only row p in
+// its own layer), the heads of one patch are batched into one forward, and with
+// MetricReads::LastPosition only the last position's logits are made (a last-layer patch at
+// p < T-1 cannot reach them and costs nothing).
+//   metric(logits) returns one finite element; logits are (B, T, d_vocab_out), or (B, 1,
+//   d_vocab_out) with LastPosition (read them as logits[:, -1]: a metric that indexes position
+//   T-1 of the full logits throws there rather than reading the wrong row).
+// Tokens (B, T), clean and corrupted of one shape. Runs without a graph; the model must have no
+// hooks (these partial forwards skip hook points) and no dropout acting. Result: one
+// PatchingResult per layer (clean_metric and corrupted_metric the same in each).
+enum class MetricReads { AllPositions, LastPosition };
+struct ZPatchingOptions {
+  MetricReads reads = MetricReads::AllPositions;
+  bool per_position = true;  // false: per head at every position only (no per_head_position)
+};
+std::vector<study::PatchingResult> z_patching_sweep(const TransformerLM& model,
+                                                   const std::function<ag::Tensor(const ag::Tensor& logits)>& metric,
+                                                   const ag::Tensor& clean_tokens, const ag::Tensor& corrupted_tokens,
+                                                   const ZPatchingOptions& options = {});
 
 // Resample ablation: a forward hook for a z point that replaces head's z in each sequence of the
 // batch with its z from another sequence of `source_z` (B, H, T, d_k) (a cache of the same point

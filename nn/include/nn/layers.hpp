@@ -238,6 +238,24 @@ class TransformerBlock : public Module {
   // forward(x, {.is_causal = true}) at the last position to rounding. Runs no hook point; throws
   // when the block has hooks.
   ag::Tensor forward_last(const ag::Tensor& x) const;
+  // The causal forward of the last rows alone, as a decode with a key-value cache does it: for an
+  // input of T rows, x_rows (B, R, d_model) is its rows T-R .. T-1 and k_prev, v_prev (B, T-R,
+  // d_model) the keys and values of the rows before, heads side by side (from an earlier call's
+  // `keys` and `values`; undefined when R = T). Keys and values are made for the R rows; queries,
+  // attention, W_O and the MLP for the last `queries` rows (1 .. R) only. Equal to forward(x,
+  // {.is_causal = true}) on those rows to rounding. Runs no hook point; throws when the block has
+  // hooks, or dropout would act (training mode with dropout > 0).
+  struct Rows {
+    ag::Tensor output;        // (B, queries, d_model): the block's output rows T-queries .. T-1
+    ag::Tensor keys, values;  // (B, T, d_model): every row's, k_prev and v_prev first
+    ag::Tensor z;             // (B, queries, d_model): the heads' contexts side by side (W_O's input)
+  };
+  Rows forward_rows(const ag::Tensor& x_rows, const ag::Tensor& k_prev, const ag::Tensor& v_prev,
+                    std::int64_t queries) const;
+  // The block's output from its input x and its attention's output attn_out, both (..., d_model):
+  // x + attn_out, then (with an MLP) x1 + fc_2(act(fc_1(ln_2(x1)))). forward's own tail: it runs
+  // the hook points attn_out .. resid_post on the way, as forward does.
+  ag::Tensor after_attention(const ag::Tensor& x, const ag::Tensor& attn_out) const;
   ag::Tensor operator()(const ag::Tensor& x) const { return forward(x); }
 
   const TransformerBlockOptions& options() const { return options_; }
