@@ -6,7 +6,7 @@
 //   - logits and loss, and every hook point TL's run_with_cache gives, equal TL's to 1e-9,
 //   - the loss's gradient at every hook point (run_with_cache with backward; TL's incl_bwd) too,
 //     ln_1's points included (per q/k/v input when the block normalises them as one stack),
-//   - nn::study::activation_patching of each layer's z equals TL's patching functions to 1e-9,
+//   - nn::study::activation_patching of each layer's z, and nn::circuits::z_patching_sweep, equal TL's patching functions to 1e-9,
 //   - nn::circuits' decompose_resid, stack_head_results, accumulated_resid and logit_lens equal
 //     TL's cache functions,
 //   - transformer_lens_state_dict gives TL's state dict back exactly,
@@ -320,31 +320,45 @@ BOOST_AUTO_TEST_CASE(activation_patching_of_z_equals_transformer_lens) {
   const auto m = tl_model("B");
   const Tensor clean = tokens(), corrupted = fixture("corrupted_tokens");
   const auto run = [&](const Tensor& input) { return metric(*m, input); };
+  const std::int64_t tok = fixture("B.patch.metric_token").item<std::int64_t>();
+  const auto of_logits = [&](const Tensor& logits) {  // metric's, on logits (B, T or 1, V)
+    return ag::mean(ag::narrow(ag::narrow(logits, 1, logits.size(1) - 1, 1), 2, tok, 1));
+  };
   const auto all_pos = fixture("B.patch.head_out_all_pos").to_vector();  // (L, H)
   const auto by_pos = fixture("B.patch.head_out_by_pos").to_vector();    // (L, T, H)
-  for (std::int64_t l = 0; l < L; ++l) {
-    const nn::study::PatchingResult r =
-        nn::study::activation_patching(*m, fmt::format("blocks.{}.attn.z", l), run, clean, corrupted);
-    BOOST_TEST(worst_scalar(r.clean_metric, fixture("B.patch.clean_metric").item()) <= kTol);
-    BOOST_TEST(worst_scalar(r.corrupted_metric, fixture("B.patch.corrupted_metric").item()) <= kTol);
-    BOOST_REQUIRE_EQUAL(r.per_head.size(), static_cast<std::size_t>(H));
-    double w = 0;
-    for (std::int64_t h = 0; h < H; ++h) {
-      const double tl = all_pos[static_cast<std::size_t>(l * H + h)];
-      w = std::max(w, worst_scalar(r.per_head[static_cast<std::size_t>(h)], tl));
-      BOOST_REQUIRE_EQUAL(r.per_head_position[static_cast<std::size_t>(h)].size(), static_cast<std::size_t>(T));
-      for (std::int64_t t = 0; t < T; ++t)
-        w = std::max(w, worst_scalar(r.per_head_position[static_cast<std::size_t>(h)][static_cast<std::size_t>(t)],
-                                     by_pos[static_cast<std::size_t>((l * T + t) * H + h)]));
+  // The hooked patching of each layer, and the sweep reading every position or the last one.
+  std::map<std::string, std::vector<nn::study::PatchingResult>> ways;
+  for (std::int64_t l = 0; l < L; ++l)
+    ways["activation_patching"].push_back(
+        nn::study::activation_patching(*m, fmt::format("blocks.{}.attn.z", l), run, clean, corrupted));
+  ways["z_patching_sweep"] = nn::circuits::z_patching_sweep(*m, of_logits, clean, corrupted);
+  ways["z_patching_sweep, last position"] = nn::circuits::z_patching_sweep(
+      *m, of_logits, clean, corrupted, {.reads = nn::circuits::MetricReads::LastPosition});
+  for (const auto& [way, results] : ways) {
+    BOOST_REQUIRE_EQUAL(results.size(), static_cast<std::size_t>(L));
+    for (std::int64_t l = 0; l < L; ++l) {
+      const nn::study::PatchingResult& r = results[static_cast<std::size_t>(l)];
+      BOOST_TEST(worst_scalar(r.clean_metric, fixture("B.patch.clean_metric").item()) <= kTol);
+      BOOST_TEST(worst_scalar(r.corrupted_metric, fixture("B.patch.corrupted_metric").item()) <= kTol);
+      BOOST_REQUIRE_EQUAL(r.per_head.size(), static_cast<std::size_t>(H));
+      double w = 0;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const double tl = all_pos[static_cast<std::size_t>(l * H + h)];
+        w = std::max(w, worst_scalar(r.per_head[static_cast<std::size_t>(h)], tl));
+        BOOST_REQUIRE_EQUAL(r.per_head_position[static_cast<std::size_t>(h)].size(), static_cast<std::size_t>(T));
+        for (std::int64_t t = 0; t < T; ++t)
+          w = std::max(w, worst_scalar(r.per_head_position[static_cast<std::size_t>(h)][static_cast<std::size_t>(t)],
+                                       by_pos[static_cast<std::size_t>((l * T + t) * H + h)]));
+      }
+      BOOST_TEST_MESSAGE(way << ", layer " << l << ": worst error " << w);
+      BOOST_TEST(w <= kTol, way << ", layer " << l << ": worst error " << w);
+      // Negative control: the other layer's TL values are far from these.
+      double other = 0;
+      for (std::int64_t h = 0; h < H; ++h)
+        other = std::max(other, std::abs(r.per_head[static_cast<std::size_t>(h)] -
+                                         all_pos[static_cast<std::size_t>((1 - l) * H + h)]));
+      BOOST_TEST(other > 1e-3, way << ", layer " << l << " is indistinguishable from layer " << 1 - l);
     }
-    BOOST_TEST_MESSAGE("layer " << l << " patching: worst error " << w);
-    BOOST_TEST(w <= kTol, "layer " << l << " patching: worst error " << w);
-    // Negative control: the other layer's TL values are far from these.
-    double other = 0;
-    for (std::int64_t h = 0; h < H; ++h)
-      other = std::max(other, std::abs(r.per_head[static_cast<std::size_t>(h)] -
-                                       all_pos[static_cast<std::size_t>((1 - l) * H + h)]));
-    BOOST_TEST(other > 1e-3, "layer " << l << "'s patching is indistinguishable from layer " << 1 - l << "'s");
   }
 }
 
