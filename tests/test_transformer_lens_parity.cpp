@@ -6,7 +6,8 @@
 //   - logits and loss, and every hook point TL's run_with_cache gives, equal TL's to 1e-9,
 //   - the loss's gradient at every hook point (run_with_cache with backward; TL's incl_bwd) too,
 //     ln_1's points included (per q/k/v input when the block normalises them as one stack),
-//   - nn::study::activation_patching of each layer's z, and nn::circuits::z_patching_sweep, equal TL's patching functions to 1e-9,
+//   - nn::study::activation_patching of each layer's z, and nn::circuits::z_patching_sweep,
+//     equal TL's patching functions to 1e-9,
 //   - nn::circuits' decompose_resid, stack_head_results, accumulated_resid and logit_lens equal
 //     TL's cache functions,
 //   - transformer_lens_state_dict gives TL's state dict back exactly,
