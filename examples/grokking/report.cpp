@@ -21,6 +21,8 @@ std::string fixed(double x, int digits = 3) {
 std::string sci(double x) { return std::isfinite(x) ? fmt::format("{:.3g}", x) : std::string("not measured"); }
 std::string step_text(const std::optional<std::int64_t>& s) { return s ? fmt::format("{}", *s) : "never"; }
 
+constexpr double spectrum_tick_font = 11;  // the SVG's font size
+
 std::string keys_text(const std::vector<std::int64_t>& keys) {
   std::string s;
   for (auto k : keys) s += fmt::format("{}{}", s.empty() ? "" : ", ", k);
@@ -93,13 +95,46 @@ svg::LineChart progress_chart(const Result& r) {
   return c;
 }
 
+// The frequencies labelled under the spectrum's bars, with the row (0 or 1) each label is in: the key
+// frequencies first, from the lowest, then every tenth frequency, each in the first row where its
+// label keeps clear of those already placed there (so that adjacent key frequencies alternate rows,
+// and all fit while a bar is at least half a label wide); a frequency that fits in neither row is
+// left unlabelled (a key frequency keeps its red bar and hover text).
+std::vector<std::pair<std::int64_t, int>> spectrum_labels(const Result& r, double bar) {
+  const auto n = static_cast<std::int64_t>(r.frequency_norms.size());
+  std::vector<std::int64_t> keys = r.key_frequencies;
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::int64_t> wanted = keys;
+  for (std::int64_t k = 10; k <= n; k += 10)
+    if (!std::binary_search(keys.begin(), keys.end(), k)) wanted.push_back(k);
+  const auto span = [bar](std::int64_t k) {
+    const double centre = bar * (static_cast<double>(k) - 0.5),
+                 half = svg::text_width(std::to_string(k), spectrum_tick_font) / 2 + 1;
+    return std::pair{centre - half, centre + half};
+  };
+  std::vector<std::pair<std::int64_t, int>> placed;
+  for (auto k : wanted)
+    for (int row = 0; row < 2; ++row) {
+      const auto [lo, hi] = span(k);
+      const bool clear = std::none_of(placed.begin(), placed.end(), [&](const auto& other) {
+        const auto [other_lo, other_hi] = span(other.first);
+        return other.second == row && lo < other_hi && other_lo < hi;
+      });
+      if (clear) {
+        placed.emplace_back(k, row);
+        break;
+      }
+    }
+  return placed;
+}
+
 // The embedding's norm per frequency as bars, the key frequencies in red, each with its value on hover.
 std::string spectrum_svg(const Result& r) {
   const auto n = r.frequency_norms.size();
   const double bar = std::max(4.0, std::min(14.0, 560.0 / static_cast<double>(n)));
   const double left = 56, top = 40, height = 220, width = left + bar * static_cast<double>(n) + 20;
   const double top_value = std::max(1e-12, *std::max_element(r.frequency_norms.begin(), r.frequency_norms.end()));
-  std::string s = svg::svg_open(width, top + height + 50, "id=\"fourier-spectrum\" class=\"bar-chart\"");
+  std::string s = svg::svg_open(width, top + height + 62, "id=\"fourier-spectrum\" class=\"bar-chart\"");
   s += "<text x=\"10\" y=\"20\" font-size=\"14\" class=\"chart-title\">Norm of W_E per Fourier frequency "
        "(key frequencies in red)</text>\n";
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>"
@@ -119,12 +154,13 @@ std::string spectrum_svg(const Result& r) {
                      "data-frequency=\"{}\" data-v=\"{}\"><title>{}</title></rect>\n",
                      key ? " key" : "", x + 0.5, top + height - h, bar - 1, h, key ? "#d62728" : "#1f77b4", k,
                      svg::escape(text), svg::escape(text));
-    if (key || k % 10 == 0)
-      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" class=\"x-tick\">{}</text>\n",
-                       x + bar / 2, top + height + 14, k);
   }
+  for (const auto& [k, row] : spectrum_labels(r, bar))
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"{}\" class=\"x-tick\" "
+                     "data-frequency=\"{}\">{}</text>\n",
+                     left + bar * (static_cast<double>(k) - 0.5), top + height + 14 + 12 * row, spectrum_tick_font, k, k);
   s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">frequency k (cos and sin of 2πk·x/{})</text>\n",
-                   (left + width - 20) / 2, top + height + 36, r.config.p);
+                   (left + width - 20) / 2, top + height + 48, r.config.p);
   return s + "</svg>\n";
 }
 
