@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -29,20 +32,36 @@ std::string keys_text(const std::vector<std::int64_t>& keys) {
   return s;
 }
 
-svg::LineChart loss_chart(const Result& r) {
+// A chart over the training steps.
+svg::LineChart step_chart(std::string title, std::string y_label, bool log_y, std::string id) {
   svg::LineChart c;
-  c.title = "Loss (cross entropy, log scale)";
+  c.title = std::move(title);
   c.x_label = "step";
-  c.y_label = "loss";
-  c.log_y = true;
-  c.attributes = "id=\"loss-chart\"";
-  svg::Series train{.name = "train", .colour = "#1f77b4", .x = {}, .y = {}, .markers = false};
-  svg::Series test{.name = "test", .colour = "#ff7f0e", .x = {}, .y = {}, .markers = false};
-  for (const auto& p : r.curve) {
-    train.x.push_back(static_cast<double>(p.step)), train.y.push_back(p.train_loss);
-    test.x.push_back(static_cast<double>(p.step)), test.y.push_back(p.test_loss);
+  c.y_label = std::move(y_label);
+  c.log_y = log_y;
+  c.attributes = fmt::format("id=\"{}\"", id);
+  return c;
+}
+
+// One field of the points (CurvePoint or ProgressPoint) against their steps.
+template <class Point>
+svg::Series step_series(std::string name, std::string colour, const std::vector<Point>& points,
+                        double Point::*field, bool markers) {
+  svg::Series s{.name = std::move(name), .colour = std::move(colour), .x = {}, .y = {}, .markers = markers};
+  for (const Point& p : points) {
+    s.x.push_back(static_cast<double>(p.step));
+    s.y.push_back(p.*field);
   }
-  c.series = {train, test};
+  return s;
+}
+
+constexpr const char* kBlue = "#1f77b4";
+constexpr const char* kOrange = "#ff7f0e";
+
+svg::LineChart loss_chart(const Result& r) {
+  svg::LineChart c = step_chart("Loss (cross entropy, log scale)", "loss", true, "loss-chart");
+  c.series = {step_series("train", kBlue, r.curve, &CurvePoint::train_loss, false),
+              step_series("test", kOrange, r.curve, &CurvePoint::test_loss, false)};
   if (r.grokked_step) {
     const auto x = static_cast<double>(*r.grokked_step);
     double lo = 1e300, hi = 0;
@@ -56,42 +75,21 @@ svg::LineChart loss_chart(const Result& r) {
 }
 
 svg::LineChart accuracy_chart(const Result& r) {
-  svg::LineChart c;
-  c.title = "Accuracy";
-  c.x_label = "step";
-  c.y_label = "accuracy";
-  c.attributes = "id=\"accuracy-chart\"";
-  svg::Series train{.name = "train", .colour = "#1f77b4", .x = {}, .y = {}, .markers = false};
-  svg::Series test{.name = "test", .colour = "#ff7f0e", .x = {}, .y = {}, .markers = false};
-  for (const auto& p : r.curve) {
-    train.x.push_back(static_cast<double>(p.step)), train.y.push_back(p.train_accuracy);
-    test.x.push_back(static_cast<double>(p.step)), test.y.push_back(p.test_accuracy);
-  }
-  c.series = {train, test};
+  svg::LineChart c = step_chart("Accuracy", "accuracy", false, "accuracy-chart");
+  c.series = {step_series("train", kBlue, r.curve, &CurvePoint::train_accuracy, false),
+              step_series("test", kOrange, r.curve, &CurvePoint::test_accuracy, false)};
   c.y_min = 0;
   c.y_max = 1;
   return c;
 }
 
 svg::LineChart progress_chart(const Result& r) {
-  svg::LineChart c;
-  c.title = "Progress measures (log scale), with the final key frequencies";
-  c.x_label = "step";
-  c.y_label = "loss";
-  c.log_y = true;
-  c.attributes = "id=\"progress-chart\"";
-  svg::Series train{.name = "train loss", .colour = "#1f77b4", .x = {}, .y = {}, .markers = true};
-  svg::Series test{.name = "test loss", .colour = "#ff7f0e", .x = {}, .y = {}, .markers = true};
-  svg::Series restricted{.name = "restricted loss (test pairs)", .colour = "#2ca02c", .x = {}, .y = {}, .markers = true};
-  svg::Series excluded{.name = "excluded loss (training pairs)", .colour = "#9467bd", .x = {}, .y = {}, .markers = true};
-  for (const auto& p : r.progress) {
-    const auto x = static_cast<double>(p.step);
-    train.x.push_back(x), train.y.push_back(p.train_loss);
-    test.x.push_back(x), test.y.push_back(p.test_loss);
-    restricted.x.push_back(x), restricted.y.push_back(p.restricted_loss);
-    excluded.x.push_back(x), excluded.y.push_back(p.excluded_loss);
-  }
-  c.series = {train, test, restricted, excluded};
+  svg::LineChart c =
+      step_chart("Progress measures (log scale), with the final key frequencies", "loss", true, "progress-chart");
+  c.series = {step_series("train loss", kBlue, r.progress, &ProgressPoint::train_loss, true),
+              step_series("test loss", kOrange, r.progress, &ProgressPoint::test_loss, true),
+              step_series("restricted loss (test pairs)", "#2ca02c", r.progress, &ProgressPoint::restricted_loss, true),
+              step_series("excluded loss (training pairs)", "#9467bd", r.progress, &ProgressPoint::excluded_loss, true)};
   return c;
 }
 
@@ -180,6 +178,8 @@ nlohmann::json summary_json(const Result& r) {
     progress.push_back({{"step", p.step},
                         {"train_loss", number(p.train_loss)},
                         {"test_loss", number(p.test_loss)},
+                        {"train_accuracy", number(p.train_accuracy)},
+                        {"test_accuracy", number(p.test_accuracy)},
                         {"restricted_loss", number(p.restricted_loss)},
                         {"excluded_loss", number(p.excluded_loss)},
                         {"key_share", number(p.key_share)}});
