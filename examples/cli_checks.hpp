@@ -2,16 +2,23 @@
 // The examples' command-line checks of numbers: CLI11 validators whose messages say what the
 // flag allows and what came ("--lr: must be a positive finite number, got '0'"), instead of a
 // range ending in the largest double. Integers are read in decimal, in full ("010" is ten, "1e3"
-// and "12abc" are refused); numbers must be finite (no "nan", "inf").
+// and "12abc" are refused); numbers must be finite (no "nan", "inf"). And the checks of the output
+// files a program is asked to write, made before it does the work.
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+
+#include "html_page.hpp"
 
 namespace cli_checks {
 
@@ -79,6 +86,36 @@ inline CLI::Validator number_below(double low, double high) {
             return {};
           },
           fmt::format("NUMBER in [{}, {})", low, high)};
+}
+
+// An output path given with `flag`, checked before the work (its directory exists, it is not a
+// directory, a file can be written there) so that a typo does not cost the run; an existing file
+// stays as it is. An empty path (the output not asked for) passes. Throws std::invalid_argument
+// naming the flag and the path.
+inline void check_output(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  if (std::filesystem::is_directory(path))
+    throw std::invalid_argument(fmt::format("{} {}: is a directory, wanted a file name", flag, path));
+  try {
+    html::check_writable(path);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("{} {}: {}", flag, path, e.what()));
+  }
+}
+
+// Each output (flag, path) checked by check_output, and no two of them the same file (throws
+// naming both flags and the path); empty paths are skipped.
+inline void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  for (const auto& [flag, path] : outputs) check_output(flag, path);
+  const auto file = [](const std::string& path) {
+    return std::filesystem::weakly_canonical(std::filesystem::absolute(path));
+  };
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (!outputs[i].second.empty() && !outputs[j].second.empty() &&
+          file(outputs[i].second) == file(outputs[j].second))
+        throw std::invalid_argument(fmt::format("{} and {} name the same file, {}", outputs[i].first,
+                                                outputs[j].first, outputs[j].second));
 }
 
 }  // namespace cli_checks

@@ -76,10 +76,14 @@ struct Measured {
   double loss = 0, accuracy = 0;
 };
 
+Measured measured(const ag::Tensor& logits, const ag::Tensor& labels) {
+  ag::NoGradGuard no_grad;
+  return {ag::cross_entropy(logits, labels).item(), accuracy(logits, labels)};
+}
+
 Measured measure(const nn::TransformerLM& model, const ag::Tensor& tokens, const ag::Tensor& labels) {
   ag::NoGradGuard no_grad;
-  const ag::Tensor logits = answer_logits(model, tokens);
-  return {ag::cross_entropy(logits, labels).item(), accuracy(logits, labels)};
+  return measured(answer_logits(model, tokens), labels);
 }
 
 // The squared norm per frequency of W_E's first p rows in the Fourier basis: [0] the constant,
@@ -119,9 +123,15 @@ ag::Tensor sum_directions(std::int64_t p, const std::vector<std::int64_t>& keys)
   return ag::tensor(v, {p * p, 2 * K}, ag::Dtype::Float64);
 }
 
-// The restricted and excluded losses (Nanda et al. 2023, section 5.1) of the model as it is now,
-// from the MLP activations at the "=" position over all p² pairs.
-std::pair<double, double> progress_measures(nn::TransformerLM& model, const Data& d, const ag::Tensor& directions) {
+// The model as it is now, from one forward over all p² pairs: its loss and accuracy on the training
+// and on the test pairs, and the restricted and excluded losses (Nanda et al. 2023, section 5.1)
+// from the MLP activations at the "=" position.
+struct Snapshot {
+  Measured train, test;
+  double restricted_loss = 0, excluded_loss = 0;
+};
+
+Snapshot progress_measures(nn::TransformerLM& model, const Data& d, const ag::Tensor& directions) {
   ag::NoGradGuard no_grad;
   const nn::ActivationCache cache =
       nn::run_with_cache(model, [&] { return model.forward(d.tokens); },
@@ -146,9 +156,10 @@ std::pair<double, double> progress_measures(nn::TransformerLM& model, const Data
   // residual stream kept.
   ag::Tensor resid = ag::add(ag::linear(ag::sub(acts, key_part), W_out, b_out), resid_mid);
   const ag::Tensor excluded = ag::add(ag::matmul(resid, W_U), b_U);
-  const double r = ag::cross_entropy(ag::index_select(restricted, 0, d.test), d.test_labels).item();
-  const double e = ag::cross_entropy(ag::index_select(excluded, 0, d.train), d.train_labels).item();
-  return {r, e};
+  return {.train = measured(ag::index_select(logits, 0, d.train), d.train_labels),
+          .test = measured(ag::index_select(logits, 0, d.test), d.test_labels),
+          .restricted_loss = ag::cross_entropy(ag::index_select(restricted, 0, d.test), d.test_labels).item(),
+          .excluded_loss = ag::cross_entropy(ag::index_select(excluded, 0, d.train), d.train_labels).item()};
 }
 
 double key_share(const std::vector<double>& power, const std::vector<std::int64_t>& keys) {
@@ -310,11 +321,10 @@ Result run(const Config& config, const Outputs& outputs) {
         target.copy_(values[i]);
       }
     }
-    const auto [restricted, excluded] = progress_measures(model, d, directions);
-    const Measured train = measure(model, d.train_tokens, d.train_labels);
-    const Measured test = measure(model, d.test_tokens, d.test_labels);
-    r.progress.push_back({.step = step, .train_loss = train.loss, .test_loss = test.loss,
-                          .restricted_loss = restricted, .excluded_loss = excluded,
+    const Snapshot m = progress_measures(model, d, directions);
+    r.progress.push_back({.step = step, .train_loss = m.train.loss, .test_loss = m.test.loss,
+                          .train_accuracy = m.train.accuracy, .test_accuracy = m.test.accuracy,
+                          .restricted_loss = m.restricted_loss, .excluded_loss = m.excluded_loss,
                           .key_share = key_share(fourier_power(model, basis), r.key_frequencies)});
   }
   r.measure_seconds = seconds_since(measure_start);

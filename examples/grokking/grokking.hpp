@@ -49,6 +49,7 @@ struct CurvePoint {
 struct ProgressPoint {
   std::int64_t step = 0;
   double train_loss = 0, test_loss = 0;
+  double train_accuracy = 0, test_accuracy = 0;
   double restricted_loss = 0;  // test pairs
   double excluded_loss = 0;    // training pairs
   double key_share = 0;        // the key frequencies' share of W_E's non-constant squared norm

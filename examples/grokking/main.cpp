@@ -8,7 +8,6 @@
 //   grokking --quick                           # p = 53, 2,000 steps: groks within a minute
 //   grokking --quick --summary s.json --report r.html
 //   grokking --help
-#include <filesystem>
 #include <stdexcept>
 #include <string>
 
@@ -77,17 +76,6 @@ void add_options(CLI::App& app, Options& o, Given& g) {
   app.add_flag("--quiet", o.quiet, "no progress lines");
 }
 
-void check_output(const std::string& flag, const std::string& path) {
-  if (path.empty()) return;
-  if (std::filesystem::is_directory(path))
-    throw std::invalid_argument(fmt::format("{} {}: is a directory, wanted a file name", flag, path));
-  try {
-    html::check_writable(path);
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(fmt::format("{} {}: {}", flag, path, e.what()));
-  }
-}
-
 void finish_options(Options& o, const Given& g) {
   grokking::Config& c = o.config;
   if (o.quick) c = grokking::Config::quick();
@@ -104,15 +92,7 @@ void finish_options(Options& o, const Given& g) {
   if (g.seed) c.seed = *g.seed;
   if (o.float64) c.dtype = ag::Dtype::Float64;
   c.check();
-  const std::string* outputs[] = {&o.summary, &o.report, &o.initial_weights};
-  const char* flags[] = {"--summary", "--report", "--save-initial"};
-  for (int i = 0; i < 3; ++i) check_output(flags[i], *outputs[i]);
-  for (int i = 0; i < 3; ++i)
-    for (int j = i + 1; j < 3; ++j)
-      if (!outputs[i]->empty() && !outputs[j]->empty() &&
-          std::filesystem::weakly_canonical(std::filesystem::absolute(*outputs[i])) ==
-              std::filesystem::weakly_canonical(std::filesystem::absolute(*outputs[j])))
-        throw std::invalid_argument(fmt::format("{} and {} name the same file, {}", flags[i], flags[j], *outputs[j]));
+  cli_checks::check_outputs({{"--summary", o.summary}, {"--report", o.report}, {"--save-initial", o.initial_weights}});
 }
 
 std::string step_or_none(const std::optional<std::int64_t>& s) { return s ? fmt::format("step {}", *s) : "never"; }

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -21,26 +24,44 @@ std::string fixed(double x, int digits = 3) {
 std::string sci(double x) { return std::isfinite(x) ? fmt::format("{:.3g}", x) : std::string("not measured"); }
 std::string step_text(const std::optional<std::int64_t>& s) { return s ? fmt::format("{}", *s) : "never"; }
 
+constexpr double spectrum_tick_font = 11;  // the SVG's font size
+
 std::string keys_text(const std::vector<std::int64_t>& keys) {
   std::string s;
   for (auto k : keys) s += fmt::format("{}{}", s.empty() ? "" : ", ", k);
   return s;
 }
 
-svg::LineChart loss_chart(const Result& r) {
+// A chart over the training steps.
+svg::LineChart step_chart(std::string title, std::string y_label, bool log_y, std::string id) {
   svg::LineChart c;
-  c.title = "Loss (cross entropy, log scale)";
+  c.title = std::move(title);
   c.x_label = "step";
-  c.y_label = "loss";
-  c.log_y = true;
-  c.attributes = "id=\"loss-chart\"";
-  svg::Series train{.name = "train", .colour = "#1f77b4", .x = {}, .y = {}, .markers = false};
-  svg::Series test{.name = "test", .colour = "#ff7f0e", .x = {}, .y = {}, .markers = false};
-  for (const auto& p : r.curve) {
-    train.x.push_back(static_cast<double>(p.step)), train.y.push_back(p.train_loss);
-    test.x.push_back(static_cast<double>(p.step)), test.y.push_back(p.test_loss);
+  c.y_label = std::move(y_label);
+  c.log_y = log_y;
+  c.attributes = fmt::format("id=\"{}\"", id);
+  return c;
+}
+
+// One field of the points (CurvePoint or ProgressPoint) against their steps.
+template <class Point>
+svg::Series step_series(std::string name, std::string colour, const std::vector<Point>& points,
+                        double Point::*field, bool markers) {
+  svg::Series s{.name = std::move(name), .colour = std::move(colour), .x = {}, .y = {}, .markers = markers};
+  for (const Point& p : points) {
+    s.x.push_back(static_cast<double>(p.step));
+    s.y.push_back(p.*field);
   }
-  c.series = {train, test};
+  return s;
+}
+
+constexpr const char* kBlue = "#1f77b4";
+constexpr const char* kOrange = "#ff7f0e";
+
+svg::LineChart loss_chart(const Result& r) {
+  svg::LineChart c = step_chart("Loss (cross entropy, log scale)", "loss", true, "loss-chart");
+  c.series = {step_series("train", kBlue, r.curve, &CurvePoint::train_loss, false),
+              step_series("test", kOrange, r.curve, &CurvePoint::test_loss, false)};
   if (r.grokked_step) {
     const auto x = static_cast<double>(*r.grokked_step);
     double lo = 1e300, hi = 0;
@@ -54,43 +75,55 @@ svg::LineChart loss_chart(const Result& r) {
 }
 
 svg::LineChart accuracy_chart(const Result& r) {
-  svg::LineChart c;
-  c.title = "Accuracy";
-  c.x_label = "step";
-  c.y_label = "accuracy";
-  c.attributes = "id=\"accuracy-chart\"";
-  svg::Series train{.name = "train", .colour = "#1f77b4", .x = {}, .y = {}, .markers = false};
-  svg::Series test{.name = "test", .colour = "#ff7f0e", .x = {}, .y = {}, .markers = false};
-  for (const auto& p : r.curve) {
-    train.x.push_back(static_cast<double>(p.step)), train.y.push_back(p.train_accuracy);
-    test.x.push_back(static_cast<double>(p.step)), test.y.push_back(p.test_accuracy);
-  }
-  c.series = {train, test};
+  svg::LineChart c = step_chart("Accuracy", "accuracy", false, "accuracy-chart");
+  c.series = {step_series("train", kBlue, r.curve, &CurvePoint::train_accuracy, false),
+              step_series("test", kOrange, r.curve, &CurvePoint::test_accuracy, false)};
   c.y_min = 0;
   c.y_max = 1;
   return c;
 }
 
 svg::LineChart progress_chart(const Result& r) {
-  svg::LineChart c;
-  c.title = "Progress measures (log scale), with the final key frequencies";
-  c.x_label = "step";
-  c.y_label = "loss";
-  c.log_y = true;
-  c.attributes = "id=\"progress-chart\"";
-  svg::Series train{.name = "train loss", .colour = "#1f77b4", .x = {}, .y = {}, .markers = true};
-  svg::Series test{.name = "test loss", .colour = "#ff7f0e", .x = {}, .y = {}, .markers = true};
-  svg::Series restricted{.name = "restricted loss (test pairs)", .colour = "#2ca02c", .x = {}, .y = {}, .markers = true};
-  svg::Series excluded{.name = "excluded loss (training pairs)", .colour = "#9467bd", .x = {}, .y = {}, .markers = true};
-  for (const auto& p : r.progress) {
-    const auto x = static_cast<double>(p.step);
-    train.x.push_back(x), train.y.push_back(p.train_loss);
-    test.x.push_back(x), test.y.push_back(p.test_loss);
-    restricted.x.push_back(x), restricted.y.push_back(p.restricted_loss);
-    excluded.x.push_back(x), excluded.y.push_back(p.excluded_loss);
-  }
-  c.series = {train, test, restricted, excluded};
+  svg::LineChart c =
+      step_chart("Progress measures (log scale), with the final key frequencies", "loss", true, "progress-chart");
+  c.series = {step_series("train loss", kBlue, r.progress, &ProgressPoint::train_loss, true),
+              step_series("test loss", kOrange, r.progress, &ProgressPoint::test_loss, true),
+              step_series("restricted loss (test pairs)", "#2ca02c", r.progress, &ProgressPoint::restricted_loss, true),
+              step_series("excluded loss (training pairs)", "#9467bd", r.progress, &ProgressPoint::excluded_loss, true)};
   return c;
+}
+
+// The frequencies labelled under the spectrum's bars, with the row (0 or 1) each label is in: the key
+// frequencies first, from the lowest, then every tenth frequency, each in the first row where its
+// label keeps clear of those already placed there (so that adjacent key frequencies alternate rows,
+// and all fit while a bar is at least half a label wide); a frequency that fits in neither row is
+// left unlabelled (a key frequency keeps its red bar and hover text).
+std::vector<std::pair<std::int64_t, int>> spectrum_labels(const Result& r, double bar) {
+  const auto n = static_cast<std::int64_t>(r.frequency_norms.size());
+  std::vector<std::int64_t> keys = r.key_frequencies;
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::int64_t> wanted = keys;
+  for (std::int64_t k = 10; k <= n; k += 10)
+    if (!std::binary_search(keys.begin(), keys.end(), k)) wanted.push_back(k);
+  const auto span = [bar](std::int64_t k) {
+    const double centre = bar * (static_cast<double>(k) - 0.5),
+                 half = svg::text_width(std::to_string(k), spectrum_tick_font) / 2 + 1;
+    return std::pair{centre - half, centre + half};
+  };
+  std::vector<std::pair<std::int64_t, int>> placed;
+  for (auto k : wanted)
+    for (int row = 0; row < 2; ++row) {
+      const auto [lo, hi] = span(k);
+      const bool clear = std::none_of(placed.begin(), placed.end(), [&](const auto& other) {
+        const auto [other_lo, other_hi] = span(other.first);
+        return other.second == row && lo < other_hi && other_lo < hi;
+      });
+      if (clear) {
+        placed.emplace_back(k, row);
+        break;
+      }
+    }
+  return placed;
 }
 
 // The embedding's norm per frequency as bars, the key frequencies in red, each with its value on hover.
@@ -99,7 +132,7 @@ std::string spectrum_svg(const Result& r) {
   const double bar = std::max(4.0, std::min(14.0, 560.0 / static_cast<double>(n)));
   const double left = 56, top = 40, height = 220, width = left + bar * static_cast<double>(n) + 20;
   const double top_value = std::max(1e-12, *std::max_element(r.frequency_norms.begin(), r.frequency_norms.end()));
-  std::string s = svg::svg_open(width, top + height + 50, "id=\"fourier-spectrum\" class=\"bar-chart\"");
+  std::string s = svg::svg_open(width, top + height + 62, "id=\"fourier-spectrum\" class=\"bar-chart\"");
   s += "<text x=\"10\" y=\"20\" font-size=\"14\" class=\"chart-title\">Norm of W_E per Fourier frequency "
        "(key frequencies in red)</text>\n";
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>"
@@ -119,12 +152,13 @@ std::string spectrum_svg(const Result& r) {
                      "data-frequency=\"{}\" data-v=\"{}\"><title>{}</title></rect>\n",
                      key ? " key" : "", x + 0.5, top + height - h, bar - 1, h, key ? "#d62728" : "#1f77b4", k,
                      svg::escape(text), svg::escape(text));
-    if (key || k % 10 == 0)
-      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" class=\"x-tick\">{}</text>\n",
-                       x + bar / 2, top + height + 14, k);
   }
+  for (const auto& [k, row] : spectrum_labels(r, bar))
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"{}\" class=\"x-tick\" "
+                     "data-frequency=\"{}\">{}</text>\n",
+                     left + bar * (static_cast<double>(k) - 0.5), top + height + 14 + 12 * row, spectrum_tick_font, k, k);
   s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">frequency k (cos and sin of 2πk·x/{})</text>\n",
-                   (left + width - 20) / 2, top + height + 36, r.config.p);
+                   (left + width - 20) / 2, top + height + 48, r.config.p);
   return s + "</svg>\n";
 }
 
@@ -144,6 +178,8 @@ nlohmann::json summary_json(const Result& r) {
     progress.push_back({{"step", p.step},
                         {"train_loss", number(p.train_loss)},
                         {"test_loss", number(p.test_loss)},
+                        {"train_accuracy", number(p.train_accuracy)},
+                        {"test_accuracy", number(p.test_accuracy)},
                         {"restricted_loss", number(p.restricted_loss)},
                         {"excluded_loss", number(p.excluded_loss)},
                         {"key_share", number(p.key_share)}});

@@ -10,7 +10,6 @@
 //   induction_heads --seed 3 --summary s.json --report r.html
 //   induction_heads --train-on repeat --vocab 48 --seq-len 32   # trained on the repeat task instead
 //   induction_heads --help
-#include <filesystem>
 #include <stdexcept>
 #include <string>
 
@@ -76,28 +75,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--quiet", o.quiet, "no progress lines");
 }
 
-// An output path is checked before training (its directory exists, it is not a directory, a file
-// can be written there), so that a typo does not cost the run; an existing file stays as it is.
-void check_output(const std::string& flag, const std::string& path) {
-  if (path.empty()) return;
-  if (std::filesystem::is_directory(path))
-    throw std::invalid_argument(fmt::format("{} {}: is a directory, wanted a file name", flag, path));
-  try {
-    html::check_writable(path);
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(fmt::format("{} {}: {}", flag, path, e.what()));
-  }
-}
-
 void finish_options(Options& o) {
   o.study.task.training = o.train_on == "repeat" ? Training::Repeat : Training::Markov;
   o.study.check();
-  check_output("--summary", o.summary);
-  check_output("--report", o.report);
-  if (!o.summary.empty() && !o.report.empty() &&
-      std::filesystem::weakly_canonical(std::filesystem::absolute(o.summary)) ==
-          std::filesystem::weakly_canonical(std::filesystem::absolute(o.report)))
-    throw std::invalid_argument(fmt::format("--summary and --report name the same file, {}", o.report));
+  cli_checks::check_outputs({{"--summary", o.summary}, {"--report", o.report}});
 }
 
 int run(const Options& o) {
