@@ -180,7 +180,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_naming_the_call) {
   check_throws<std::invalid_argument>([&] {
     (void)circuits::z_patching_sweep(m, [](const ag::Tensor& l) { return ag::sum(ag::narrow(l, 1, 5, 1)); }, kClean,
                                      kCorrupted, {.reads = circuits::MetricReads::LastPosition});
-  }, {"narrow"});
+  }, {"z_patching_sweep", "LastPosition", "[2, 1, 7]", "narrow"});
   {
     nn::HookHandle h = m.add_hook("blocks.1.attn.z", [](const ag::Tensor&, const std::string&) { return ag::Tensor(); });
     check_throws<std::invalid_argument>([&] { (void)circuits::z_patching_sweep(m, every_position, kClean, kCorrupted); },

@@ -2,6 +2,7 @@
 // with each patched forward starting at the patched layer and recomputing only the rows the
 // patch can reach (TransformerBlock::forward_rows, a decode with a key-value cache).
 #include <cmath>
+#include <stdexcept>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -71,8 +72,14 @@ ag::Tensor patched_heads(const ag::Tensor& corrupted, const ag::Tensor& clean, s
   return ag::cat(each, 0);
 }
 
-double metric_value(const Metric& metric, const ag::Tensor& logits, const std::string& what) {
-  const ag::Tensor m = metric(logits);
+double metric_value(const Metric& metric, const ag::Tensor& logits, const std::string& what, bool last_only) {
+  ag::Tensor m;
+  try {
+    m = metric(logits);
+  } catch (const std::invalid_argument& e) {  // say which logits the metric was given
+    ag::fail(kOp, "the metric threw on the logits of {}, shape {}{}: {}", what, ag::shape_str(logits.shape()),
+             last_only ? " (MetricReads::LastPosition: the last position only, read it as row -1)" : "", e.what());
+  }
   if (!m.defined() || m.numel() != 1)
     ag::fail(kOp, "the metric must return one element, got {} from {}",
              m.defined() ? ag::shape_str(m.shape()) : std::string("an undefined tensor"), what);
@@ -104,14 +111,14 @@ std::vector<study::PatchingResult> z_patching_sweep(const TransformerLM& model, 
   const Run clean = full_run(model, clean_tokens, last_only);
   const Run corrupted = full_run(model, corrupted_tokens, last_only);
   study::PatchingResult base;
-  base.clean_metric = metric_value(metric, clean.logits, "the clean run");
-  base.corrupted_metric = metric_value(metric, corrupted.logits, "the corrupted run");
+  base.clean_metric = metric_value(metric, clean.logits, "the clean run", last_only);
+  base.corrupted_metric = metric_value(metric, corrupted.logits, "the corrupted run", last_only);
 
   // The metric of each head's patch: logits (H·B, ., V), head h's batch h·B .. (h+1)·B - 1.
   const auto per_head = [&](const ag::Tensor& logits, const std::string& what) {
     std::vector<double> m;
     for (std::int64_t h = 0; h < H; ++h)
-      m.push_back(metric_value(metric, ag::narrow(logits, 0, h * B, B), fmt::format("{} (head {})", what, h)));
+      m.push_back(metric_value(metric, ag::narrow(logits, 0, h * B, B), fmt::format("{} (head {})", what, h), last_only));
     return m;
   };
   // Blocks from .. L-1 on residual rows p .. T-1 (H·B, T-p, E) whose rows before p are the

@@ -90,7 +90,8 @@ std::string num(double v) {
   return fmt::format("{:.4g}", v);
 }
 
-// White to blue for values in [0, max]; blue through white to red when they have both signs.
+// White to blue for values in [0, max], white to red for [min, 0], red through white to blue when
+// they have both signs: a positive value is blue whatever the map's range, so maps compare by colour.
 std::string colour(double v, double lo, double hi) {
   if (std::isnan(v)) return "#ffffff";
   const auto mix = [](double t, int r, int g, int b) {
@@ -100,9 +101,9 @@ std::string colour(double v, double lo, double hi) {
   };
   if (lo < 0 && hi > 0) {
     const double m = std::max(-lo, hi);
-    return v >= 0 ? mix(v / m, 178, 24, 43) : mix(-v / m, 33, 102, 172);
+    return v >= 0 ? mix(v / m, 33, 102, 172) : mix(-v / m, 178, 24, 43);
   }
-  if (hi <= 0) return mix(lo < 0 ? v / lo : 0.0, 33, 102, 172);
+  if (hi <= 0) return mix(lo < 0 ? v / lo : 0.0, 178, 24, 43);
   return mix(hi > lo ? (v - std::min(lo, 0.0)) / (hi - std::min(lo, 0.0)) : 1.0, 33, 102, 172);
 }
 

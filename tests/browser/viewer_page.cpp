@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   page.section("Layer 0").attention_patterns(cache["blocks.0.attn.pattern"], words, "L0");
   page.section("Layer 1").attention_patterns(cache["blocks.1.attn.pattern"], words, "L1");
   page.section("Patching")
-      .heatmap({.title = "signed values", .values = {{-1.0, 0.5}, {0.25, 2.0}}, .row_labels = {"L0", "L1"},
+      .heatmap({.title = "signed values", .values = {{-2.0, 0.5}, {0.25, 1.0}}, .row_labels = {"L0", "L1"},
                 .col_labels = {"H0", "H1"}, .row_axis = "layer", .col_axis = "head", .value_name = "metric change"});
   page.section("Curves")
       .line_chart({.title = "loss", .series = {{"train", {0, 1, 2, 3}, {3.0, 2.0, 1.5, 1.4}}}, .x_axis = "step",
