@@ -39,14 +39,14 @@ nn::TransformerLMConfig base_config() {
 
 // A model with every parameter drawn at scale 0.5 (LayerNorm gains around 1), so that patches
 // move the metric well above rounding.
-nn::TransformerLM make_model(const nn::TransformerLMConfig& c, std::uint64_t seed = 3) {
+nn::TransformerLM make_model(const nn::TransformerLMConfig& c, std::uint64_t seed = 3, double scale = 0.5) {
   nn::TransformerLM m(c);
   m.eval();
   ag::Generator gen(seed);
   ag::NoGradGuard g;
   for (auto& [name, p] : m.named_parameters()) {
     ag::Tensor t = p;
-    t.copy_(ag::add(ag::mul(ag::randn(p.shape(), p.dtype(), gen), 0.5),
+    t.copy_(ag::add(ag::mul(ag::randn(p.shape(), p.dtype(), gen), scale),
                     name.find("ln") != std::string::npos ? 1.0 : 0.0));
   }
   return m;
@@ -364,6 +364,21 @@ BOOST_AUTO_TEST_CASE(tokens_of_bad_shape_are_refused_naming_the_shapes) {
                                       {"[2, 0]"});
 }
 
+// The sweep checks the tokens' shapes itself; the tokens it cannot run are refused naming the
+// sweep and which input is at fault, not only the op deep inside that failed.
+BOOST_AUTO_TEST_CASE(unrunnable_tokens_are_refused_naming_the_sweep_and_the_input) {
+  Fixture f;
+  const ag::Tensor big = ag::tensor(std::vector<std::int64_t>{1, 2, 3, 7, 2, 4, 0, 6, 5, 0, 6, 5}, {2, 6});
+  check_throws<std::invalid_argument>([&] { (void)circuits::z_patching_sweep(f.m, every_position, f.clean, big); },
+                                      {"z_patching_sweep", "corrupted", "7"});
+  check_throws<std::invalid_argument>([&] { (void)circuits::z_patching_sweep(f.m, every_position, big, f.corrupted); },
+                                      {"z_patching_sweep", "clean", "7"});
+  const ag::Tensor long_clean = tokens(1, 7, 7, 1), long_corrupted = tokens(1, 7, 7, 2);
+  check_throws<std::invalid_argument>(
+      [&] { (void)circuits::z_patching_sweep(f.m, every_position, long_clean, long_corrupted); },
+      {"z_patching_sweep", "[1, 7]", "n_ctx = 6"});
+}
+
 BOOST_AUTO_TEST_CASE(an_empty_batch_as_the_reference_treats_it) {
   Fixture f;
   const ag::Tensor none = ag::zeros({0, 6}, ag::Dtype::Int64);
@@ -517,4 +532,106 @@ BOOST_AUTO_TEST_CASE(after_attention_refuses_another_dtype) {
   const ag::Tensor x = f.m.residual_at(f.clean, 0);
   check_throws<std::invalid_argument>([&] { (void)block.after_attention(x, x.to(ag::Dtype::Float32)); },
                                       {"after_attention", "Float32"});
+}
+
+BOOST_AUTO_TEST_CASE(saturated_attention_and_large_logits) {
+  const nn::TransformerLMConfig c = base_config();
+  nn::TransformerLM m = make_model(c, 5, 2.0);
+  const ag::Tensor clean = tokens(2, 6, 7, 1), corrupted = tokens(2, 6, 7, 2);
+  const Results plain = reference(m, every_position, clean, corrupted);
+  BOOST_TEST(max_diff(circuits::z_patching_sweep(m, every_position, clean, corrupted), plain) < 1e-12);
+  BOOST_TEST(largest_effect(plain) > 1e-3);
+  const Results plain_last = reference(m, last_position, clean, corrupted);
+  BOOST_TEST(max_diff(circuits::z_patching_sweep(m, last_position, clean, corrupted,
+                                                 {.reads = circuits::MetricReads::LastPosition}),
+                      plain_last) < 1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(clean_equal_to_corrupted_moves_nothing) {
+  Fixture f;
+  for (const auto reads : {circuits::MetricReads::AllPositions, circuits::MetricReads::LastPosition}) {
+    const Results r = circuits::z_patching_sweep(f.m, every_position, f.corrupted, f.corrupted, {.reads = reads});
+    BOOST_TEST(largest_effect(r) < 1e-12 * std::max(1.0, std::abs(r[0].corrupted_metric)));
+    BOOST_TEST(r[0].clean_metric == r[0].corrupted_metric);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_float32_model_converted_to_float64) {
+  nn::TransformerLMConfig c = base_config();
+  c.dtype = ag::Dtype::Float32;
+  nn::TransformerLM m = make_model(c);
+  m.to(ag::Dtype::Float64);
+  const ag::Tensor clean = tokens(2, 6, 7, 1), corrupted = tokens(2, 6, 7, 2);
+  const Results plain = reference(m, every_position, clean, corrupted);
+  BOOST_TEST(max_diff(circuits::z_patching_sweep(m, every_position, clean, corrupted), plain) < 1e-12);
+  const Results plain_last = reference(m, last_position, clean, corrupted);
+  BOOST_TEST(max_diff(circuits::z_patching_sweep(m, last_position, clean, corrupted,
+                                                 {.reads = circuits::MetricReads::LastPosition}),
+                      plain_last) < 1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(composed_attention_core_and_study_mode) {
+  Fixture f;
+  for (std::int64_t l = 0; l < 2; ++l) f.m.attn(l).set_core(nn::AttentionCore::Composed);
+  f.m.attn(1).set_study(true);
+  const Results plain = reference(f.m, every_position, f.clean, f.corrupted);
+  BOOST_TEST(max_diff(circuits::z_patching_sweep(f.m, every_position, f.clean, f.corrupted), plain) < 1e-12);
+  BOOST_TEST(f.m.hook_count() == 0u);
+}
+
+// ---- more of the sweep's options ----
+
+BOOST_AUTO_TEST_CASE(an_unknown_metric_mode_is_refused_naming_it) {
+  Fixture f;
+  check_throws<std::invalid_argument>([&] {
+    (void)circuits::z_patching_sweep(f.m, every_position, f.clean, f.corrupted,
+                                     {.reads = static_cast<circuits::MetricReads>(7)});
+  }, {"z_patching_sweep", "MetricReads 7"});
+}
+
+BOOST_AUTO_TEST_CASE(last_position_without_positions_equals_the_reference_per_head) {
+  Fixture f;
+  const Results plain = reference(f.m, last_position, f.clean, f.corrupted);
+  const Results fast = circuits::z_patching_sweep(f.m, last_position, f.clean, f.corrupted,
+                                                  {.reads = circuits::MetricReads::LastPosition, .per_position = false});
+  BOOST_REQUIRE_EQUAL(fast.size(), plain.size());
+  for (std::size_t l = 0; l < fast.size(); ++l) {
+    BOOST_TEST(fast[l].per_head_position.empty());
+    BOOST_REQUIRE_EQUAL(fast[l].per_head.size(), plain[l].per_head.size());
+    for (std::size_t h = 0; h < fast[l].per_head.size(); ++h)
+      BOOST_TEST(std::abs(fast[l].per_head[h] - plain[l].per_head[h]) < 1e-12 * std::max(1.0, std::abs(plain[l].per_head[h])));
+    BOOST_TEST(std::abs(fast[l].clean_metric - plain[l].clean_metric) < 1e-12 * std::max(1.0, std::abs(plain[l].clean_metric)));
+  }
+}
+
+// ---- forward_rows: an empty batch, and its gradients ----
+
+BOOST_AUTO_TEST_CASE(forward_rows_of_an_empty_batch) {
+  nn::TransformerBlock block({.d_model = 4, .num_heads = 2, .d_ff = 6, .dtype = ag::Dtype::Float64});
+  block.eval();
+  ag::NoGradGuard g;
+  const ag::Tensor x = ag::zeros({0, 3, 4}, ag::Dtype::Float64);
+  const nn::TransformerBlock::Rows r = block.forward_rows(x, {}, {}, 2);
+  BOOST_TEST(r.output.shape() == (ag::Shape{0, 2, 4}));
+  BOOST_TEST(r.keys.shape() == (ag::Shape{0, 3, 4}));
+}
+
+BOOST_AUTO_TEST_CASE(forward_rows_gradients_match_central_differences) {
+  nn::TransformerBlock block({.d_model = 4, .num_heads = 2, .d_ff = 6, .dtype = ag::Dtype::Float64});
+  block.eval();
+  const ag::Tensor x = input({2, 3, 4}, 11), k = input({2, 2, 4}, 12), v = input({2, 2, 4}, 13);
+  for (const std::int64_t queries : {1, 2, 3}) {
+    check_gradients(fmt::format("forward_rows, 2 rows before, queries {}", queries),
+                    [&](const ag::TensorList& in) {
+                      const nn::TransformerBlock::Rows r = block.forward_rows(in[0], in[1], in[2], queries);
+                      return ag::add(ag::sum(ag::mul(r.output, r.output)), ag::sum(ag::mul(r.keys, r.values)));
+                    },
+                    {x, k, v});
+    check_gradients(fmt::format("forward_rows, no rows before, queries {}", queries),
+                    [&](const ag::TensorList& in) {
+                      const ag::Tensor out = block.forward_rows(in[0], {}, {}, queries).output;
+                      return ag::sum(ag::mul(out, out));
+                    },
+                    {x});
+  }
 }
