@@ -635,3 +635,20 @@ BOOST_AUTO_TEST_CASE(forward_rows_gradients_match_central_differences) {
                     {x});
   }
 }
+
+BOOST_AUTO_TEST_CASE(forward_rows_of_a_block_with_dropout_in_eval_mode) {
+  nn::TransformerBlock block({.d_model = 4, .num_heads = 2, .d_ff = 6, .dropout = 0.3, .dtype = ag::Dtype::Float64});
+  ag::NoGradGuard g;
+  const ag::Tensor x = input({2, 5, 4}, 21).detach();
+  check_throws<std::invalid_argument>([&] { (void)block.forward_rows(x, {}, {}, 5); }, {"forward_rows", "dropout 0.3"});
+  check_throws<std::invalid_argument>([&] { (void)block.forward_last(x); }, {"dropout 0.3"});
+  block.eval();
+  nn::AttentionOptions causal;
+  causal.is_causal = true;
+  const ag::Tensor want = block.forward(x, causal).output;
+  const nn::TransformerBlock::Rows all = block.forward_rows(x, {}, {}, 5);
+  BOOST_TEST(max_abs_diff(all.output, want) < 1e-13);
+  const nn::TransformerBlock::Rows tail =
+      block.forward_rows(ag::narrow(x, 1, 2, 3), ag::narrow(all.keys, 1, 0, 2), ag::narrow(all.values, 1, 0, 2), 2);
+  BOOST_TEST(max_abs_diff(tail.output, ag::narrow(want, 1, 3, 2)) < 1e-13);
+}
