@@ -375,7 +375,7 @@ BOOST_AUTO_TEST_CASE(forward_last_is_the_last_row_of_forward_with_the_same_gradi
                 "TransformerBlock::forward_last: the block has 1 hook(s)");
   m.remove_hooks();
   check_message([&] { m.block(1).forward_last(ag::zeros({8}, ag::Dtype::Float64)); },
-                "TransformerBlock::forward_last: x must be (B, T, d_model) or (T, d_model), got [8]");
+                "TransformerBlock::forward_last: x must be (B, T, d_model = 8) or (T, d_model) with T >= 1, got [8]");
 }
 
 BOOST_AUTO_TEST_CASE(the_transformer_lens_config_names_every_setting) {

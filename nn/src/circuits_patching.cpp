@@ -24,10 +24,14 @@ struct Run {
   ag::Tensor logits;                // (B, T, V), or (B, 1, V) for a metric that reads the last position
 };
 
-Run full_run(const TransformerLM& model, const ag::Tensor& tokens, bool last_only) {
+Run full_run(const TransformerLM& model, const ag::Tensor& tokens, bool last_only, std::string_view which) {
   const std::int64_t L = model.config().n_layers, T = tokens.size(1);
   Run r;
-  r.x.push_back(model.residual_at(tokens, 0));
+  try {
+    r.x.push_back(model.residual_at(tokens, 0));
+  } catch (const std::invalid_argument& e) {  // say which input it was
+    ag::fail(kOp, "the {} tokens: {}", which, e.what());
+  }
   for (std::int64_t l = 0; l < L; ++l) {
     TransformerBlock::Rows rows = model.block(l).forward_rows(r.x.back(), {}, {}, T);
     r.x.push_back(rows.output);
@@ -108,11 +112,12 @@ std::vector<study::PatchingResult> z_patching_sweep(const TransformerLM& model, 
   const bool last_only = options.reads == MetricReads::LastPosition;
   const std::int64_t L = model.config().n_layers, H = model.config().n_heads;
   const std::int64_t B = clean_tokens.size(0), T = clean_tokens.size(1);
-  const Run clean = full_run(model, clean_tokens, last_only);
-  const Run corrupted = full_run(model, corrupted_tokens, last_only);
+  const Run clean = full_run(model, clean_tokens, last_only, "clean");
+  const Run corrupted = full_run(model, corrupted_tokens, last_only, "corrupted");
   study::PatchingResult base;
-  base.clean_metric = metric_value(metric, clean.logits, "the clean run", last_only);
-  base.corrupted_metric = metric_value(metric, corrupted.logits, "the corrupted run", last_only);
+  // The metric gets copies: it may write to its logits, and the cached rows are pasted into patches.
+  base.clean_metric = metric_value(metric, clean.logits.clone(), "the clean run", last_only);
+  base.corrupted_metric = metric_value(metric, corrupted.logits.clone(), "the corrupted run", last_only);
 
   // The metric of each head's patch: logits (H·B, ., V), head h's batch h·B .. (h+1)·B - 1.
   const auto per_head = [&](const ag::Tensor& logits, const std::string& what) {

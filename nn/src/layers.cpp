@@ -166,6 +166,14 @@ TransformerBlockOutput TransformerBlock::forward(const ag::Tensor& x, const Atte
 }
 
 ag::Tensor TransformerBlock::after_attention(const ag::Tensor& x, const ag::Tensor& attn_out) const {
+  const ag::Dtype dtype = attn_->W_O().dtype();
+  if (!x.defined() || !attn_out.defined() || x.shape() != attn_out.shape() || x.dim() < 1 ||
+      x.size(-1) != options_.d_model || x.dtype() != dtype || attn_out.dtype() != dtype)
+    ag::fail("TransformerBlock::after_attention", "x and attn_out must be one shape (..., d_model = {}) of the block's "
+             "dtype {}, got {} {} and {} {}", options_.d_model, ag::dtype_name(dtype),
+             x.defined() ? ag::dtype_name(x.dtype()) : "", x.defined() ? ag::shape_str(x.shape()) : "undefined",
+             attn_out.defined() ? ag::dtype_name(attn_out.dtype()) : "",
+             attn_out.defined() ? ag::shape_str(attn_out.shape()) : "undefined");
   // Each hook point returns its value unchanged (no call, no allocation) when it has no hook.
   const HookPoints& at = hook_points();
   const std::size_t resid_post = at.names().size() - 1;
@@ -181,9 +189,9 @@ ag::Tensor TransformerBlock::forward_last(const ag::Tensor& x) const {
   if (hook_count() != 0)
     ag::fail("TransformerBlock::forward_last", "the block has {} hook(s), which this partial forward would skip; use "
              "forward", hook_count());
-  if (!x.defined() || x.dim() < 2)
-    ag::fail("TransformerBlock::forward_last", "x must be (B, T, d_model) or (T, d_model), got {}",
-             x.defined() ? ag::shape_str(x.shape()) : "undefined");
+  if (!x.defined() || x.dim() < 2 || x.dim() > 3 || x.size(-2) < 1 || x.size(-1) != options_.d_model)
+    ag::fail("TransformerBlock::forward_last", "x must be (B, T, d_model = {}) or (T, d_model) with T >= 1, got {}",
+             options_.d_model, x.defined() ? ag::shape_str(x.shape()) : "undefined");
   if (x.dim() == 2) return ag::squeeze(forward_rows(ag::unsqueeze(x, 0), {}, {}, 1).output, 0);
   return forward_rows(x, {}, {}, 1).output;
 }
@@ -194,13 +202,15 @@ TransformerBlock::Rows TransformerBlock::forward_rows(const ag::Tensor& x_rows, 
   if (hook_count() != 0)
     ag::fail(op, "the block has {} hook(s), which this partial forward would skip; use forward", hook_count());
   const std::int64_t E = options_.d_model;
-  if (!x_rows.defined() || x_rows.dim() != 3 || x_rows.size(2) != E)
-    ag::fail(op, "x_rows must be (B, R, d_model = {}), got {}", E,
+  const ag::Dtype dtype = attn_->W_Q().dtype();
+  if (!x_rows.defined() || x_rows.dim() != 3 || x_rows.size(2) != E || x_rows.dtype() != dtype)
+    ag::fail(op, "x_rows must be (B, R, d_model = {}) of the block's dtype {}, got {} {}", E, ag::dtype_name(dtype),
+             x_rows.defined() ? ag::dtype_name(x_rows.dtype()) : "",
              x_rows.defined() ? ag::shape_str(x_rows.shape()) : "undefined");
   const std::int64_t B = x_rows.size(0), R = x_rows.size(1);
   if (k_prev.defined() != v_prev.defined())
     ag::fail(op, "k_prev and v_prev come together: one is undefined and the other is not");
-  const std::int64_t before = k_prev.defined() ? k_prev.size(1) : 0, T = before + R;
+  const std::int64_t before = k_prev.defined() && k_prev.dim() == 3 ? k_prev.size(1) : 0, T = before + R;
   for (const ag::Tensor* t : {&k_prev, &v_prev})
     if (t->defined() && (t->dim() != 3 || t->size(0) != B || t->size(2) != E || t->size(1) != before ||
                          t->dtype() != x_rows.dtype()))
