@@ -15,14 +15,16 @@ scaled_dot_product_attention (the same numbers to rounding).
 
 headgrad's time is the example's train_seconds: every step's batch drawn, forward, backward and
 AdamW step (the held-out evaluations left out); torch's is the same loop with the batches
-already drawn.
+already drawn. The three are run in turn --repeats times (the machine's load changes between
+them) and the medians of the speeds and of the per-round ratios are printed.
 
 Usage: python3 benchmarks/induction_torch.py --ours build/examples/induction_heads/induction_heads
-       [--steps 200] [--threads 1] [--seed 1] [--float64]
+       [--steps 200] [--threads 1] [--seed 1] [--repeats 3] [--float64]
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,12 +51,12 @@ def attention_tl(h, w, l, mask):
     return torch.einsum("bhtd,hde->bte", z, w[a + "W_O"]) + w[a + "b_O"]
 
 
-def attention_fused(h, w, l, mask):
+def attention_fused(h, w, l):
     a = f"blocks.{l}.attn."
     H, E, d = w[a + "W_Q"].shape
     B, T, _ = h.shape
-    # (E, H·d) as one matmul per input, then split into heads.
-    def project(m):
+
+    def project(m):  # one (E, H·d) matmul per input, then split into heads
         W = w[a + "W_" + m].permute(1, 0, 2).reshape(E, H * d)
         return (h @ W + w[a + "b_" + m].reshape(H * d)).view(B, T, H, d).transpose(1, 2)
 
@@ -71,7 +73,7 @@ def model_loss(w, tokens, n_layers, fused, eps=1e-5):
     for l in range(n_layers):
         lw, lb = w[f"blocks.{l}.ln1.w"], w[f"blocks.{l}.ln1.b"]
         if fused:
-            x = x + attention_fused(F.layer_norm(x, (E,), lw, lb, eps), w, l, mask)
+            x = x + attention_fused(F.layer_norm(x, (E,), lw, lb, eps), w, l)
         else:
             x = x + attention_tl(layer_norm_tl(x, lw, lb, eps), w, l, mask)
     if fused:
@@ -97,37 +99,50 @@ def train(initial, batches, n_layers, fused, lr, wd):
     return losses, time.perf_counter() - start
 
 
+def run_ours(a, directory, save):
+    """The example's summary (and, with save, its initial weights and batches) for the run."""
+    weights, summary = os.path.join(directory, "initial.safetensors"), os.path.join(directory, "summary.json")
+    cmd = [a.ours, "--steps", str(a.steps), "--eval-interval", str(a.steps), "--test-sequences", "16",
+           "--seed", str(a.seed), "--threads", str(a.threads), "--summary", summary, "--quiet"]
+    if save:
+        cmd += ["--save-initial", weights]
+    if a.float64:
+        cmd.append("--float64")
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(summary) as f:
+        return json.load(f), (load_file(weights) if save else None)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ours", required=True, help="the induction_heads program")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="rounds of headgrad, torch tl, torch fused in turn; the speeds are their medians")
     ap.add_argument("--float64", action="store_true", help="both sides in float64: the losses agree to rounding")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    rounds = []  # per round: steps/s of headgrad, torch tl, torch fused
     with tempfile.TemporaryDirectory() as d:
-        weights, summary = os.path.join(d, "initial.safetensors"), os.path.join(d, "summary.json")
-        cmd = [a.ours, "--steps", str(a.steps), "--eval-interval", str(a.steps), "--test-sequences", "16",
-               "--seed", str(a.seed), "--threads", str(a.threads), "--save-initial", weights, "--summary", summary,
-               "--quiet"]
-        if a.float64:
-            cmd.append("--float64")
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        initial = load_file(weights)
-        with open(summary) as f:
-            s = json.load(f)
-    batches = initial["data.train_tokens"].long()
-    dtype = torch.float64 if a.float64 else torch.float32
-    if any(v.dtype != dtype for k, v in initial.items() if not k.startswith("data.")):
-        sys.exit(f"the example's weights are not {dtype}")
-    cfg = s["config"]
-    n_layers = sum(1 for k in initial if k.endswith(".attn.W_Q"))
-    ours_losses = s["train_losses"][: a.steps]
-    ours_sps = a.steps / s["train_seconds"]
-    opt = dict(lr=cfg["lr"], wd=cfg["weight_decay"])
-    tl_losses, tl_s = train(initial, batches, n_layers, fused=False, **opt)
-    fused_losses, fused_s = train(initial, batches, n_layers, fused=True, **opt)
+        for r in range(a.repeats):
+            s, saved = run_ours(a, d, save=r == 0)
+            if r == 0:
+                initial = saved
+                batches = initial["data.train_tokens"].long()
+                dtype = torch.float64 if a.float64 else torch.float32
+                if any(v.dtype != dtype for k, v in initial.items() if not k.startswith("data.")):
+                    sys.exit(f"the example's weights are not {dtype}")
+                cfg = s["config"]
+                n_layers = sum(1 for k in initial if k.endswith(".attn.W_Q"))
+                ours_losses = s["train_losses"][: a.steps]
+                opt = dict(lr=cfg["lr"], wd=cfg["weight_decay"])
+            elif s["train_losses"][: a.steps] != ours_losses:
+                sys.exit("the example's losses differ between runs")
+            tl_losses, tl_s = train(initial, batches, n_layers, fused=False, **opt)
+            fused_losses, fused_s = train(initial, batches, n_layers, fused=True, **opt)
+            rounds.append((a.steps / s["train_seconds"], a.steps / tl_s, a.steps / fused_s))
     B, T = batches.shape[1], batches.shape[2]
     print(f"induction_heads: {n_layers} attention-only layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads, "
           f"vocab {cfg['vocab']}; {a.steps} steps of {B} x {T} tokens, {a.threads} thread(s), "
@@ -145,8 +160,13 @@ def main():
     print(f"the first {first} losses agree within {tolerance:g}: {'yes' if agree else 'NO'} (largest difference "
           f"{worst_first:.2e}); largest difference over {a.steps} steps: {worst:.2e} (torch tl), "
           f"{worst_fused:.2e} (torch fused); last loss headgrad {ours_losses[-1]:.6f}, torch {tl_losses[-1]:.6f}")
-    print(f"steps/s  headgrad {ours_sps:.1f}; torch tl {a.steps / tl_s:.1f}, fused {a.steps / fused_s:.1f}")
-    print(f"headgrad / torch: {ours_sps * tl_s / a.steps:.2f}x (tl), {ours_sps * fused_s / a.steps:.2f}x (fused)")
+    for i, (ours, tl, fused) in enumerate(rounds):
+        print(f"round {i + 1}: steps/s headgrad {ours:.1f}, torch tl {tl:.1f}, fused {fused:.1f}; "
+              f"headgrad / torch {ours / tl:.2f}x (tl), {ours / fused:.2f}x (fused)")
+    med = lambda xs: statistics.median(xs)
+    print(f"median of {len(rounds)}: steps/s headgrad {med([r[0] for r in rounds]):.1f}, torch tl "
+          f"{med([r[1] for r in rounds]):.1f}, fused {med([r[2] for r in rounds]):.1f}; headgrad / torch "
+          f"{med([r[0] / r[1] for r in rounds]):.2f}x (tl), {med([r[0] / r[2] for r in rounds]):.2f}x (fused)")
     return 0 if agree else 1
 
 
