@@ -3,7 +3,8 @@
 # previous-token head in layer 0 scoring >= 0.5, an induction head in layer 1 scoring >= 0.7,
 # K-composition >= 1.3 x its random baseline, the keys-only path ablation cutting the induction
 # score by >= 30 % and the queries-only and values-only ones by < 10 %), and writes its page; the
-# same check rejects a run too short to form the circuit (its negative control); bad flags are
+# same check rejects a run too short to form the circuit (its negative control); --save-initial
+# writes the initial weights and the training batches without changing the training; bad flags are
 # refused before any work, naming the flag.
 # cmake -DINDUCTION_HEADS=<program> -DWORK=<scratch dir> -P cli_test.cmake
 file(REMOVE_RECURSE "${WORK}")
@@ -106,6 +107,61 @@ if(NOT out MATCHES "did not form")
   message(FATAL_ERROR "a run of 40 steps did not say the circuit did not form:\n${out}")
 endif()
 
+# --save-initial writes the initial weights under TransformerLens's names and every step's training
+# batch (read here from the safetensors header), in the parameters' dtype, and training is the same
+# as without it (the same losses; another seed gives others, so the comparison can fail).
+# safetensors_header(VAR FILE): VAR is FILE's JSON header.
+function(safetensors_header var file)
+  file(READ "${file}" size_hex LIMIT 8 HEX)
+  set(big "")
+  foreach(at RANGE 14 0 -2)
+    string(SUBSTRING "${size_hex}" ${at} 2 byte)
+    string(APPEND big "${byte}")
+  endforeach()
+  math(EXPR size "0x${big}")
+  file(READ "${file}" header OFFSET 8 LIMIT ${size})
+  set(${var} "${header}" PARENT_SCOPE)
+endfunction()
+set(save_run --steps 3 --eval-interval 3 --test-sequences 8 --quiet)
+run(${save_run} --save-initial initial.safetensors --summary saved.json)
+run(${save_run} --summary unsaved.json)
+run(${save_run} --seed 2 --summary other_seed.json)
+run(${save_run} --float64 --save-initial initial64.safetensors)
+foreach(file initial initial64)
+  safetensors_header(header "${WORK}/${file}.safetensors")
+  set(want_dtype F32)
+  if(file STREQUAL "initial64")
+    set(want_dtype F64)
+  endif()
+  foreach(entry "data.train_tokens|I64|[ 3, 32, 64 ]" "embed.W_E|${want_dtype}|[ 8, 64 ]"
+                "pos_embed.W_pos|${want_dtype}|[ 64, 64 ]" "blocks.1.attn.W_K|${want_dtype}|[ 4, 64, 16 ]"
+                "blocks.1.ln1.w|${want_dtype}|[ 64 ]" "unembed.W_U|${want_dtype}|[ 64, 8 ]")
+    string(REPLACE "|" ";" entry "${entry}")
+    list(GET entry 0 name)
+    list(GET entry 1 dtype)
+    list(GET entry 2 shape)
+    string(JSON got_dtype ERROR_VARIABLE missing GET "${header}" "${name}" dtype)
+    string(JSON got_shape ERROR_VARIABLE missing GET "${header}" "${name}" shape)
+    string(REGEX REPLACE "[ \n]+" " " got_shape "${got_shape}")
+    if(missing OR NOT got_dtype STREQUAL dtype OR NOT got_shape STREQUAL shape)
+      message(FATAL_ERROR "${file}.safetensors: wanted ${name} ${dtype} ${shape}, got '${got_dtype}' '${got_shape}'"
+                          "\n${header}")
+    endif()
+  endforeach()
+endforeach()
+file(READ "${WORK}/saved.json" saved)
+file(READ "${WORK}/unsaved.json" unsaved)
+file(READ "${WORK}/other_seed.json" other_seed)
+string(JSON saved_losses GET "${saved}" train_losses)
+string(JSON unsaved_losses GET "${unsaved}" train_losses)
+string(JSON other_losses GET "${other_seed}" train_losses)
+if(NOT saved_losses STREQUAL unsaved_losses)
+  message(FATAL_ERROR "--save-initial changed the training losses: ${saved_losses} vs ${unsaved_losses}")
+endif()
+if(other_losses STREQUAL unsaved_losses)
+  message(FATAL_ERROR "seeds 1 and 2 gave the same training losses, ${other_losses}: the comparison cannot fail")
+endif()
+
 # refuses(MESSAGE ARGS...): induction_heads ARGS exits with 1 before any work (nothing on stdout,
 # no new file in ${WORK}), MESSAGE on stderr.
 function(refuses message)
@@ -135,6 +191,10 @@ refuses("--summary /proc/version: cannot write /proc/version" ${small} --summary
 file(MAKE_DIRECTORY "${WORK}/a_dir")
 refuses("--report a_dir: is a directory" ${small} --report a_dir)
 refuses("--summary and --report name the same file" ${small} --summary same.html --report ./same.html)
+refuses("--save-initial a_dir: is a directory" ${small} --save-initial a_dir)
+refuses("--summary and --save-initial name the same file" ${small} --summary same.st --save-initial ./same.st)
+refuses("--save-initial: --steps 70000 of --batch 32 x --seq-len 64 training tokens exceed the 134217728"
+        --steps 70000 --test-sequences 8 --quiet --save-initial big.safetensors)
 refuses("The following argument was not expected: --no-such-flag" ${small} --no-such-flag)
 # A learning rate that makes the loss non-finite stops the run at that step, saying so.
 execute_process(COMMAND "${INDUCTION_HEADS}" --steps 5 --test-sequences 8 --quiet --lr 1e300 --summary lr.json

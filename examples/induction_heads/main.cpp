@@ -9,6 +9,7 @@
 //   induction_heads                                   # the default run (about half a minute)
 //   induction_heads --seed 3 --summary s.json --report r.html
 //   induction_heads --train-on repeat --vocab 48 --seq-len 32   # trained on the repeat task instead
+//   induction_heads --steps 200 --save-initial w.safetensors --float64   # for benchmarks/induction_torch.py
 //   induction_heads --help
 #include <stdexcept>
 #include <string>
@@ -29,9 +30,9 @@ namespace {
 struct Options {
   StudyConfig study;
   int threads = 1;
-  std::string summary, report;
+  std::string summary, report, initial_weights;
   std::string train_on = "markov";
-  bool quiet = false;
+  bool quiet = false, float64 = false;
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -72,13 +73,23 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--report", o.report, "write a page: the loss curve, both heads' patterns, the scores, "
                                        "the path ablation")
       ->type_name("FILE.html");
+  app.add_option("--save-initial", o.initial_weights,
+                 "write the initial weights (TransformerLens names) and every step's training batch, as safetensors")
+      ->type_name("FILE");
+  app.add_flag("--float64", o.float64, "Float64 parameters (default Float32), e.g. to compare with another "
+                                       "implementation to rounding");
   app.add_flag("--quiet", o.quiet, "no progress lines");
 }
 
 void finish_options(Options& o) {
   o.study.task.training = o.train_on == "repeat" ? Training::Repeat : Training::Markov;
+  if (o.float64) o.study.dtype = ag::Dtype::Float64;
   o.study.check();
-  cli_checks::check_outputs({{"--summary", o.summary}, {"--report", o.report}});
+  if (!o.initial_weights.empty() && o.study.steps > kMaxSavedTokens / o.study.batch / o.study.task.seq_len)
+    throw std::invalid_argument(fmt::format("--save-initial: --steps {} of --batch {} x --seq-len {} training tokens "
+                                            "exceed the {} the file may hold",
+                                            o.study.steps, o.study.batch, o.study.task.seq_len, kMaxSavedTokens));
+  cli_checks::check_outputs({{"--summary", o.summary}, {"--report", o.report}, {"--save-initial", o.initial_weights}});
 }
 
 int run(const Options& o) {
@@ -94,7 +105,7 @@ int run(const Options& o) {
                p.step, p.train_loss, p.test.all, p.test.first_occurrence, p.test.repeated, p.test.in_context_score);
     std::fflush(stdout);
   };
-  const StudyResult r = run_study(c, progress);
+  const StudyResult r = run_study(c, {.progress = progress, .initial_weights = o.initial_weights});
   fmt::print("trained in {:.1f} s ({:.0f} steps/s, {} thread{}); measured in {:.1f} s\n", r.train_seconds,
              static_cast<double>(c.steps) / r.train_seconds, r.threads, r.threads == 1 ? "" : "s", r.measure_seconds);
   fmt::print("phase change (in-context score at half its final value): {}\n",
@@ -126,6 +137,7 @@ int run(const Options& o) {
     html::write_file(o.report, report_html(r));
     fmt::print("report: {}\n", o.report);
   }
+  if (!o.initial_weights.empty()) fmt::print("initial weights and training batches: {}\n", o.initial_weights);
   return 0;
 }
 

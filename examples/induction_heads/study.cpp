@@ -219,6 +219,17 @@ std::optional<std::int64_t> phase_change(const std::vector<CurvePoint>& curve) {
   return std::nullopt;
 }
 
+// The initial weights under TransformerLens's names and the training batches drawn from a copy of
+// the training generator (the same batches training draws after), for benchmarks/induction_torch.py.
+void save_initial(const nn::TransformerLM& model, const StudyConfig& c, ag::Generator data, const std::string& path) {
+  nn::NamedTensors tensors = nn::transformer_lens_state_dict(model);
+  std::vector<ag::Tensor> batches;
+  batches.reserve(static_cast<std::size_t>(c.steps));
+  for (std::int64_t step = 1; step <= c.steps; ++step) batches.push_back(make_training_batch(c.task, c.batch, data));
+  tensors.emplace_back("data.train_tokens", ag::stack(batches, 0));
+  nn::save_safetensors(path, tensors);
+}
+
 }  // namespace
 
 void StudyConfig::check() const {
@@ -249,14 +260,19 @@ std::vector<Goal> goals(const StudyResult& r) {
   return g;
 }
 
-StudyResult run_study(const StudyConfig& config, const Progress& progress) {
+StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs) {
   config.check();
+  const Progress& progress = outputs.progress;
+  if (!outputs.initial_weights.empty() && config.steps > kMaxSavedTokens / config.batch / config.task.seq_len)
+    throw std::invalid_argument(fmt::format("run_study: {} steps of {} x {} training tokens exceed the {} the "
+                                            "initial-weights file may hold",
+                                            config.steps, config.batch, config.task.seq_len, kMaxSavedTokens));
   StudyResult r;
   r.config = config;
   const StudyConfig& c = r.config;
   ag::Generator init(c.seed);
   nn::TransformerLM model({.n_layers = 2, .d_model = c.d_model, .n_heads = c.n_heads, .d_mlp = 0,
-                           .d_vocab = c.task.vocab, .n_ctx = c.task.seq_len},
+                           .d_vocab = c.task.vocab, .n_ctx = c.task.seq_len, .dtype = c.dtype},
                           init);
   r.parameters = model.num_parameters();
   r.threads = ag::get_num_threads();
@@ -264,6 +280,7 @@ StudyResult run_study(const StudyConfig& config, const Progress& progress) {
   const Batch test = make_batch(c.task, c.test_sequences, held_out);
   const ag::Tensor training_kind =
       c.task.training == Training::Markov ? make_training_batch(c.task, c.test_sequences, held_out) : ag::Tensor();
+  if (!outputs.initial_weights.empty()) save_initial(model, c, data, outputs.initial_weights);
   nn::AdamW opt(model.named_parameters(), {.lr = c.lr, .weight_decay = c.weight_decay});
 
   const auto evaluate = [&](std::int64_t step, double train_loss) {

@@ -28,6 +28,7 @@ struct StudyConfig {
   std::int64_t test_sequences = 512;
   std::uint64_t seed = 1;
   int baseline_samples = 100;  // random matrices for the K-composition baseline
+  ag::Dtype dtype = ag::Dtype::Float32;  // of the parameters
 
   void check() const;  // throws std::invalid_argument naming the flag at fault
 };
@@ -114,6 +115,19 @@ std::vector<Goal> goals(const StudyResult& r);
 
 // progress(step, train_loss, point): called at every evaluation (point) during training.
 using Progress = std::function<void(const CurvePoint& point)>;
-StudyResult run_study(const StudyConfig& config, const Progress& progress = {});
+
+// Optional outputs of a run.
+struct StudyOutputs {
+  Progress progress;
+  // The initial model (TransformerLens names and shapes) and every step's training batch
+  // ("data.train_tokens", (steps, batch, T) Int64), as safetensors, written before training, so
+  // that another implementation can train the same model on the same sequences.
+  std::string initial_weights;
+};
+
+// The most training tokens StudyOutputs::initial_weights holds (steps x batch x T): 2^27, 1 GiB.
+constexpr std::int64_t kMaxSavedTokens = std::int64_t{1} << 27;
+
+StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs = {});
 
 }  // namespace induction
