@@ -108,7 +108,7 @@ int run(const Options& o) {
   const StudyResult r = run_study(c, {.progress = progress, .initial_weights = o.initial_weights});
   fmt::print("trained in {:.1f} s ({:.0f} steps/s, {} thread{}); measured in {:.1f} s\n", r.train_seconds,
              static_cast<double>(c.steps) / r.train_seconds, r.threads, r.threads == 1 ? "" : "s", r.measure_seconds);
-  fmt::print("phase change (in-context score at half its final value): {}\n",
+  fmt::print("phase change (in-context score at half its final value and below from then on): {}\n",
              r.phase_change_step ? fmt::format("step {}", *r.phase_change_step) : std::string("none"));
   fmt::print("heads (previous-token / induction / duplicate-token score; mean i - j, mean j / i, mean largest weight):\n");
   for (const auto& h : r.heads)

@@ -214,9 +214,15 @@ std::optional<std::int64_t> phase_change(const std::vector<CurvePoint>& curve) {
   if (curve.empty()) return std::nullopt;
   const double final_score = curve.back().test.in_context_score;
   if (!(final_score < 0)) return std::nullopt;  // no in-context learning to speak of
+  // The first evaluation from which the score stays at or below half its final value: the
+  // untrained model's score is noise of either sign (it can start below that line by chance).
+  std::optional<std::int64_t> step;
   for (const auto& point : curve)
-    if (point.test.in_context_score <= final_score / 2) return point.step;
-  return std::nullopt;
+    if (point.test.in_context_score > final_score / 2)
+      step.reset();
+    else if (!step)
+      step = point.step;
+  return step;
 }
 
 // The initial weights under TransformerLens's names and the training batches drawn from a copy of

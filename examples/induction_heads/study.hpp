@@ -95,7 +95,7 @@ struct StudyResult {
   double k_composition = 0;
   double k_composition_baseline = 0, k_composition_baseline_std = 0;
   std::vector<PathAblation> path_ablation;  // keys, queries, values
-  std::optional<std::int64_t> phase_change_step;
+  std::optional<std::int64_t> phase_change_step;  // from when the in-context score stays at or below half its final value
   Example example;
 
   const HeadScores& head(std::int64_t layer, std::int64_t h) const {
