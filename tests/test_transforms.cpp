@@ -86,6 +86,90 @@ std::vector<Case> cases() {
   return c;
 }
 
+// Every op family of ops.hpp, several results per function. The kinks of relu, abs, clamp, max and
+// maximum are more than the differencing step away from the random points (clamp's bounds ±0.4 are
+// chosen so: x holds 0.4998, which ±0.5 would put within 1e-3 of a kink).
+std::vector<Case> op_sweep_cases() {
+  const Tensor x = randn64({3, 4}, 21), y = randn64({3, 4}, 22), w = randn64({4, 3}, 23), b = randn64({3}, 24);
+  const auto positive = [](const Tensor& t) { return ag::square(t) + 0.5; };
+  std::vector<Case> c;
+  c.push_back({"unary",
+               [positive](const TensorList& a) {
+                 const Tensor& t = a[0];
+                 return TensorList{ag::exp(t),     ag::log(positive(t)), ag::sqrt(positive(t)), ag::rsqrt(positive(t)),
+                                   ag::tanh(t),    ag::sigmoid(t),       ag::gelu(t),           ag::gelu(t, true),
+                                   ag::abs(t),     ag::relu(t),          ag::clamp(t, -0.4, 0.4), -t};
+               },
+               {x}});
+  c.push_back({"binary",
+               [positive](const TensorList& a) {
+                 const Tensor &s = a[0], &t = a[1];
+                 return TensorList{s + t, s - t, s * t, s / positive(t), ag::pow(positive(s), t), ag::maximum(s, t),
+                                   ag::minimum(s, t), ag::pow(s, 3.0), ag::rdiv(positive(s), 2.0), 2.0 - s * 0.5,
+                                   s + ag::sum(t, 0)};
+               },
+               {x, y}});
+  c.push_back({"selection",
+               [](const TensorList& a) {
+                 const Tensor mask = ag::gt(a[1].detach(), 0.0);
+                 return TensorList{ag::masked_fill(a[0], mask, 1.5), ag::where(mask, a[0], a[1] * 2.0)};
+               },
+               {x, y}});
+  c.push_back({"reductions",
+               [](const TensorList& a) {
+                 const Tensor& t = a[0];
+                 return TensorList{ag::sum(t, 1), ag::mean(t, 0, true), ag::max(t, 1), ag::max(t), ag::mean(t),
+                                   ag::sum(t, std::vector<std::int64_t>{0, 1})};
+               },
+               {x}});
+  c.push_back({"shape and join",
+               [](const TensorList& a) {
+                 const Tensor &s = a[0], &t = a[1], &bias = a[2];
+                 return TensorList{ag::reshape(s, {4, 3}) * 2.0,  ag::transpose(s, 0, 1) * ag::sum(t),
+                                   ag::permute(ag::unsqueeze(s, 0), {2, 0, 1}) * 1.5, ag::cat({s, t * s}, 0),
+                                   ag::stack({s, t}, 1),           ag::split(s * t, 2, 1)[1],
+                                   ag::narrow(s, 1, 1, 2),         ag::slice(t * t, 1, 0, 4, 2),
+                                   ag::expand(ag::unsqueeze(bias, 0), {2, 3}) * bias, ag::flatten(s * s),
+                                   ag::squeeze(ag::unsqueeze(bias * bias, 1))};
+               },
+               {x, y, b}});
+  c.push_back({"indexing",
+               [](const TensorList& a) {
+                 const Tensor index = ag::tensor(std::vector<std::int64_t>{2, 0, 1, 1, 3, 0}, {3, 2});
+                 const Tensor ids = ag::tensor(std::vector<std::int64_t>{3, 1, 3}, {3});
+                 return TensorList{ag::index_select(a[0] * a[0], 1, std::vector<std::int64_t>{2, 0, 2}),
+                                   ag::gather(ag::tanh(a[0]), 1, index), ag::embedding(a[1] * a[1], ids)};
+               },
+               {x, w}});
+  c.push_back({"linear",
+               [](const TensorList& a) {
+                 const std::vector<Tensor> weights = {a[1], a[1] * a[1]}, biases = {a[2], Tensor()};
+                 return TensorList{ag::linear(a[0], a[1], a[2]), ag::linear_cat(a[0], weights, biases),
+                                   ag::matmul(a[0], ag::matmul(a[1], ag::sum(a[1]) * a[2]))};
+               },
+               {x, w, b}});
+  c.push_back({"log_softmax and cross_entropy",
+               [](const TensorList& a) {
+                 const Tensor targets = ag::tensor(std::vector<std::int64_t>{1, 3, 0}, {3});
+                 ag::CrossEntropyOptions smooth;
+                 smooth.label_smoothing = 0.1;
+                 smooth.reduction = ag::Reduction::None;
+                 return TensorList{ag::log_softmax(a[0], 0), ag::cross_entropy(a[0], targets),
+                                   ag::cross_entropy(a[0] * a[0], targets, smooth), ag::softmax(a[0], 0)};
+               },
+               {x}});
+  return c;
+}
+
+// All results of fn, flattened and laid end to end: one output, for jacobian and hessian.
+ag::GradcheckFn concatenated(const ag::TensorListFn& fn) {
+  return [fn](const TensorList& x) {
+    TensorList flat;
+    for (const auto& y : fn(x)) flat.push_back(ag::flatten(ag::reshape(y, {-1})));
+    return ag::cat(flat, 0);
+  };
+}
+
 // nn::MultiHeadAttention(8, 2) in float64, self-attention on its input x (B, T, 8).
 struct MhaCase {
   ag::Generator gen{42};
@@ -541,6 +625,44 @@ BOOST_AUTO_TEST_CASE(hessian_checkers_fail_an_asymmetric_matrix_and_a_wrong_func
   BOOST_TEST(relative_error(H, numeric_hessian(L, c.inputs)) > 1e-4);
 }
 
+// ---- every op family ----
+
+BOOST_AUTO_TEST_CASE(jvp_vjp_jacobian_and_hessian_through_every_op_family) {
+  for (const Case& c : op_sweep_cases()) {
+    const TensorList v = randn_like(c.inputs, 1100);
+    const double e = jvp_error(c.fn, c.inputs, v, v);
+    TensorList wrong = v;
+    wrong[0] = v[0] * 1.01;
+    const double e_wrong = jvp_error(c.fn, c.inputs, v, wrong);
+    const ag::JvpResult j = ag::jvp(c.fn, c.inputs, v);
+    const TensorList u = randn_like(j.outputs, 1200);
+    const double lhs = inner(u, j.tangents), rhs = inner(ag::vjp(c.fn, c.inputs, u).cotangents, v);
+    const double dot_error = std::abs(lhs - rhs) / std::max(std::abs(lhs), std::abs(rhs));
+    const ag::GradcheckFn all = concatenated(c.fn);
+    const TensorList Jr = ag::jacobian(all, c.inputs);
+    const TensorList Jf = ag::jacobian(all, c.inputs, {.mode = ag::JacobianMode::Forward});
+    const TensorList Jn = numeric_jacobian(all, c.inputs);
+    double fr = 0, nr = 0;
+    for (std::size_t i = 0; i < c.inputs.size(); ++i)
+      fr = std::max(fr, relative_error(Jf[i], Jr[i])), nr = std::max(nr, relative_error(Jr[i], Jn[i]));
+    const ag::GradcheckFn L = scalar_of([all](const TensorList& x) { return TensorList{all(x)}; },
+                                        randn64(evaluate({[all](const TensorList& x) { return TensorList{all(x)}; }}, c.inputs)[0].shape(), 1300));
+    const Eigen::MatrixXd H = assemble(ag::hessian(L, c.inputs), c.inputs);
+    const double s = asymmetry(H), h = relative_error(H, numeric_hessian(L, c.inputs));
+    BOOST_TEST_MESSAGE(fmt::format("{}: jvp vs differences {:.3g} (wrong tangent {:.3g}), dot product {:.3g}, "
+                                   "jacobian forward vs reverse {:.3g}, vs differences {:.3g}, hessian asymmetry "
+                                   "{:.3g}, vs differences {:.3g}",
+                                   c.name, e, e_wrong, dot_error, fr, nr, s, h));
+    BOOST_TEST(e <= kFiniteDifferenceTol, c.name << ": " << e);
+    BOOST_TEST(e_wrong > 1e3 * kFiniteDifferenceTol, c.name << ": " << e_wrong);
+    BOOST_TEST(dot_error <= kExactTol, c.name << ": " << dot_error);
+    BOOST_TEST(fr <= kExactTol, c.name << ": " << fr);
+    BOOST_TEST(nr <= kFiniteDifferenceTol, c.name << ": " << nr);
+    BOOST_TEST(s <= kExactTol, c.name << ": " << s);
+    BOOST_TEST(h <= kFiniteDifferenceTol, c.name << ": " << h);
+  }
+}
+
 // ---- torch.func ----
 
 BOOST_AUTO_TEST_CASE(transforms_match_torch_func) {
@@ -609,6 +731,30 @@ BOOST_AUTO_TEST_CASE(identity_and_constant_outputs) {
   check_values(Jc[0], {2, 2, 3}, std::vector<double>(12, 0.0));
   const auto H = ag::hessian([](const TensorList& a) { return ag::sum(a[0]) * 3.0; }, {x});
   check_values(H[0][0], {2, 3, 2, 3}, std::vector<double>(36, 0.0));
+}
+
+BOOST_AUTO_TEST_CASE(transforms_run_under_no_grad_guard_and_on_empty_tensors) {
+  const Tensor x = randn64({3}, 11), v = randn64({3}, 12);
+  const ag::TensorListFn f = [](const TensorList& a) { return TensorList{ag::exp(a[0])}; };
+  ag::JvpResult r;
+  {
+    ag::NoGradGuard no_grad;
+    r = ag::jvp(f, {x}, {v});
+    BOOST_TEST(!ag::is_grad_enabled());
+  }
+  const auto ex = ag::exp(x).to_vector(), vv = v.to_vector();
+  std::vector<double> expected(3);
+  for (std::size_t k = 0; k < 3; ++k) expected[k] = ex[k] * vv[k];
+  check_values(r.tangents[0], {3}, expected);
+  // No elements: empty tangents and Jacobians of the right shapes.
+  const Tensor e = ag::zeros({0, 2}, Dtype::Float64);
+  const auto re = ag::jvp(f, {e}, {e});
+  BOOST_TEST(ag::shape_str(re.tangents[0].shape()) == "[0, 2]");
+  for (auto mode : {ag::JacobianMode::Reverse, ag::JacobianMode::Forward}) {
+    const auto J = ag::jacobian([](const TensorList& a) { return ag::exp(a[0]); }, {e, x}, {.mode = mode});
+    BOOST_TEST(ag::shape_str(J[0].shape()) == "[0, 2, 0, 2]");
+    BOOST_TEST(ag::shape_str(J[1].shape()) == "[0, 2, 3]");
+  }
 }
 
 BOOST_AUTO_TEST_CASE(hessian_of_a_quadratic_form_is_the_symmetrised_matrix) {
