@@ -836,6 +836,23 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_by_name_with_the_shapes) {
                   {"hessian: input 0 is [3] Int64"});
   check_throws<E>([&] { ag::hessian([](const TensorList&) { return Tensor(); }, {x}); },
                   {"hessian: output 0 of the function is an undefined tensor"});
+  // A function that reads an input itself instead of its argument (as a module reads its
+  // parameters) would get zeros for it: refused, naming the input.
+  Tensor p = randn64({3}, 4);
+  p.requires_grad_().set_name("attn.W_Q");
+  const ag::TensorListFn reads_p = [p](const TensorList& a) { return TensorList{a[0] * p}; };
+  check_throws<E>([&] { ag::jvp(reads_p, {x, p}, {x, p}); },
+                  {"jvp: the function's result depends on input 1 'attn.W_Q' [3] itself, not on the argument"});
+  check_throws<E>([&] { ag::vjp(reads_p, {x, p}, {x}); }, {"vjp: the function's result depends on input 1"});
+  check_throws<E>([&] { ag::jacobian([p](const TensorList& a) { return a[0] * p; }, {x, p}); },
+                  {"jacobian: the function's result depends on input 1"});
+  check_throws<E>([&] { ag::hessian([p](const TensorList& a) { return ag::sum(a[0] * p * p); }, {x, p}); },
+                  {"hessian: the function's result depends on input 1"});
+  // Through its argument it is differentiated, and a parameter that is not an input is a constant.
+  const auto through = ag::jacobian([](const TensorList& a) { return a[0] * a[1]; }, {x, p});
+  BOOST_TEST(ag::shape_str(through[1].shape()) == "[2, 3, 3]");
+  const auto constant = ag::jvp(reads_p, {x}, {ag::ones({2, 3}, Dtype::Float64)});
+  check_values(constant.tangents[0], {2, 3}, ag::expand(ag::unsqueeze(p.detach(), 0), {2, 3}).to_vector());
   // A backward that cannot be differentiated again: forward mode and the Hessian name it.
   check_throws<std::runtime_error>([&] { ag::jvp([](const TensorList& a) { return TensorList{RawCube::apply(a[0])}; },
                                                  {x}, {x}); },

@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
+#include <vector>
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
@@ -83,6 +85,45 @@ Tensor call_one(const char* op, const GradcheckFn& fn, const TensorList& leaves)
   return y;
 }
 
+// The node that carries a gradient into t, without making one (null when t has none yet).
+const Node* gradient_node(const Tensor& t) {
+  if (t.grad_fn()) return t.grad_fn().get();
+  return t.impl()->grad_accumulator.lock().get();
+}
+
+// fn must compute from its arguments: a result whose graph reaches an input tensor itself (a
+// module's parameter read directly, say) but not the leaf fn was given for it would get a zero
+// derivative for that input, silently. Refused, naming the input.
+void check_used_through_arguments(const char* op, const TensorList& outputs, const TensorList& inputs,
+                                  const TensorList& leaves) {
+  bool any = false;
+  for (const auto& t : inputs) any = any || t.requires_grad();
+  if (!any) return;
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> stack;
+  for (const auto& y : outputs)
+    if (y.requires_grad())
+      if (const Node* n = gradient_node(y); n && seen.insert(n).second) stack.push_back(n);
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next_edges)
+      if (e.valid() && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+  }
+  const auto reaches = [&](const Tensor& t) {
+    for (const auto& y : outputs)
+      if (y.is_same(t)) return true;
+    const Node* n = gradient_node(t);
+    return n != nullptr && seen.count(n) != 0;
+  };
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].requires_grad() && !reaches(leaves[i]) && reaches(inputs[i]))
+      fail(op, "the function's result depends on {} {} itself, not on the argument it was given for it: fn is "
+           "called on fresh leaves that share the inputs' data and must compute from those (a function that "
+           "reads a module's parameters directly is not differentiated through them)",
+           label("input", i, inputs[i]), shape_str(inputs[i].shape()));
+}
+
 TensorList detached(const TensorList& ts) {
   TensorList out;
   out.reserve(ts.size());
@@ -152,6 +193,7 @@ Tensor result_tensor(const char* op, const Shape& lead, const Shape& tail, Dtype
 VjpResult vjp(const TensorListFn& fn, const TensorList& inputs, const TensorList& cotangents) {
   const TensorList leaves = fresh_leaves("vjp", inputs);
   const TensorList ys = call("vjp", fn, leaves);
+  check_used_through_arguments("vjp", ys, inputs, leaves);
   check_vectors("vjp", "cotangents", "output", cotangents, ys);
   VjpResult r;
   r.outputs = detached(ys);
@@ -174,6 +216,7 @@ JvpResult jvp(const std::function<TensorList(const TensorList&)>& fn, const Tens
   const TensorList leaves = fresh_leaves("jvp", inputs);
   check_vectors("jvp", "tangents", "input", tangents, leaves);
   const TensorList ys = call("jvp", fn, leaves);
+  check_used_through_arguments("jvp", ys, inputs, leaves);
   JvpResult r;
   r.outputs = detached(ys);
   // u: a cotangent per output that depends on the inputs; g = Jᵀu, linear in u.
@@ -212,6 +255,7 @@ TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const Jacob
          static_cast<int>(options.mode));
   const TensorList leaves = fresh_leaves("jacobian", inputs);
   const Tensor y = call_one("jacobian", fn, leaves);
+  check_used_through_arguments("jacobian", {y}, inputs, leaves);
   TensorList J;
   for (const auto& x : leaves)
     J.push_back(result_tensor("jacobian", y.shape(), x.shape(), wider(y.dtype(), x.dtype()), "Jacobian"));
@@ -253,6 +297,7 @@ TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const Jacob
 std::vector<TensorList> hessian(const GradcheckFn& fn, const TensorList& inputs) {
   const TensorList leaves = fresh_leaves("hessian", inputs);
   const Tensor y = call_one("hessian", fn, leaves);
+  check_used_through_arguments("hessian", {y}, inputs, leaves);
   if (y.numel() != 1)
     fail("hessian", "the function must return one element (a scalar), got shape {}; take the jacobian of a "
          "non-scalar function instead", shape_str(y.shape()));

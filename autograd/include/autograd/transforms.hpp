@@ -10,7 +10,9 @@
 // fn is called once per transform, on fresh leaves that share the inputs' data (each input
 // detached and made to require grad), as torch.autograd.functional does: fn must compute from its
 // arguments (a function that reads a module's parameters directly is not differentiated through
-// them). The inputs need not require grad, and no .grad is written anywhere. Every result is
+// them: when its result depends on an input that requires grad itself but not on the argument fn
+// was given for it, the transform refuses, naming the input). The inputs need not require grad,
+// and no .grad is written anywhere. Every result is
 // outside any graph (not differentiable again). An output that does not depend on an input gets
 // zeros for it.
 //
