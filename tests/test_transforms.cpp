@@ -645,8 +645,8 @@ BOOST_AUTO_TEST_CASE(jvp_vjp_jacobian_and_hessian_through_every_op_family) {
     double fr = 0, nr = 0;
     for (std::size_t i = 0; i < c.inputs.size(); ++i)
       fr = std::max(fr, relative_error(Jf[i], Jr[i])), nr = std::max(nr, relative_error(Jr[i], Jn[i]));
-    const ag::GradcheckFn L = scalar_of([all](const TensorList& x) { return TensorList{all(x)}; },
-                                        randn64(evaluate({[all](const TensorList& x) { return TensorList{all(x)}; }}, c.inputs)[0].shape(), 1300));
+    const ag::TensorListFn all_list = [all](const TensorList& x) { return TensorList{all(x)}; };
+    const ag::GradcheckFn L = scalar_of(all_list, randn64(evaluate(all_list, c.inputs)[0].shape(), 1300));
     const Eigen::MatrixXd H = assemble(ag::hessian(L, c.inputs), c.inputs);
     const double s = asymmetry(H), h = relative_error(H, numeric_hessian(L, c.inputs));
     BOOST_TEST_MESSAGE(fmt::format("{}: jvp vs differences {:.3g} (wrong tangent {:.3g}), dot product {:.3g}, "
