@@ -106,6 +106,42 @@ BOOST_AUTO_TEST_CASE(runs_only_the_graph_between_outputs_and_inputs) {
   BOOST_TEST(!other.grad().defined());
 }
 
+BOOST_AUTO_TEST_CASE(rules_skip_the_input_gradients_grad_did_not_ask_for) {
+  // y = p·q through a node that notes what needs_input_grad says while its rule runs. grad() with
+  // respect to some inputs asks a rule only for the gradients that lead to one of them (as
+  // PyTorch's should_compute_output); backward() asks for every gradient.
+  std::vector<std::pair<bool, bool>> asked;
+  const auto probe = [&asked](const Tensor& p, const Tensor& q) {
+    Tensor out;
+    {
+      ag::NoGradGuard no_grad;
+      out = p * q;
+    }
+    const Tensor pd = p.detach(), qd = q.detach();
+    return ag::record("probe", {p, q}, out, [&asked, pd, qd](const TensorList& g, const ag::Node& node) {
+      asked.emplace_back(node.needs_input_grad(0), node.needs_input_grad(1));
+      return TensorList{node.needs_input_grad(0) ? g[0] * qd : Tensor(), node.needs_input_grad(1) ? g[0] * pd : Tensor()};
+    });
+  };
+  Tensor a = vec({1.0, 2.0}), b = vec({3.0, 4.0});
+  Tensor h = a * 2.0;  // a non-leaf input, and a leaf behind it
+  const Tensor y = ag::sum(probe(h, b));
+  check_values(ag::grad({y}, {a}, {.retain_graph = true})[0], {2}, {6, 8});
+  check_values(ag::grad({y}, {h}, {.retain_graph = true})[0], {2}, {3, 4});
+  check_values(ag::grad({y}, {b}, {.retain_graph = true})[0], {2}, {2, 4});
+  const TensorList both = ag::grad({y}, {a, b}, {.retain_graph = true});
+  check_values(both[0], {2}, {6, 8});
+  check_values(both[1], {2}, {2, 4});
+  // Outside any walk the edge alone decides.
+  BOOST_TEST(y.grad_fn()->needs_input_grad(0));
+  y.backward();
+  check_values(a.grad(), {2}, {6, 8});
+  check_values(b.grad(), {2}, {2, 4});
+  const std::vector<std::pair<bool, bool>> expected = {{true, false}, {true, false}, {false, true}, {true, true},
+                                                       {true, true}};
+  BOOST_TEST((asked == expected));
+}
+
 BOOST_AUTO_TEST_CASE(frees_the_graph_unless_retained) {
   Tensor x = vec({1.0, 2.0});
   Tensor y = ag::sum(x * x);

@@ -216,6 +216,7 @@ struct Capture {
   TensorList grads;                                        // per input; undefined: none arrived
   std::vector<char> needed;                                // per slot
   std::vector<char> target;                                // per slot: some input's gradient arrives there
+  std::vector<char> edge_wanted;                           // per edge: it leads to a needed or target slot
 };
 
 class Walk {
@@ -286,6 +287,13 @@ class Walk {
         if (next != kNoSlot && (target[next] || needed[next])) needed[slot] = 1;
       }
     }
+    // The gradients a running node's rule may skip: those along edges that lead nowhere needed.
+    auto& wanted = capture_->edge_wanted;
+    wanted.assign(t_.edge_slots.size(), 0);
+    for (std::size_t e = 0; e < t_.edge_slots.size(); ++e) {
+      const std::size_t next = t_.edge_slots[e];
+      wanted[e] = next != kNoSlot && (target[next] || needed[next]);
+    }
   }
 
   // grad(), after locate(): the first input that no gradient can reach (its node is not reached,
@@ -326,7 +334,7 @@ class Walk {
       if (captures) take_captured(slot, true);  // an input's gradient is the one its hooks leave
       if (runs && any_defined(t_.grad_outputs)) {
         {
-          detail::RunningNode running(node);
+          detail::RunningNode running(node, capture_ ? capture_->edge_wanted.data() + t_.first_edge[slot] : nullptr);
           node.apply(t_.grad_outputs, t_.grad_inputs);
         }
         check_returned(node);
@@ -479,6 +487,11 @@ namespace detail {
 WalkState& walk_state() {
   thread_local WalkState state;
   return state;
+}
+
+bool input_grad_unwanted(const Node& node, std::size_t i) {
+  const WalkState& s = walk_state();
+  return s.edges_wanted != nullptr && s.running == &node && !s.edges_wanted[i];
 }
 }  // namespace detail
 

@@ -12,20 +12,32 @@ namespace detail {
 
 struct WalkState {
   Node* running = nullptr;      // the node whose apply() runs now (null outside)
+  // grad(): one flag per input edge of the running node, 0 where that gradient reaches none of
+  // grad()'s inputs (Node::needs_input_grad then says false); null: every gradient is wanted.
+  const char* edges_wanted = nullptr;
   bool accumulates_grad = true;  // false inside grad(): nothing is written into .grad
 };
 WalkState& walk_state();
 
-// Sets the running node for its lifetime and restores the one before (walks nest).
+// Sets the running node (and which of its input gradients are wanted) for its lifetime and
+// restores the ones before (walks nest).
 class RunningNode {
  public:
-  explicit RunningNode(Node& node) : prev_(walk_state().running) { walk_state().running = &node; }
-  ~RunningNode() { walk_state().running = prev_; }
+  explicit RunningNode(Node& node, const char* edges_wanted = nullptr)
+      : prev_(walk_state().running), prev_wanted_(walk_state().edges_wanted) {
+    walk_state().running = &node;
+    walk_state().edges_wanted = edges_wanted;
+  }
+  ~RunningNode() {
+    walk_state().running = prev_;
+    walk_state().edges_wanted = prev_wanted_;
+  }
   RunningNode(const RunningNode&) = delete;
   RunningNode& operator=(const RunningNode&) = delete;
 
  private:
   Node* prev_;
+  const char* prev_wanted_;
 };
 
 // grad()'s walk (walk.cpp): from `outputs` seeded with `seeds` (checked already), the gradients

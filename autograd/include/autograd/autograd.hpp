@@ -15,3 +15,4 @@
 #include "autograd/random.hpp"
 #include "autograd/shape.hpp"
 #include "autograd/tensor.hpp"
+#include "autograd/transforms.hpp"

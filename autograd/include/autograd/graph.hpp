@@ -82,6 +82,9 @@ struct TensorMeta {
 
 namespace detail {
 class WalkClaim;  // the backward walk's claim on a node (walk.cpp)
+// True while a grad() walk runs `node`'s rule and the gradient of its input i reaches none of
+// grad()'s inputs (walk.cpp).
+bool input_grad_unwanted(const Node& node, std::size_t i);
 }
 
 class Node : public std::enable_shared_from_this<Node> {
@@ -103,7 +106,11 @@ class Node : public std::enable_shared_from_this<Node> {
   std::string_view name() const { return name_; }
   bool released() const { return released_; }
   void mark_released();
-  bool needs_input_grad(std::size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
+  // True when input i requires a gradient and, while a grad() walk runs this node's rule, that
+  // gradient leads to one of grad()'s inputs (a rule skips the gradients nobody asked for).
+  bool needs_input_grad(std::size_t i) const {
+    return i < next_edges.size() && next_edges[i].valid() && !detail::input_grad_unwanted(*this, i);
+  }
   // True for a leaf's AccumulateGrad: the one kind of node that backward() calls on several
   // threads may reach at the same time (it locks the leaf's .grad while it adds).
   bool accumulates_into_leaf() const { return accumulates_into_leaf_; }

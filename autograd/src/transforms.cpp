@@ -1,0 +1,328 @@
+// Function transforms: vjp, jvp (by the double-vjp construction), jacobian and hessian, all built
+// on grad() (grad.cpp) over fresh leaves that share the inputs' data.
+#include "autograd/transforms.hpp"
+
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "autograd/grad_mode.hpp"
+#include "autograd/graph.hpp"
+#include "autograd/ops.hpp"
+
+namespace autograd {
+
+namespace {
+
+std::string label(const char* what, std::size_t i, const Tensor& t) {
+  if (t.defined() && !t.name().empty()) return fmt::format("{} {} {}", what, i, quoted(t.name()));
+  return fmt::format("{} {}", what, i);
+}
+
+// "[2, 3] Float64"
+std::string shape_dtype(const Tensor& t) { return fmt::format("{} {}", shape_str(t.shape()), dtype_name(t.dtype())); }
+
+// Fresh leaves over the inputs' data, which fn is differentiated at.
+TensorList fresh_leaves(const char* op, const TensorList& inputs) {
+  if (inputs.empty()) fail(op, "no inputs given: nothing to differentiate with respect to");
+  TensorList leaves;
+  leaves.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) fail(op, "{} is {}", label("input", i, t), undefined_description(t));
+    if (!is_floating(t.dtype()))
+      fail(op, "{} is {}: only Float32 and Float64 tensors can be differentiated (convert with .to())",
+           label("input", i, t), shape_dtype(t));
+    Tensor leaf = t.detach();
+    leaf.requires_grad_();
+    if (!t.name().empty()) leaf.set_name(t.name());
+    leaves.push_back(std::move(leaf));
+  }
+  return leaves;
+}
+
+// One vector per tensor of `like` (the inputs for tangents, the outputs for cotangents), each of
+// its shape and dtype.
+void check_vectors(const char* op, const char* vectors, const char* what, const TensorList& v, const TensorList& like) {
+  if (v.size() != like.size())
+    fail(op, "{} {}s but {} {} (give one per {}, of its shape and dtype)", like.size(), what, v.size(), vectors, what);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].defined()) fail(op, "{}[{}] is {}", vectors, i, undefined_description(v[i]));
+    if (v[i].shape() != like[i].shape() || v[i].dtype() != like[i].dtype())
+      fail(op, "{}[{}] is {} but {} is {}", vectors, i, shape_dtype(v[i]), label(what, i, like[i]),
+           shape_dtype(like[i]));
+  }
+}
+
+void check_output(const char* op, std::size_t j, const Tensor& y) {
+  if (!y.defined()) fail(op, "{} of the function is {}", label("output", j, y), undefined_description(y));
+  if (!is_floating(y.dtype()))
+    fail(op, "{} of the function is {}: not floating point, so it has no derivative (return Float32 or Float64 "
+         "tensors)", label("output", j, y), shape_dtype(y));
+}
+
+TensorList call(const char* op, const TensorListFn& fn, const TensorList& leaves) {
+  if (!fn) fail(op, "no function given");
+  TensorList ys;
+  {
+    EnableGradGuard grad_on;
+    ys = fn(leaves);
+  }
+  if (ys.empty()) fail(op, "the function returned no outputs");
+  for (std::size_t j = 0; j < ys.size(); ++j) check_output(op, j, ys[j]);
+  return ys;
+}
+
+Tensor call_one(const char* op, const GradcheckFn& fn, const TensorList& leaves) {
+  if (!fn) fail(op, "no function given");
+  Tensor y;
+  {
+    EnableGradGuard grad_on;
+    y = fn(leaves);
+  }
+  check_output(op, 0, y);
+  return y;
+}
+
+// The node that carries a gradient into t, without making one (null when t has none yet).
+const Node* gradient_node(const Tensor& t) {
+  if (t.grad_fn()) return t.grad_fn().get();
+  return t.impl()->grad_accumulator.lock().get();
+}
+
+// fn must compute from its arguments: a result whose graph reaches an input tensor itself (a
+// module's parameter read directly, say) but not the leaf fn was given for it would get a zero
+// derivative for that input, silently. Refused, naming the input.
+void check_used_through_arguments(const char* op, const TensorList& outputs, const TensorList& inputs,
+                                  const TensorList& leaves) {
+  bool any = false;
+  for (const auto& t : inputs) any = any || t.requires_grad();
+  if (!any) return;
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> stack;
+  for (const auto& y : outputs)
+    if (y.requires_grad())
+      if (const Node* n = gradient_node(y); n && seen.insert(n).second) stack.push_back(n);
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next_edges)
+      if (e.valid() && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+  }
+  const auto reaches = [&](const Tensor& t) {
+    for (const auto& y : outputs)
+      if (y.is_same(t)) return true;
+    const Node* n = gradient_node(t);
+    return n != nullptr && seen.count(n) != 0;
+  };
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].requires_grad() && !reaches(leaves[i]) && reaches(inputs[i]))
+      fail(op, "the function's result depends on {} {} itself, not on the argument it was given for it: fn is "
+           "called on fresh leaves that share the inputs' data and must compute from those (a function that "
+           "reads a module's parameters directly is not differentiated through them)",
+           label("input", i, inputs[i]), shape_str(inputs[i].shape()));
+}
+
+TensorList detached(const TensorList& ts) {
+  TensorList out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(t.detach());
+  return out;
+}
+
+Tensor or_zeros(const Tensor& g, const Tensor& like) { return g.defined() ? g : zeros(like.shape(), like.dtype()); }
+
+// grad() with create_graph, the first half of forward mode: a custom Function whose backward is
+// once_differentiable throws there, and the message then says which transform needed it.
+TensorList grad_with_graph(const char* op, const TensorList& outputs, const TensorList& inputs, const TensorList& seeds) {
+  GradOptions first;
+  first.grad_outputs = seeds;
+  first.create_graph = true;
+  first.allow_unused = true;
+  try {
+    EnableGradGuard grad_on;
+    return grad(outputs, inputs, first);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("{}: differentiating the backward pass (create_graph) failed: {}", op, e.what()));
+  }
+}
+
+// One-hot tensor: 1 at flat index k.
+Tensor unit(const Shape& shape, Dtype dtype, std::int64_t k) {
+  Tensor e = zeros(shape, dtype);
+  dispatch(dtype, [&](auto zero) { e.data<decltype(zero)>()[k] = 1; });
+  return e;
+}
+
+// dst[offset + n·stride] = src[n] for every element n of src (converted to dst's dtype).
+void scatter_into(const Tensor& dst, std::int64_t offset, std::int64_t stride, const Tensor& src) {
+  Tensor s = src;
+  if (s.dtype() != dst.dtype()) {
+    NoGradGuard no_grad;
+    s = s.to(dst.dtype());
+  }
+  dispatch(dst.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* d = dst.data<T>();
+    const T* p = s.data<T>();
+    const std::int64_t n = s.numel();
+    for (std::int64_t i = 0; i < n; ++i) d[offset + i * stride] = p[i];
+  });
+}
+
+Shape concat(const Shape& a, const Shape& b) {
+  Shape s = a;
+  for (auto d : b) s.push_back(d);
+  return s;
+}
+
+Dtype wider(Dtype a, Dtype b) { return a == Dtype::Float64 || b == Dtype::Float64 ? Dtype::Float64 : Dtype::Float32; }
+
+// A zero tensor of shape lead ++ tail, its size checked first.
+Tensor result_tensor(const char* op, const Shape& lead, const Shape& tail, Dtype dtype, const char* what) {
+  const Shape shape = concat(lead, tail);
+  std::int64_t numel = 0;
+  if (!numel_fits(shape, numel))
+    fail(op, "the {} {} has more elements than fit in 64 bits", what, shape_str(shape));
+  return zeros(shape, dtype);
+}
+
+}  // namespace
+
+VjpResult vjp(const TensorListFn& fn, const TensorList& inputs, const TensorList& cotangents) {
+  const TensorList leaves = fresh_leaves("vjp", inputs);
+  const TensorList ys = call("vjp", fn, leaves);
+  check_used_through_arguments("vjp", ys, inputs, leaves);
+  check_vectors("vjp", "cotangents", "output", cotangents, ys);
+  VjpResult r;
+  r.outputs = detached(ys);
+  TensorList roots, seeds;
+  for (std::size_t j = 0; j < ys.size(); ++j)
+    if (ys[j].requires_grad()) roots.push_back(ys[j]), seeds.push_back(cotangents[j].detach());
+  TensorList g(leaves.size());
+  if (!roots.empty()) {
+    GradOptions options;
+    options.grad_outputs = seeds;
+    options.allow_unused = true;
+    g = grad(roots, leaves, options);
+  }
+  for (std::size_t i = 0; i < leaves.size(); ++i) r.cotangents.push_back(or_zeros(g[i], leaves[i]));
+  return r;
+}
+
+JvpResult jvp(const std::function<TensorList(const TensorList&)>& fn, const TensorList& inputs,
+              const TensorList& tangents) {
+  const TensorList leaves = fresh_leaves("jvp", inputs);
+  check_vectors("jvp", "tangents", "input", tangents, leaves);
+  const TensorList ys = call("jvp", fn, leaves);
+  check_used_through_arguments("jvp", ys, inputs, leaves);
+  JvpResult r;
+  r.outputs = detached(ys);
+  // u: a cotangent per output that depends on the inputs; g = Jᵀu, linear in u.
+  std::vector<std::size_t> live;
+  TensorList roots, us;
+  for (std::size_t j = 0; j < ys.size(); ++j) {
+    if (!ys[j].requires_grad()) continue;
+    live.push_back(j);
+    roots.push_back(ys[j]);
+    us.push_back(zeros(ys[j].shape(), ys[j].dtype()).requires_grad_());
+  }
+  TensorList jv(us.size());
+  if (!roots.empty()) {
+    const TensorList g = grad_with_graph("jvp", roots, leaves, us);
+    // J·v = d(Σ_i ⟨g_i(u), v_i⟩)/du, over the gradients that depend on u.
+    TensorList gs, vs;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (g[i].defined() && g[i].requires_grad()) gs.push_back(g[i]), vs.push_back(tangents[i].detach());
+    if (!gs.empty()) {
+      GradOptions second;
+      second.grad_outputs = vs;
+      second.allow_unused = true;
+      jv = grad(gs, us, second);
+    }
+  }
+  r.tangents.resize(ys.size());
+  for (std::size_t j = 0; j < ys.size(); ++j) r.tangents[j] = zeros(ys[j].shape(), ys[j].dtype());
+  for (std::size_t k = 0; k < live.size(); ++k)
+    if (jv[k].defined()) r.tangents[live[k]] = jv[k];
+  return r;
+}
+
+TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const JacobianOptions& options) {
+  if (options.mode != JacobianMode::Reverse && options.mode != JacobianMode::Forward)
+    fail("jacobian", "mode {} is neither JacobianMode::Reverse nor JacobianMode::Forward",
+         static_cast<int>(options.mode));
+  const TensorList leaves = fresh_leaves("jacobian", inputs);
+  const Tensor y = call_one("jacobian", fn, leaves);
+  check_used_through_arguments("jacobian", {y}, inputs, leaves);
+  TensorList J;
+  for (const auto& x : leaves)
+    J.push_back(result_tensor("jacobian", y.shape(), x.shape(), wider(y.dtype(), x.dtype()), "Jacobian"));
+  if (!y.requires_grad()) return J;  // constant in every input
+  const std::int64_t M = y.numel();
+
+  if (options.mode == JacobianMode::Reverse) {
+    // Row m: the gradients for a unit cotangent at output element m, all through one graph.
+    for (std::int64_t m = 0; m < M; ++m) {
+      GradOptions row;
+      row.grad_outputs = {unit(y.shape(), y.dtype(), m)};
+      row.retain_graph = m + 1 < M;
+      row.allow_unused = true;
+      const TensorList g = grad({y}, leaves, row);
+      for (std::size_t i = 0; i < leaves.size(); ++i)
+        if (g[i].defined()) scatter_into(J[i], m * leaves[i].numel(), 1, g[i]);
+    }
+    return J;
+  }
+
+  // Column (i, n): J·e_n by the double vjp, every column through the one graph of g(u) = Jᵀu.
+  const Tensor u = zeros(y.shape(), y.dtype()).requires_grad_();
+  const TensorList g = grad_with_graph("jacobian", {y}, leaves, {u});
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    if (!g[i].defined() || !g[i].requires_grad()) continue;
+    const std::int64_t N = leaves[i].numel();
+    for (std::int64_t n = 0; n < N; ++n) {
+      GradOptions column;
+      column.grad_outputs = {unit(leaves[i].shape(), leaves[i].dtype(), n)};
+      column.retain_graph = true;
+      column.allow_unused = true;
+      const TensorList jv = grad({g[i]}, {u}, column);
+      if (jv[0].defined()) scatter_into(J[i], n, N, jv[0]);
+    }
+  }
+  return J;
+}
+
+std::vector<TensorList> hessian(const GradcheckFn& fn, const TensorList& inputs) {
+  const TensorList leaves = fresh_leaves("hessian", inputs);
+  const Tensor y = call_one("hessian", fn, leaves);
+  check_used_through_arguments("hessian", {y}, inputs, leaves);
+  if (y.numel() != 1)
+    fail("hessian", "the function must return one element (a scalar), got shape {}; take the jacobian of a "
+         "non-scalar function instead", shape_str(y.shape()));
+  std::vector<TensorList> H(leaves.size());
+  for (std::size_t i = 0; i < leaves.size(); ++i)
+    for (std::size_t j = 0; j < leaves.size(); ++j)
+      H[i].push_back(result_tensor("hessian", concat(y.shape(), leaves[i].shape()), leaves[j].shape(),
+                                   wider(y.dtype(), wider(leaves[i].dtype(), leaves[j].dtype())), "Hessian"));
+  if (!y.requires_grad()) return H;
+  const TensorList g = grad_with_graph("hessian", {y}, leaves, {ones(y.shape(), y.dtype())});
+  // Row (i, m): the gradient of g_i[m], one backward through the gradient's graph.
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    if (!g[i].defined() || !g[i].requires_grad()) continue;  // linear in inputs[i]: zero rows
+    const std::int64_t N = leaves[i].numel();
+    for (std::int64_t m = 0; m < N; ++m) {
+      GradOptions row;
+      row.grad_outputs = {unit(g[i].shape(), g[i].dtype(), m)};
+      row.retain_graph = true;
+      row.allow_unused = true;
+      const TensorList h = grad({g[i]}, leaves, row);
+      for (std::size_t j = 0; j < leaves.size(); ++j)
+        if (h[j].defined()) scatter_into(H[i][j], m * leaves[j].numel(), 1, h[j]);
+    }
+  }
+  return H;
+}
+
+}  // namespace autograd
