@@ -77,7 +77,7 @@ body { font-family: 'DejaVu Sans', sans-serif; margin: 24px auto; max-width: 120
 h1 { font-size: 24px; } h2 { font-size: 19px; margin-top: 32px; border-bottom: 1px solid #ccc; }
 #script-errors { color: #a00; background: #fee; border: 1px solid #a00; padding: 8px; }
 .figures { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
-figure { margin: 0; } figcaption { font-size: 13px; text-align: center; }
+figure { margin: 0 0 12px; width: fit-content; } figcaption { font-size: 13px; text-align: center; }
 svg text { font-size: 11px; fill: #333; }
 svg .cell.hl { stroke: #f80; stroke-width: 1.5; }
 table { border-collapse: collapse; font-size: 13px; } td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
