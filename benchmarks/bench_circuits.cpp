@@ -42,12 +42,26 @@ int main(int argc, char** argv) {
   int reps = 5, threads = 1;
   app.add_option("--reps", reps, "repetitions (median reported)")->check(CLI::Range(1, 1000));
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 256));
+  int only_steps = 0;
+  app.add_option("--only-train-steps", only_steps, "run this many training steps and nothing else (to profile them)")
+      ->check(CLI::Range(1, 1000000));
   CLI11_PARSE(app, argc, argv);
   ag::set_num_threads(threads);
   ag::Generator gen(0);
   const std::int64_t B = 16, T = 64, V = 64;
   nn::TransformerLM model({.n_layers = 2, .d_model = 128, .n_heads = 4, .d_mlp = 512, .d_vocab = V, .n_ctx = T}, gen);
   const ag::Tensor clean = ag::randint(0, V, {B, T}, gen), corrupted = ag::randint(0, V, {B, T}, gen);
+  nn::AdamW opt(model.named_parameters(), {.lr = 1e-3});
+  const auto train_step = [&] {
+    opt.zero_grad();
+    ag::Tensor loss = model.loss(clean);
+    loss.backward();
+    opt.step();
+  };
+  if (only_steps > 0) {
+    for (int i = 0; i < only_steps; ++i) train_step();
+    return 0;
+  }
   // The metric: mean logit of each sequence's last token at the last position.
   const auto metric = [&](const ag::Tensor& tokens) {
     const ag::Tensor last = ag::squeeze(ag::narrow(model.forward(tokens), 1, T - 1, 1), 1);  // (B, V)
@@ -101,13 +115,7 @@ int main(int argc, char** argv) {
   std::size_t cache_bytes = 0, all_bytes = 0;
   const double cache = cached(tl_points, cache_bytes);
   const double cache_all = cached({}, all_bytes);
-  nn::AdamW opt(model.named_parameters(), {.lr = 1e-3});
-  const double step = median_seconds(reps, [&] {
-    opt.zero_grad();
-    ag::Tensor loss = model.loss(clean);
-    loss.backward();
-    opt.step();
-  });
+  const double step = median_seconds(reps, train_step);
   std::printf("{\"what\": \"sweep\", \"seconds\": %.6f, \"largest_difference\": %.3g}\n", sweep, worst);
   std::printf("{\"what\": \"sweep_all_positions\", \"seconds\": %.6f}\n", sweep_all);
   std::printf("{\"what\": \"sweep_hooks\", \"seconds\": %.6f}\n", sweep_hooks);
