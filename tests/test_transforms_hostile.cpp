@@ -587,3 +587,107 @@ BOOST_AUTO_TEST_CASE(results_do_not_alias_the_arguments) {
   check_close(r.tangents[0], v0, 0, "jvp tangent after the tangent given was changed");
   check_close(c.cotangents[0], v0, 0, "vjp cotangent after the cotangent given was changed");
 }
+
+namespace {
+
+struct RawSquare : ag::Function<RawSquare> {  // backward from raw values, not declared
+  static constexpr const char* name = "raw_square";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return ag::square(x);
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    const Tensor x = ctx.saved_tensors()[0];
+    std::vector<double> v = x.to_vector(), gv = g[0].to_vector();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 2 * v[i] * gv[i];
+    return {ag::tensor(v, x.shape(), x.dtype())};
+  }
+};
+
+struct OnceSquare : ag::Function<OnceSquare> {
+  static constexpr const char* name = "once_square";
+  static constexpr bool once_differentiable = true;
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return ag::square(x);
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    return {ag::mul(ag::mul(g[0], ctx.saved_tensors()[0]), 2.0)};
+  }
+};
+
+// A custom Function that reads needs_input_grad from its context: under grad() for x alone it
+// is asked (by the engine) only for what it computes; the numbers match backward().
+struct MulReadsCtx : ag::Function<MulReadsCtx> {
+  static constexpr const char* name = "mul_reads_ctx";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& a, const Tensor& b) {
+    ctx.save_for_backward({a, b});
+    return ag::mul(a, b);
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    const TensorList s = ctx.saved_tensors();
+    return {ctx.needs_input_grad(0) ? ag::mul(g[0], s[1]) : Tensor(), ctx.needs_input_grad(1) ? ag::mul(g[0], s[0]) : Tensor()};
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(forward_mode_through_custom_functions) {
+  const Tensor x = randn64({3}, 1);
+  const Tensor v = ag::ones({3}, Dtype::Float64);
+  // Reverse mode through either works.
+  const auto c = ag::vjp([](const TensorList& a) { return TensorList{RawSquare::apply(a[0])}; }, {x}, {v});
+  check_close(c.cotangents[0], ag::mul(x, 2.0), 1e-15, "vjp through raw_square");
+  // Forward mode: a message naming the transform and the function, never silent zeros.
+  check_mentions(message_of([&] { ag::jvp([](const TensorList& a) { return TensorList{OnceSquare::apply(a[0])}; }, {x}, {v}); }),
+                 {"jvp", "once_square"});
+  check_mentions(message_of([&] {
+                   ag::jacobian([](const TensorList& a) { return OnceSquare::apply(a[0]); }, {x},
+                                {.mode = ag::JacobianMode::Forward});
+                 }),
+                 {"jacobian", "once_square"});
+  check_mentions(message_of([&] { ag::hessian([](const TensorList& a) { return ag::sum(OnceSquare::apply(a[0])); }, {x}); }),
+                 {"hessian", "once_square"});
+  bool threw = false;
+  Tensor t;
+  try {
+    t = ag::jvp([](const TensorList& a) { return TensorList{RawSquare::apply(a[0])}; }, {x}, {v}).tangents[0];
+  } catch (const std::exception& e) {
+    threw = true;
+    check_mentions(e.what(), {"jvp", "raw_square"});
+  }
+  if (!threw) check_close(t, ag::mul(x, 2.0), 1e-15, "jvp through raw_square");
+  // ctx.needs_input_grad under a pruned grad(), then a retained backward().
+  Tensor a = randn64({3}, 2).requires_grad_(), b = randn64({3}, 3).requires_grad_();
+  const Tensor y = ag::sum(ag::square(MulReadsCtx::apply(a, b)));
+  ag::GradOptions keep;
+  keep.retain_graph = true;
+  const Tensor ga = ag::grad({y}, {a}, keep)[0];
+  y.backward();
+  check_close(ga, a.grad(), 1e-14, "custom Function grad() vs backward()");
+  check_close(b.grad(), ag::mul(ag::mul(ag::mul(a, a), b), 2.0).detach(), 1e-12, "custom Function b.grad");
+}
+
+// Third order through pruned walks: d/dw of the Hessian-vector product in x of
+// L = Σ tanh(x·w)², against central differences of the Hessian-vector product.
+BOOST_AUTO_TEST_CASE(third_order_through_pruned_walks) {
+  const auto L = [](const TensorList& v) { return ag::sum(ag::square(ag::tanh(ag::matmul(v[0], v[1])))); };
+  const TensorList vals{randn64({2, 3}, 1), randn64({3, 2}, 2)};
+  const Tensor dir = randn64({2, 3}, 3);
+  const auto hvp_dot = [&](const TensorList& p, bool graph) {
+    TensorList q;
+    for (const auto& t : p) q.push_back(graph ? t : t.detach().clone().requires_grad_());
+    ag::GradOptions o;
+    o.create_graph = true;
+    const Tensor g = ag::grad({L(q)}, {q[0]}, o)[0];
+    const Tensor gd = ag::sum(ag::mul(g, dir));
+    const Tensor h = ag::grad({gd}, {q[0]}, o)[0];  // H_xx·dir
+    return std::make_pair(ag::sum(ag::mul(h, dir)), q);
+  };
+  TensorList xs;
+  for (const auto& v : vals) xs.push_back(v.detach().clone().requires_grad_());
+  const auto [s, q] = hvp_dot(xs, true);
+  const Tensor d3 = ag::grad({s}, {xs[1]})[0];
+  const Tensor n = numeric_gradient([&](const TensorList& p) { return hvp_dot(p, false).first.item(); }, vals, 1);
+  check_close(d3, n, 1e-7, "d/dw ⟨dir, H_xx dir⟩");
+}
