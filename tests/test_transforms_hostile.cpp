@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -759,4 +760,56 @@ BOOST_AUTO_TEST_CASE(repeated_outputs_and_passthrough) {
       {x, w}, {vx, vw, vx});
   check_close(c.cotangents[0], ag::mul(ag::add(vx, vw), w), 1e-14, "vjp x");
   check_close(c.cotangents[1], ag::add(ag::mul(ag::add(vx, vw), x), vx), 1e-14, "vjp w");
+}
+
+// A hook fired during grad() for x runs grad() for w over the same (retained) graph: both walks
+// prune differently through the same nodes, and both must give backward()'s numbers.
+BOOST_AUTO_TEST_CASE(nested_grad_over_the_same_graph_from_a_hook) {
+  Tensor x = randn64({2, 3}, 1).requires_grad_(), w = randn64({3, 2}, 2).requires_grad_();
+  Tensor c = randn64({2, 2}, 3).requires_grad_();
+  const Tensor h = ag::matmul(x, w);
+  Tensor k = ag::mul(ag::tanh(h), c);
+  const Tensor y = ag::sum(ag::mul(k, k));
+  Tensor inner_gw, inner_gc;
+  bool fired = false;
+  k.register_hook([&](const Tensor& g) {
+    if (!fired) {
+      fired = true;
+      ag::GradOptions keep;
+      keep.retain_graph = true;
+      const TensorList gs = ag::grad({y}, {w, c}, keep);
+      inner_gw = gs[0], inner_gc = gs[1];
+    }
+    return g;
+  });
+  ag::GradOptions keep;
+  keep.retain_graph = true;
+  const Tensor gx = ag::grad({y}, {x}, keep)[0];
+  BOOST_REQUIRE(fired);
+  Tensor x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
+  Tensor c2 = c.detach().clone().requires_grad_();
+  const Tensor k2 = ag::mul(ag::tanh(ag::matmul(x2, w2)), c2);
+  ag::sum(ag::mul(k2, k2)).backward();
+  check_close(gx, x2.grad(), 1e-12, "outer grad for x");
+  check_close(inner_gw, w2.grad(), 1e-12, "inner grad for w");
+  check_close(inner_gc, c2.grad(), 1e-12, "inner grad for c");
+}
+
+// A rule that splits its work over threads (as OpenMP rules do) and asks needs_input_grad there
+// must get the same answer as on the walk's thread.
+BOOST_AUTO_TEST_CASE(needs_input_grad_same_answer_on_a_worker_thread) {
+  Tensor x = randn64({3}, 1).requires_grad_(), w = randn64({3}, 2).requires_grad_();
+  bool main_w = true, worker_w = true;
+  Tensor y = ag::record("threaded_mul", {x, w}, ag::mul(x, w).detach(), [&, x, w](const TensorList& g, const ag::Node& node) {
+    main_w = node.needs_input_grad(1);
+    std::thread t([&] { worker_w = node.needs_input_grad(1); });
+    t.join();
+    TensorList out(2);
+    if (node.needs_input_grad(0)) out[0] = ag::mul(g[0], w.detach());
+    if (main_w) out[1] = ag::mul(g[0], x.detach());
+    return out;
+  });
+  ag::grad({ag::sum(y)}, {x});
+  BOOST_TEST(!main_w);
+  BOOST_TEST(worker_w == main_w, "needs_input_grad(1): " << main_w << " on the walk's thread, " << worker_w << " on a worker");
 }
