@@ -813,3 +813,39 @@ BOOST_AUTO_TEST_CASE(needs_input_grad_same_answer_on_a_worker_thread) {
   BOOST_TEST(!main_w);
   BOOST_TEST(worker_w == main_w, "needs_input_grad(1): " << main_w << " on the walk's thread, " << worker_w << " on a worker");
 }
+
+BOOST_AUTO_TEST_CASE(invalid_jacobian_mode_is_refused_by_name) {
+  const Tensor x = randn64({2}, 1);
+  ag::JacobianOptions o;
+  o.mode = static_cast<ag::JacobianMode>(7);
+  check_mentions(message_of([&] { ag::jacobian([](const TensorList& a) { return a[0]; }, {x}, o); }), {"jacobian", "7"});
+}
+
+// The same transforms on two threads at once, over the same input data: each gets the
+// single-threaded numbers.
+BOOST_AUTO_TEST_CASE(transforms_on_two_threads_at_once) {
+  const Tensor x = randn64({4}, 1), w = randn64({4, 3}, 2);
+  const auto f = [](const TensorList& a) { return ag::sum(ag::square(ag::tanh(ag::matmul(a[0], a[1])))); };
+  const auto H = ag::hessian(f, {x, w});
+  const TensorList Jf = ag::jacobian([](const TensorList& a) { return ag::tanh(ag::matmul(a[0], a[1])); }, {x, w},
+                                     {.mode = ag::JacobianMode::Forward});
+  std::vector<double> errs(2, 0.0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 20; ++rep) {
+        if (t == 0) {
+          const auto H2 = ag::hessian(f, {x, w});
+          for (std::size_t i = 0; i < 2; ++i)
+            for (std::size_t j = 0; j < 2; ++j) errs[0] = std::max(errs[0], max_abs_diff(H2[i][j], H[i][j]));
+        } else {
+          const TensorList J2 = ag::jacobian([](const TensorList& a) { return ag::tanh(ag::matmul(a[0], a[1])); },
+                                             {x, w}, {.mode = ag::JacobianMode::Forward});
+          for (std::size_t i = 0; i < 2; ++i) errs[1] = std::max(errs[1], max_abs_diff(J2[i], Jf[i]));
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  BOOST_TEST(errs[0] == 0.0);
+  BOOST_TEST(errs[1] == 0.0);
+}
