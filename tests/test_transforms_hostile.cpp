@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <autograd/autograd.hpp>
+#include <nn/nn.hpp>
 
 #include "test_support.hpp"
 
@@ -848,4 +849,43 @@ BOOST_AUTO_TEST_CASE(transforms_on_two_threads_at_once) {
   for (auto& th : threads) th.join();
   BOOST_TEST(errs[0] == 0.0);
   BOOST_TEST(errs[1] == 0.0);
+}
+
+// nn::MultiHeadAttention (packed projection for self-attention, separate ones for cross): grad()
+// for the input alone and for each parameter alone, with and without create_graph, against one
+// backward() of everything.
+BOOST_AUTO_TEST_CASE(pruned_grad_through_multi_head_attention) {
+  for (bool self : {true, false}) {
+    ag::Generator gen(42);
+    nn::MultiHeadAttention mha{nn::MultiHeadAttentionOptions{.embed_dim = 8, .num_heads = 2, .dtype = Dtype::Float64}, gen};
+    const Tensor xv = randn64({2, 3, 8}, 1), kv = randn64({2, 4, 8}, 2);
+    const Tensor seed = randn64({2, 3, 8}, 3);
+    const auto run = [&](const Tensor& x, const Tensor& m) {
+      const Tensor out = self ? mha.forward(x, x, x).output : mha.forward(x, m, m).output;
+      return ag::sum(ag::mul(out, seed));
+    };
+    const std::vector<Tensor> params = mha.parameters();
+    for (const auto& p : params) p.set_grad(Tensor());
+    Tensor x = xv.clone().requires_grad_(), m = kv.clone().requires_grad_();
+    run(x, m).backward();
+    std::vector<Tensor> want;
+    for (const auto& p : params) want.push_back(p.grad().clone());
+    for (const auto& p : params) p.set_grad(Tensor());
+    for (bool create : {false, true}) {
+      ag::GradOptions o;
+      o.create_graph = create;
+      Tensor x2 = xv.clone().requires_grad_(), m2 = kv.clone().requires_grad_();
+      check_close(ag::grad({run(x2, m2)}, {x2}, o)[0], x.grad(), 1e-12, std::string(self ? "self" : "cross") + ": x");
+      if (!self) {
+        Tensor x3 = xv.clone().requires_grad_(), m3 = kv.clone().requires_grad_();
+        check_close(ag::grad({run(x3, m3)}, {m3}, o)[0], m.grad(), 1e-12, "cross: memory");
+      }
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        Tensor x4 = xv.clone().requires_grad_(), m4 = kv.clone().requires_grad_();
+        check_close(ag::grad({run(x4, m4)}, {params[i]}, o)[0], want[i], 1e-12,
+                    std::string(self ? "self" : "cross") + ": parameter " + std::to_string(i) + (create ? " (create_graph)" : ""));
+      }
+      for (const auto& p : params) BOOST_TEST(!p.grad().defined());
+    }
+  }
 }
