@@ -936,3 +936,18 @@ BOOST_AUTO_TEST_CASE(negative_control_pruned_comparison_detects_a_wrong_gradient
   const Tensor g = ag::grad({ag::matmul(x2, w2)}, {x2}, o)[0];
   BOOST_TEST(max_abs_diff(g, x.grad()) > 1e-3);
 }
+
+BOOST_AUTO_TEST_CASE(one_element_non_scalar_output_and_empty_operands) {
+  const Tensor x = randn64({2}, 1);
+  const auto H = ag::hessian([](const TensorList& a) { return ag::reshape(ag::sum(ag::mul(ag::square(a[0]), a[0])), {1, 1}); }, {x});
+  BOOST_REQUIRE((H[0][0].shape() == Shape{1, 1, 2, 2}));
+  const auto h = H[0][0].to_vector(), xv = x.to_vector();
+  BOOST_CHECK_SMALL(h[0] - 6 * xv[0], 1e-12);
+  BOOST_CHECK_SMALL(h[3] - 6 * xv[1], 1e-12);
+  BOOST_CHECK_SMALL(h[1], 1e-15);
+  check_pruned_against_backward("matmul with an empty inner dim", [](const TensorList& v) { return ag::matmul(v[0], v[1]); },
+                                {randn64({2, 0}, 2), randn64({0, 3}, 3)});
+  check_pruned_against_backward("layer_norm of no rows",
+                                [](const TensorList& v) { return ag::layer_norm(v[0], {4}, v[1], v[2]); },
+                                {randn64({0, 4}, 4), randn64({4}, 5), randn64({4}, 6)});
+}
