@@ -92,10 +92,9 @@ const Node* gradient_node(const Tensor& t) {
 }
 
 // fn must compute from its arguments: a result whose graph reaches an input tensor itself (a
-// module's parameter read directly, say) but not the leaf fn was given for it would get a zero
-// derivative for that input, silently. Refused, naming the input.
-void check_used_through_arguments(const char* op, const TensorList& outputs, const TensorList& inputs,
-                                  const TensorList& leaves) {
+// module's parameter read directly, say) would miss that path's part of the derivative (all of it
+// when the leaf fn was given is not used), silently. Refused, naming the input.
+void check_used_through_arguments(const char* op, const TensorList& outputs, const TensorList& inputs) {
   bool any = false;
   for (const auto& t : inputs) any = any || t.requires_grad();
   if (!any) return;
@@ -117,7 +116,7 @@ void check_used_through_arguments(const char* op, const TensorList& outputs, con
     return n != nullptr && seen.count(n) != 0;
   };
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].requires_grad() && !reaches(leaves[i]) && reaches(inputs[i]))
+    if (inputs[i].requires_grad() && reaches(inputs[i]))
       fail(op, "the function's result depends on {} {} itself, not on the argument it was given for it: fn is "
            "called on fresh leaves that share the inputs' data and must compute from those (a function that "
            "reads a module's parameters directly is not differentiated through them)",
@@ -193,7 +192,7 @@ Tensor result_tensor(const char* op, const Shape& lead, const Shape& tail, Dtype
 VjpResult vjp(const TensorListFn& fn, const TensorList& inputs, const TensorList& cotangents) {
   const TensorList leaves = fresh_leaves("vjp", inputs);
   const TensorList ys = call("vjp", fn, leaves);
-  check_used_through_arguments("vjp", ys, inputs, leaves);
+  check_used_through_arguments("vjp", ys, inputs);
   check_vectors("vjp", "cotangents", "output", cotangents, ys);
   VjpResult r;
   r.outputs = detached(ys);
@@ -216,7 +215,7 @@ JvpResult jvp(const std::function<TensorList(const TensorList&)>& fn, const Tens
   const TensorList leaves = fresh_leaves("jvp", inputs);
   check_vectors("jvp", "tangents", "input", tangents, leaves);
   const TensorList ys = call("jvp", fn, leaves);
-  check_used_through_arguments("jvp", ys, inputs, leaves);
+  check_used_through_arguments("jvp", ys, inputs);
   JvpResult r;
   r.outputs = detached(ys);
   // u: a cotangent per output that depends on the inputs; g = Jᵀu, linear in u.
@@ -255,7 +254,7 @@ TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const Jacob
          static_cast<int>(options.mode));
   const TensorList leaves = fresh_leaves("jacobian", inputs);
   const Tensor y = call_one("jacobian", fn, leaves);
-  check_used_through_arguments("jacobian", {y}, inputs, leaves);
+  check_used_through_arguments("jacobian", {y}, inputs);
   TensorList J;
   for (const auto& x : leaves)
     J.push_back(result_tensor("jacobian", y.shape(), x.shape(), wider(y.dtype(), x.dtype()), "Jacobian"));
@@ -297,7 +296,7 @@ TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const Jacob
 std::vector<TensorList> hessian(const GradcheckFn& fn, const TensorList& inputs) {
   const TensorList leaves = fresh_leaves("hessian", inputs);
   const Tensor y = call_one("hessian", fn, leaves);
-  check_used_through_arguments("hessian", {y}, inputs, leaves);
+  check_used_through_arguments("hessian", {y}, inputs);
   if (y.numel() != 1)
     fail("hessian", "the function must return one element (a scalar), got shape {}; take the jacobian of a "
          "non-scalar function instead", shape_str(y.shape()));
