@@ -2,6 +2,8 @@
 // on grad() (grad.cpp) over fresh leaves that share the inputs' data.
 #include "autograd/transforms.hpp"
 
+#include <unistd.h>
+
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -23,8 +25,30 @@ std::string label(const char* what, std::size_t i, const Tensor& t) {
 // "[2, 3] Float64"
 std::string shape_dtype(const Tensor& t) { return fmt::format("{} {}", shape_str(t.shape()), dtype_name(t.dtype())); }
 
-// Fresh leaves over the inputs' data, which fn is differentiated at.
-TensorList fresh_leaves(const char* op, const TensorList& inputs) {
+// How many transforms' functions are running on this thread: a transform called inside another's
+// function (torch.func's jacfwd(jacrev(f))) is nested, and then its results must stay functions
+// of its inputs so the outer transform can differentiate them.
+thread_local int transform_depth = 0;
+
+struct InsideFunction {
+  InsideFunction() { ++transform_depth; }
+  ~InsideFunction() { --transform_depth; }
+  InsideFunction(const InsideFunction&) = delete;
+  InsideFunction& operator=(const InsideFunction&) = delete;
+};
+
+// Nested (inside another transform's function, with an input that carries a gradient): every
+// backward is taken with create_graph and the results are left in the graph.
+bool nested_call(const TensorList& inputs) {
+  if (transform_depth == 0 || !is_grad_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+// Fresh leaves over the inputs' data, which fn is differentiated at. Nested, an input that
+// requires grad gets a differentiable copy instead, so gradients reach it through the copy.
+TensorList fresh_leaves(const char* op, const TensorList& inputs, bool nested = false) {
   if (inputs.empty()) fail(op, "no inputs given: nothing to differentiate with respect to");
   TensorList leaves;
   leaves.reserve(inputs.size());
@@ -34,8 +58,13 @@ TensorList fresh_leaves(const char* op, const TensorList& inputs) {
     if (!is_floating(t.dtype()))
       fail(op, "{} is {}: only Float32 and Float64 tensors can be differentiated (convert with .to())",
            label("input", i, t), shape_dtype(t));
-    Tensor leaf = t.detach();
-    leaf.requires_grad_();
+    Tensor leaf;
+    if (nested && t.requires_grad()) {
+      leaf = t.clone();
+    } else {
+      leaf = t.detach();
+      leaf.requires_grad_();
+    }
     if (!t.name().empty()) leaf.set_name(t.name());
     leaves.push_back(std::move(leaf));
   }
@@ -67,6 +96,7 @@ TensorList call(const char* op, const TensorListFn& fn, const TensorList& leaves
   TensorList ys;
   {
     EnableGradGuard grad_on;
+    InsideFunction inside;
     ys = fn(leaves);
   }
   if (ys.empty()) fail(op, "the function returned no outputs");
@@ -79,6 +109,7 @@ Tensor call_one(const char* op, const GradcheckFn& fn, const TensorList& leaves)
   Tensor y;
   {
     EnableGradGuard grad_on;
+    InsideFunction inside;
     y = fn(leaves);
   }
   check_output(op, 0, y);
@@ -94,11 +125,15 @@ const Node* gradient_node(const Tensor& t) {
 // fn must compute from its arguments: a result whose graph reaches an input tensor itself (a
 // module's parameter read directly, say) would miss that path's part of the derivative (all of it
 // when the leaf fn was given is not used), silently. Refused, naming the input.
-void check_used_through_arguments(const char* op, const TensorList& outputs, const TensorList& inputs) {
+void check_used_through_arguments(const char* op, const TensorList& outputs, const TensorList& inputs,
+                                  const TensorList& leaves) {
   bool any = false;
   for (const auto& t : inputs) any = any || t.requires_grad();
   if (!any) return;
   std::unordered_set<const Node*> seen;
+  // The walk stops at the leaves fn was given (nested, they are copies whose graph reaches the inputs).
+  for (const auto& leaf : leaves)
+    if (const Node* n = gradient_node(leaf)) seen.insert(n);
   std::vector<const Node*> stack;
   for (const auto& y : outputs)
     if (y.requires_grad())
@@ -123,7 +158,9 @@ void check_used_through_arguments(const char* op, const TensorList& outputs, con
            label("input", i, inputs[i]), shape_str(inputs[i].shape()));
 }
 
-TensorList detached(const TensorList& ts) {
+// The results as they leave a transform: outside any graph, or kept in it when nested.
+TensorList detached(const TensorList& ts, bool nested = false) {
+  if (nested) return ts;
   TensorList out;
   out.reserve(ts.size());
   for (const auto& t : ts) out.push_back(t.detach());
@@ -132,19 +169,38 @@ TensorList detached(const TensorList& ts) {
 
 Tensor or_zeros(const Tensor& g, const Tensor& like) { return g.defined() ? g : zeros(like.shape(), like.dtype()); }
 
-// grad() with create_graph, the first half of forward mode: a custom Function whose backward is
-// once_differentiable throws there, and the message then says which transform needed it.
-TensorList grad_with_graph(const char* op, const TensorList& outputs, const TensorList& inputs, const TensorList& seeds) {
-  GradOptions first;
-  first.grad_outputs = seeds;
-  first.create_graph = true;
-  first.allow_unused = true;
+// grad() for a transform, its failures named by it: with create_graph (the first half of forward
+// mode, and every backward of a nested transform) a custom Function whose backward is
+// once_differentiable throws, and a function that freed its own graph (by calling backward())
+// makes the walk throw.
+TensorList transform_grad(const char* op, const TensorList& outputs, const TensorList& inputs, const TensorList& seeds,
+                          bool create_graph, bool retain_graph = true) {
+  GradOptions o;
+  o.grad_outputs = seeds;
+  o.create_graph = create_graph;
+  o.retain_graph = retain_graph || create_graph;
+  o.allow_unused = true;
   try {
     EnableGradGuard grad_on;
-    return grad(outputs, inputs, first);
+    return grad(outputs, inputs, o);
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error(fmt::format("{}: differentiating the backward pass (create_graph) failed: {}", op, e.what()));
+    if (create_graph)
+      throw std::runtime_error(fmt::format("{}: differentiating the backward pass (create_graph) failed: {}", op, e.what()));
+    throw std::runtime_error(fmt::format("{}: the backward pass through the function failed: {}", op, e.what()));
   }
+}
+
+TensorList grad_with_graph(const char* op, const TensorList& outputs, const TensorList& inputs, const TensorList& seeds) {
+  return transform_grad(op, outputs, inputs, seeds, true);
+}
+
+// A result that shares storage with a tangent or cotangent given (the identity's J·v is v) gets
+// storage of its own, so changing the argument later does not change it.
+Tensor own(const Tensor& t, const TensorList& given) {
+  if (!t.defined()) return t;
+  for (const auto& v : given)
+    if (v.defined() && v.impl()->storage == t.impl()->storage) return t.requires_grad() ? t.clone() : t.detach().clone();
+  return t;
 }
 
 // One-hot tensor: 1 at flat index k.
@@ -178,46 +234,76 @@ Shape concat(const Shape& a, const Shape& b) {
 
 Dtype wider(Dtype a, Dtype b) { return a == Dtype::Float64 || b == Dtype::Float64 ? Dtype::Float64 : Dtype::Float32; }
 
-// A zero tensor of shape lead ++ tail, its size checked first.
+// The machine's physical memory in bytes (0 when the system does not say).
+double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
+// "8 TiB", "23.5 GiB", "512 MiB"
+std::string byte_size(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) bytes /= 1024, ++u;
+  return fmt::format("{:.3g} {}", bytes, units[u]);
+}
+
+// A zero tensor of shape lead ++ tail, its size checked first: a dense result larger than the
+// machine's memory is refused by name before anything is allocated or computed.
 Tensor result_tensor(const char* op, const Shape& lead, const Shape& tail, Dtype dtype, const char* what) {
   const Shape shape = concat(lead, tail);
   std::int64_t numel = 0;
   if (!numel_fits(shape, numel))
     fail(op, "the {} {} has more elements than fit in 64 bits", what, shape_str(shape));
+  const double bytes = static_cast<double>(numel) * static_cast<double>(dtype_size(dtype));
+  const double memory = physical_memory_bytes();
+  if (memory > 0 && bytes > memory)
+    fail(op, "the {} {} of {} needs {}, more than this machine's memory ({}); take vjp or jvp "
+         "products with the directions wanted instead", what, shape_str(shape), dtype_name(dtype),
+         byte_size(bytes), byte_size(memory));
   return zeros(shape, dtype);
+}
+
+// Nested: a Jacobian or Hessian assembled from its rows (or columns) with differentiable ops, so
+// it stays a function of the inputs. `parts` are stacked along `dim`, converted to dtype and
+// reshaped to `shape`; an undefined part (no dependence) is zeros of the shape `like`.
+Tensor assemble(TensorList parts, const Shape& like, std::int64_t dim, const Shape& shape, Dtype dtype) {
+  if (parts.empty()) return zeros(shape, dtype);
+  for (auto& t : parts) {
+    if (!t.defined()) t = zeros(like, dtype);
+    if (t.dtype() != dtype) t = t.to(dtype);
+  }
+  return reshape(stack(parts, dim), shape);
 }
 
 }  // namespace
 
 VjpResult vjp(const TensorListFn& fn, const TensorList& inputs, const TensorList& cotangents) {
-  const TensorList leaves = fresh_leaves("vjp", inputs);
+  const bool nested = nested_call(inputs) || nested_call(cotangents);
+  const TensorList leaves = fresh_leaves("vjp", inputs, nested);
   const TensorList ys = call("vjp", fn, leaves);
-  check_used_through_arguments("vjp", ys, inputs);
+  check_used_through_arguments("vjp", ys, inputs, leaves);
   check_vectors("vjp", "cotangents", "output", cotangents, ys);
   VjpResult r;
-  r.outputs = detached(ys);
+  r.outputs = detached(ys, nested);
   TensorList roots, seeds;
   for (std::size_t j = 0; j < ys.size(); ++j)
-    if (ys[j].requires_grad()) roots.push_back(ys[j]), seeds.push_back(cotangents[j].detach());
+    if (ys[j].requires_grad()) roots.push_back(ys[j]), seeds.push_back(nested ? cotangents[j] : cotangents[j].detach());
   TensorList g(leaves.size());
-  if (!roots.empty()) {
-    GradOptions options;
-    options.grad_outputs = seeds;
-    options.allow_unused = true;
-    g = grad(roots, leaves, options);
-  }
-  for (std::size_t i = 0; i < leaves.size(); ++i) r.cotangents.push_back(or_zeros(g[i], leaves[i]));
+  if (!roots.empty()) g = transform_grad("vjp", roots, leaves, seeds, nested, false);
+  for (std::size_t i = 0; i < leaves.size(); ++i) r.cotangents.push_back(own(or_zeros(g[i], leaves[i]), cotangents));
   return r;
 }
 
 JvpResult jvp(const std::function<TensorList(const TensorList&)>& fn, const TensorList& inputs,
               const TensorList& tangents) {
-  const TensorList leaves = fresh_leaves("jvp", inputs);
+  const bool nested = nested_call(inputs) || nested_call(tangents);
+  const TensorList leaves = fresh_leaves("jvp", inputs, nested);
   check_vectors("jvp", "tangents", "input", tangents, leaves);
   const TensorList ys = call("jvp", fn, leaves);
-  check_used_through_arguments("jvp", ys, inputs);
+  check_used_through_arguments("jvp", ys, inputs, leaves);
   JvpResult r;
-  r.outputs = detached(ys);
+  r.outputs = detached(ys, nested);
   // u: a cotangent per output that depends on the inputs; g = Jᵀu, linear in u.
   std::vector<std::size_t> live;
   TensorList roots, us;
@@ -233,18 +319,14 @@ JvpResult jvp(const std::function<TensorList(const TensorList&)>& fn, const Tens
     // J·v = d(Σ_i ⟨g_i(u), v_i⟩)/du, over the gradients that depend on u.
     TensorList gs, vs;
     for (std::size_t i = 0; i < g.size(); ++i)
-      if (g[i].defined() && g[i].requires_grad()) gs.push_back(g[i]), vs.push_back(tangents[i].detach());
-    if (!gs.empty()) {
-      GradOptions second;
-      second.grad_outputs = vs;
-      second.allow_unused = true;
-      jv = grad(gs, us, second);
-    }
+      if (g[i].defined() && g[i].requires_grad())
+        gs.push_back(g[i]), vs.push_back(nested ? tangents[i] : tangents[i].detach());
+    if (!gs.empty()) jv = transform_grad("jvp", gs, us, vs, nested, false);
   }
   r.tangents.resize(ys.size());
   for (std::size_t j = 0; j < ys.size(); ++j) r.tangents[j] = zeros(ys[j].shape(), ys[j].dtype());
   for (std::size_t k = 0; k < live.size(); ++k)
-    if (jv[k].defined()) r.tangents[live[k]] = jv[k];
+    if (jv[k].defined()) r.tangents[live[k]] = own(jv[k], tangents);
   return r;
 }
 
@@ -252,26 +334,33 @@ TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const Jacob
   if (options.mode != JacobianMode::Reverse && options.mode != JacobianMode::Forward)
     fail("jacobian", "mode {} is neither JacobianMode::Reverse nor JacobianMode::Forward",
          static_cast<int>(options.mode));
-  const TensorList leaves = fresh_leaves("jacobian", inputs);
+  const bool nested = nested_call(inputs);
+  const TensorList leaves = fresh_leaves("jacobian", inputs, nested);
   const Tensor y = call_one("jacobian", fn, leaves);
-  check_used_through_arguments("jacobian", {y}, inputs);
+  check_used_through_arguments("jacobian", {y}, inputs, leaves);
   TensorList J;
   for (const auto& x : leaves)
     J.push_back(result_tensor("jacobian", y.shape(), x.shape(), wider(y.dtype(), x.dtype()), "Jacobian"));
   if (!y.requires_grad()) return J;  // constant in every input
   const std::int64_t M = y.numel();
+  // Nested, each backward keeps its graph and the rows (columns) are assembled differentiably.
+  const auto backward = [&](const TensorList& outputs, const TensorList& wrt, const Tensor& seed, bool keep) {
+    return transform_grad("jacobian", outputs, wrt, {seed}, nested, keep);
+  };
 
   if (options.mode == JacobianMode::Reverse) {
     // Row m: the gradients for a unit cotangent at output element m, all through one graph.
+    std::vector<TensorList> rows(leaves.size());
     for (std::int64_t m = 0; m < M; ++m) {
-      GradOptions row;
-      row.grad_outputs = {unit(y.shape(), y.dtype(), m)};
-      row.retain_graph = m + 1 < M;
-      row.allow_unused = true;
-      const TensorList g = grad({y}, leaves, row);
-      for (std::size_t i = 0; i < leaves.size(); ++i)
-        if (g[i].defined()) scatter_into(J[i], m * leaves[i].numel(), 1, g[i]);
+      const TensorList g = backward({y}, leaves, unit(y.shape(), y.dtype(), m), m + 1 < M);
+      for (std::size_t i = 0; i < leaves.size(); ++i) {
+        if (nested) rows[i].push_back(g[i]);
+        else if (g[i].defined()) scatter_into(J[i], m * leaves[i].numel(), 1, g[i]);
+      }
     }
+    if (nested)
+      for (std::size_t i = 0; i < leaves.size(); ++i)
+        J[i] = assemble(rows[i], leaves[i].shape(), 0, J[i].shape(), J[i].dtype());
     return J;
   }
 
@@ -281,22 +370,22 @@ TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const Jacob
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     if (!g[i].defined() || !g[i].requires_grad()) continue;
     const std::int64_t N = leaves[i].numel();
+    TensorList columns;
     for (std::int64_t n = 0; n < N; ++n) {
-      GradOptions column;
-      column.grad_outputs = {unit(leaves[i].shape(), leaves[i].dtype(), n)};
-      column.retain_graph = true;
-      column.allow_unused = true;
-      const TensorList jv = grad({g[i]}, {u}, column);
-      if (jv[0].defined()) scatter_into(J[i], n, N, jv[0]);
+      const Tensor jv = backward({g[i]}, {u}, unit(leaves[i].shape(), leaves[i].dtype(), n), true)[0];
+      if (nested) columns.push_back(jv);
+      else if (jv.defined()) scatter_into(J[i], n, N, jv);
     }
+    if (nested) J[i] = assemble(columns, y.shape(), y.dim(), J[i].shape(), J[i].dtype());
   }
   return J;
 }
 
 std::vector<TensorList> hessian(const GradcheckFn& fn, const TensorList& inputs) {
-  const TensorList leaves = fresh_leaves("hessian", inputs);
+  const bool nested = nested_call(inputs);
+  const TensorList leaves = fresh_leaves("hessian", inputs, nested);
   const Tensor y = call_one("hessian", fn, leaves);
-  check_used_through_arguments("hessian", {y}, inputs);
+  check_used_through_arguments("hessian", {y}, inputs, leaves);
   if (y.numel() != 1)
     fail("hessian", "the function must return one element (a scalar), got shape {}; take the jacobian of a "
          "non-scalar function instead", shape_str(y.shape()));
@@ -311,15 +400,17 @@ std::vector<TensorList> hessian(const GradcheckFn& fn, const TensorList& inputs)
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     if (!g[i].defined() || !g[i].requires_grad()) continue;  // linear in inputs[i]: zero rows
     const std::int64_t N = leaves[i].numel();
+    std::vector<TensorList> rows(leaves.size());
     for (std::int64_t m = 0; m < N; ++m) {
-      GradOptions row;
-      row.grad_outputs = {unit(g[i].shape(), g[i].dtype(), m)};
-      row.retain_graph = true;
-      row.allow_unused = true;
-      const TensorList h = grad({g[i]}, leaves, row);
-      for (std::size_t j = 0; j < leaves.size(); ++j)
-        if (h[j].defined()) scatter_into(H[i][j], m * leaves[j].numel(), 1, h[j]);
+      const TensorList h = transform_grad("hessian", {g[i]}, leaves, {unit(g[i].shape(), g[i].dtype(), m)}, nested);
+      for (std::size_t j = 0; j < leaves.size(); ++j) {
+        if (nested) rows[j].push_back(h[j]);
+        else if (h[j].defined()) scatter_into(H[i][j], m * leaves[j].numel(), 1, h[j]);
+      }
     }
+    if (nested)
+      for (std::size_t j = 0; j < leaves.size(); ++j)
+        H[i][j] = assemble(rows[j], leaves[j].shape(), 0, H[i][j].shape(), H[i][j].dtype());
   }
   return H;
 }
