@@ -254,3 +254,109 @@ BOOST_AUTO_TEST_CASE(input_errors_name_the_input_by_its_tensor_name) {
              "gradcheck: input 1 is the .grad() of 'b_Q' [2], which is undefined: no backward has reached it yet "
              "(call backward() on a loss that depends on it)");
 }
+
+// ---- the forward-mode check (check_forward_ad) ----
+
+namespace {
+
+// x³ whose backward reads raw values without saying so: right at first order; the engine finds
+// its gradient outside the graph when create_graph asks for more.
+struct CubeFromRawValues : ag::Function<CubeFromRawValues> {
+  static constexpr const char* name = "cube_raw";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x * x;
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    auto x = ctx.saved_tensors()[0].to_vector(), gv = g[0].to_vector();
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 3 * x[i] * x[i] * gv[i];
+    return {ag::tensor(x, g[0].shape(), g[0].dtype())};
+  }
+};
+
+// x³ with two rules, as an op with a fast rule and a composed one has: the one used under
+// create_graph is 1 % off, the plain one right. First order passes; forward mode must not.
+struct CubeWithDriftedComposedRule : ag::Function<CubeWithDriftedComposedRule> {
+  static constexpr const char* name = "cube_drifted";
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x * x;
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    const Tensor x = ctx.saved_tensors()[0];
+    return {g[0] * (ag::is_grad_enabled() ? 3.03 : 3.0) * x * x};
+  }
+};
+
+struct CubeOnce : ag::Function<CubeOnce> {
+  static constexpr const char* name = "cube_once";
+  static constexpr bool once_differentiable = true;
+  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
+    ctx.save_for_backward({x});
+    return x * x * x;
+  }
+  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
+    const Tensor x = ctx.saved_tensors()[0];
+    return {g[0] * 3.0 * x * x};
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(forward_mode_is_checked_by_default_and_passes_right_rules) {
+  Tensor x = input({2, 3}, 11), w = input({3, 2}, 12);
+  auto r = ag::gradcheck([](const TensorList& in) { return ag::tanh(ag::matmul(Cube::apply(in[0]), in[1])); }, {x, w});
+  BOOST_TEST_MESSAGE(fmt::format("{}", r));
+  BOOST_TEST(r.ok);
+  BOOST_TEST(r.forward_checked);
+  BOOST_TEST(r.forward_ok);
+  BOOST_TEST(r.forward_dot_error < 1e-13);
+  BOOST_TEST(r.forward_max_abs_error < 1e-8);
+  BOOST_TEST(fmt::format("{}", r).find("forward mode ok") != std::string::npos);
+  BOOST_TEST(!x.grad().defined());  // nothing left behind
+}
+
+BOOST_AUTO_TEST_CASE(forward_mode_fails_a_drifted_composed_rule) {
+  Tensor x = input({2, 3}, 13);
+  const ag::GradcheckFn fn = [](const TensorList& in) { return CubeWithDriftedComposedRule::apply(in[0]); };
+  auto r = ag::gradcheck(fn, {x});
+  BOOST_TEST_MESSAGE(fmt::format("{}", r));
+  BOOST_TEST(r.reverse_ok);  // first order is right
+  BOOST_TEST(!r.forward_ok);
+  BOOST_TEST(!r.ok);
+  BOOST_TEST(r.forward_dot_error > 1e-3);
+  BOOST_TEST(r.message.find("forward mode, direction 0") != std::string::npos, r.message);
+  ag::GradcheckOptions first_order_only;
+  first_order_only.check_forward_ad = false;
+  auto r1 = ag::gradcheck(fn, {x}, first_order_only);
+  BOOST_TEST(r1.ok);
+  BOOST_TEST(!r1.forward_checked);
+  BOOST_TEST(r1.forward_skipped.empty());
+}
+
+BOOST_AUTO_TEST_CASE(forward_mode_is_skipped_with_the_reason_for_a_backward_that_cannot_be_differentiated) {
+  Tensor x = input({4}, 14);
+  for (const auto& [name, fn] : {std::pair<std::string, ag::GradcheckFn>{"cube_once", [](const TensorList& in) {
+                                   return CubeOnce::apply(in[0]);
+                                 }},
+                                 {"cube_raw", [](const TensorList& in) { return CubeFromRawValues::apply(in[0]); }}}) {
+    auto r = ag::gradcheck(fn, {x});
+    BOOST_TEST(r.ok, name);
+    BOOST_TEST(!r.forward_checked, name);
+    BOOST_TEST(r.forward_skipped.find(name) != std::string::npos, r.forward_skipped);
+    BOOST_TEST(fmt::format("{}", r).find("forward mode not checked") != std::string::npos, name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gradgradcheck_checks_forward_mode_of_the_gradient_too) {
+  Tensor x = input({3}, 15);
+  auto good = ag::gradgradcheck([](const TensorList& in) { return ag::sum(ag::exp(in[0]) * in[0]); }, {x});
+  BOOST_TEST(good.ok);
+  BOOST_TEST(good.forward_checked);
+  ag::GradcheckOptions bad_directions;
+  bad_directions.forward_directions = 0;
+  BOOST_CHECK_THROW(ag::gradcheck([](const TensorList& in) { return in[0] * 2.0; }, {x}, bad_directions),
+                    std::invalid_argument);
+  bad_directions.check_forward_ad = false;
+  BOOST_TEST(ag::gradcheck([](const TensorList& in) { return in[0] * 2.0; }, {x}, bad_directions).ok);
+}

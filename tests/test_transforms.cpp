@@ -867,3 +867,82 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_by_name_with_the_shapes) {
   const auto wv = w.to_vector(), Jv = J.to_vector();
   for (std::size_t k = 0; k < 3; ++k) BOOST_TEST(std::abs(Jv[k * 4] - 3 * wv[k] * wv[k]) <= 1e-12 * (1 + Jv[k * 4]));
 }
+
+// ---- transforms composed ----
+
+namespace {
+
+// f(x, w) = Σ tanh(W x)·w³ + Σ x²w: every second derivative is non-zero and differs per element.
+Tensor composed_f(const TensorList& a) {
+  const Tensor W = ag::tensor({0.3, -0.7, 0.2, 0.5, 0.1, -0.4, 0.8, 0.6, -0.2}, {3, 3}, Dtype::Float64);
+  return ag::sum(ag::tanh(ag::matmul(W, a[0])) * a[1] * a[1] * a[1]) + ag::sum(a[0] * a[0] * a[1]);
+}
+
+// torch.func's jacrev: the gradient of composed_f with respect to input i, as a transform of its own.
+ag::GradcheckFn gradient_of(std::size_t i) {
+  return [i](const TensorList& a) { return ag::jacobian(composed_f, a)[i]; };
+}
+
+}  // namespace
+
+// jacfwd(jacrev(f)) and jacrev(jacrev(f)) are the Hessian; jvp of a vjp is a Hessian-vector
+// product; a transform called inside another keeps its results in the graph for it.
+BOOST_AUTO_TEST_CASE(composed_transforms_give_the_hessian_and_its_products) {
+  const TensorList x{randn64({3}, 1300), randn64({3}, 1301)};
+  const auto H = ag::hessian(composed_f, x);
+  for (auto mode : {ag::JacobianMode::Reverse, ag::JacobianMode::Forward})
+    for (std::size_t i = 0; i < 2; ++i) {
+      const TensorList Hi = ag::jacobian(gradient_of(i), x, {.mode = mode});
+      for (std::size_t j = 0; j < 2; ++j) {
+        const double e = relative_error(Hi[j], H[i][j]);
+        BOOST_TEST(e <= kExactTol, "jacobian of the gradient, block " << i << j << ": " << e);
+        BOOST_TEST(!Hi[j].requires_grad());  // the outermost transform's results are outside any graph
+      }
+    }
+  // jvp(x ↦ vjp(f, x, 1)) along v: H·v.
+  const TensorList v{randn64({3}, 1302), randn64({3}, 1303)};
+  const auto grad_f = [](const TensorList& a) {
+    return ag::vjp([](const TensorList& b) { return TensorList{composed_f(b)}; }, a, {ag::ones({}, Dtype::Float64)})
+        .cotangents;
+  };
+  const auto hv = ag::jvp(grad_f, x, v);
+  const TensorList want = ag::hvp(composed_f, {x[0].detach().clone().requires_grad_(),
+                                               x[1].detach().clone().requires_grad_()}, v);
+  for (std::size_t i = 0; i < 2; ++i) BOOST_TEST(relative_error(hv.tangents[i], want[i]) <= kExactTol);
+  // Third order: the Jacobian of the Hessian against central differences of the Hessian.
+  const ag::GradcheckFn hessian_xx = [](const TensorList& a) { return ag::hessian(composed_f, a)[0][0]; };
+  const Tensor T = ag::jacobian(hessian_xx, x)[1];  // d H_xx / dw: [3, 3, 3]
+  const double h = 1e-4;
+  std::vector<double> numeric;
+  for (std::int64_t k = 0; k < 3; ++k) {
+    TensorList p{x[0], x[1].clone()}, m{x[0], x[1].clone()};
+    p[1].data<double>()[k] += h;
+    m[1].data<double>()[k] -= h;
+    const auto hp = hessian_xx(p).to_vector(), hm = hessian_xx(m).to_vector();
+    for (std::size_t e = 0; e < hp.size(); ++e) numeric.push_back((hp[e] - hm[e]) / (2 * h));
+  }
+  // numeric is laid out [k][a][b]; T is [a][b][k].
+  const auto t = T.to_vector();
+  double worst = 0, scale = 0;
+  for (std::size_t a = 0; a < 9; ++a)
+    for (std::size_t k = 0; k < 3; ++k) {
+      worst = std::max(worst, std::abs(t[a * 3 + k] - numeric[k * 9 + a]));
+      scale = std::max(scale, std::abs(numeric[k * 9 + a]));
+    }
+  BOOST_TEST(scale > 0.1);
+  BOOST_TEST(worst / scale <= 1e-7, "third derivatives against differences of the Hessian: " << worst / scale);
+}
+
+// Negative control: the composed Hessian is not the Hessian of another function, and a transform
+// whose inner result were cut from the graph (detached) would give zeros, which the check rejects.
+BOOST_AUTO_TEST_CASE(composed_transform_checks_fail_a_wrong_or_cut_inner_transform) {
+  const TensorList x{randn64({3}, 1300), randn64({3}, 1301)};
+  const auto H = ag::hessian(composed_f, x);
+  const ag::GradcheckFn cut = [](const TensorList& a) { return ag::jacobian(composed_f, a)[0].detach(); };
+  const Tensor zeros_block = ag::jacobian(cut, x)[0];
+  BOOST_TEST(test_support::max_abs_diff(zeros_block, H[0][0]) > 1e-2);
+  const ag::GradcheckFn other = [](const TensorList& a) {
+    return ag::jacobian([](const TensorList& b) { return composed_f(b) + ag::sum(b[0] * b[0] * b[0]); }, a)[0];
+  };
+  BOOST_TEST(relative_error(ag::jacobian(other, x)[0], H[0][0]) > 1e-2);
+}

@@ -132,6 +132,10 @@ void check_gradcheck_options(std::string_view op, const GradcheckOptions& opt) {
   if (!(opt.atol >= 0) || !(opt.rtol >= 0) || !std::isfinite(opt.atol) || !std::isfinite(opt.rtol))
     fail(op, "atol and rtol must be finite and >= 0, got atol = {}, rtol = {}", opt.atol, opt.rtol);
   if (opt.num_projections < 0) fail(op, "num_projections must not be negative, got {}", opt.num_projections);
+  if (opt.check_forward_ad && opt.forward_directions < 1)
+    fail(op, "forward_directions must be at least 1 when check_forward_ad is on, got {}", opt.forward_directions);
+  if (!(opt.forward_dot_rtol >= 0) || !std::isfinite(opt.forward_dot_rtol))
+    fail(op, "forward_dot_rtol must be finite and >= 0, got {}", opt.forward_dot_rtol);
 }
 
 }  // namespace detail
@@ -230,6 +234,111 @@ struct Check {
       tally.add(analytic, numeric, -1, p, -1);
     }
   }
+
+  // The output at the original inputs plus step·v, v one vector per checked input.
+  std::vector<double> shifted(const std::vector<std::vector<double>>& v, double step) const {
+    NoGradGuard no_grad;
+    for (std::size_t c = 0; c < checked.size(); ++c) {
+      const std::size_t i = checked[c];
+      double* x = inputs[i].data<double>();
+      for (std::size_t k = 0; k < v[c].size(); ++k) x[k] = state.original(i, k) + step * v[c][k];
+      inputs[i].mark_modified();
+    }
+    auto out = evaluate(op, fn, inputs).to_vector();
+    for (auto i : checked) state.restore_values(i);
+    return out;
+  }
+
+  // Forward mode along random directions (GradcheckOptions::check_forward_ad). J·v is the
+  // derivative, with respect to w, of ⟨Jᵀw, v⟩: a backward with create_graph at a cotangent w
+  // that requires grad, then a backward of that through its graph against v.
+  void forward_mode(GradcheckResult& r) {
+    Generator gen(opt.seed ^ 0xD1B54A32D192ED03ull);
+    for (int p = 0; p < opt.forward_directions; ++p) {
+      Tensor out = evaluate(op, fn, inputs);
+      const Tensor u = randn(out.shape(), Dtype::Float64, gen);
+      std::vector<std::vector<double>> v;
+      TensorList wrt, vs;
+      for (auto i : checked) {
+        const Tensor vi = randn(inputs[i].shape(), Dtype::Float64, gen);
+        v.push_back(vi.to_vector());
+        vs.push_back(vi);
+        wrt.push_back(inputs[i]);
+      }
+      std::vector<double> jv(static_cast<std::size_t>(out.numel()), 0.0);
+      if (out.requires_grad()) {
+        const Tensor w = zeros(out.shape(), Dtype::Float64).requires_grad_();
+        GradOptions first;
+        first.grad_outputs = {w};
+        first.create_graph = true;
+        first.allow_unused = true;
+        TensorList g;
+        try {
+          g = grad({out}, wrt, first);
+        } catch (const std::runtime_error& e) {
+          r.forward_skipped = fmt::format("the backward cannot be differentiated: {}", e.what());
+          return;
+        }
+        TensorList gs, ds;
+        for (std::size_t c = 0; c < g.size(); ++c)
+          if (g[c].defined() && g[c].requires_grad()) gs.push_back(g[c]), ds.push_back(vs[c]);
+        if (!gs.empty()) {
+          GradOptions second;
+          second.grad_outputs = ds;
+          second.allow_unused = true;
+          const Tensor t = grad(gs, {w}, second)[0];
+          if (t.defined()) jv = t.to_vector();
+        }
+      }
+      // Reverse mode from a plain backward on the same graph: Jᵀu.
+      y = out;
+      const auto ju = vjp(u);
+      y = Tensor();
+      out = Tensor();
+      const auto uv = u.to_vector();
+      double fwd = 0.0, rev = 0.0, scale = 0.0;
+      for (std::size_t j = 0; j < jv.size(); ++j) fwd += uv[j] * jv[j], scale += std::abs(uv[j] * jv[j]);
+      for (std::size_t c = 0; c < v.size(); ++c)
+        for (std::size_t k = 0; k < v[c].size(); ++k) rev += ju[c][k] * v[c][k], scale += std::abs(ju[c][k] * v[c][k]);
+      // Rounding bound: relative to the sums of the products' magnitudes, with atol·‖u‖‖v‖ as the
+      // floor where the derivative is zero and both sides are rounding residue.
+      double uu = 0.0, vv = 0.0;
+      for (double e : uv) uu += e * e;
+      for (const auto& vc : v)
+        for (double e : vc) vv += e * e;
+      const double err = std::abs(fwd - rev);
+      const double allowed = opt.forward_dot_rtol * scale + opt.atol * std::sqrt(uu * vv);
+      const double dot = scale > 0 ? err / scale : err;
+      r.forward_dot_error = std::max(r.forward_dot_error, std::isnan(dot) ? std::numeric_limits<double>::infinity() : dot);
+      if (!(err <= allowed) && r.forward_ok) {
+        r.forward_ok = false;
+        r.forward_message = fmt::format(
+            "forward mode, direction {}: <u, J·v> = {:.17g} but <Jᵀu, v> = {:.17g} (difference {:.3e} > allowed "
+            "{:.3e} = forward_dot_rtol {:g} * {:.3e} + atol {:g} * |u||v| {:.3e}): forward mode (the backward's own "
+            "derivative) disagrees with reverse mode",
+            p, fwd, rev, err, allowed, opt.forward_dot_rtol, scale, opt.atol, std::sqrt(uu * vv));
+      }
+      // J·v against central differences along v.
+      const auto plus = shifted(v, opt.eps), minus = shifted(v, -opt.eps);
+      if (plus.size() != jv.size() || minus.size() != jv.size())
+        fail(op, "the function's output size changed between evaluations");
+      for (std::size_t j = 0; j < jv.size(); ++j) {
+        const double numeric = (plus[j] - minus[j]) / (2.0 * opt.eps);
+        const double err = std::abs(jv[j] - numeric);
+        r.forward_max_abs_error =
+            std::max(r.forward_max_abs_error, std::isnan(err) ? std::numeric_limits<double>::infinity() : err);
+        const double allowed = opt.atol + opt.rtol * std::abs(numeric);
+        if (!(err <= allowed) && r.forward_ok) {
+          r.forward_ok = false;
+          r.forward_message = fmt::format(
+              "forward mode, direction {}, output element {}: J·v = {:.10g} vs numeric {:.10g}; |J·v - numeric| = "
+              "{:.3e} > allowed {:.3e} = atol {:g} + rtol {:g} * |numeric| (eps {:g})",
+              p, j, jv[j], numeric, err, allowed, opt.atol, opt.rtol, opt.eps);
+        }
+      }
+    }
+    r.forward_checked = true;
+  }
 };
 
 }  // namespace
@@ -267,18 +376,22 @@ GradcheckResult detail::gradcheck_as(std::string_view op, const GradcheckFn& fn,
   } else {
     check.full_jacobian();
   }
+  r.reverse_ok = r.ok;
+  if (opt.check_forward_ad) check.forward_mode(r);
+  r.ok = r.reverse_ok && r.forward_ok;
 
   if (r.worst_input >= 0) {
     const Tensor& worst = inputs[static_cast<std::size_t>(r.worst_input)];
     r.worst_index = unravel(r.worst_element, worst.shape());
     r.worst_input_name = worst.name();
   }
-  if (!r.ok) {
+  if (!r.reverse_ok) {
     r.message = r.projected
         ? fmt::format("projection {}: analytic {:.10g} vs numeric {:.10g}", r.worst_element, r.analytic, r.numeric)
         : fmt::format("{}: analytic {:.10g} vs numeric {:.10g}", worst_element_text(r), r.analytic, r.numeric);
     r.message += "; " + tolerance_text(r);
   }
+  if (!r.forward_ok) r.message += (r.message.empty() ? "" : "; ") + r.forward_message;
   return r;
 }
 
@@ -310,6 +423,12 @@ fmt::format_context::iterator fmt::formatter<autograd::GradcheckResult>::format(
         : fmt::format("; worst: {}, analytic {:.10g}, numeric {:.10g}", autograd::worst_element_text(r),
                       r.analytic, r.numeric);
   }
-  if (!r.ok && (r.worst_input >= 0 || r.projected)) text += "; " + autograd::tolerance_text(r);
+  if (!r.reverse_ok && (r.worst_input >= 0 || r.projected)) text += "; " + autograd::tolerance_text(r);
+  if (r.forward_checked)
+    text += fmt::format("; forward mode {}: dot-product error {:.1e}, max abs error {:.3e}",
+                        r.forward_ok ? "ok" : "FAILED", r.forward_dot_error, r.forward_max_abs_error);
+  else if (!r.forward_skipped.empty())
+    text += "; forward mode not checked: " + r.forward_skipped;
+  if (!r.forward_ok) text += "; " + r.forward_message;
   return fmt::formatter<std::string_view>::format(text, ctx);
 }

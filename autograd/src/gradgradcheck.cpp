@@ -87,13 +87,14 @@ GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& 
     return cat(flat, 0);
   };
   GradcheckResult r = detail::gradcheck_as(op, first_derivative, inputs, options);
-  if (!r.ok && !r.projected && r.worst_output >= 0) {
+  if (!r.reverse_ok && !r.projected && r.worst_output >= 0) {
     const std::string name = r.worst_input_name.empty() ? std::string() : fmt::format(" {}", quoted(r.worst_input_name));
     r.message = fmt::format(
         "second derivative of the gradient of {} with respect to input {}{} element {} {}: analytic {:.10g} vs "
         "numeric {:.10g}; {}",
         gradient_element(r.worst_output, inputs, checked), r.worst_input, name, r.worst_element,
         shape_str(r.worst_index), r.analytic, r.numeric, tolerance_text(r));
+    if (!r.forward_ok) r.message += "; " + r.forward_message;
   }
   return r;
 }

@@ -26,6 +26,19 @@ struct GradcheckOptions {
   std::int64_t max_full_jacobian = 1 << 18;
   int num_projections = 16;
   std::uint64_t seed = 0;
+  // Forward mode as well (PyTorch's check_forward_ad): along forward_directions random directions
+  // v, J·v from jvp's construction (the derivative of the backward's graph, create_graph) is
+  // compared with reverse mode by the dot-product test ⟨u, J·v⟩ = ⟨Jᵀu, v⟩ (Jᵀu from a plain
+  // backward, exact to rounding: the difference at most forward_dot_rtol times the sums of the
+  // products' magnitudes, plus atol·‖u‖‖v‖ for derivatives that are zero) and with central
+  // differences (f(x + eps·v) - f(x - eps·v)) / 2eps element by element (atol, rtol). It costs
+  // about 2 forwards and 3 backwards per direction. A function whose backward cannot be
+  // differentiated (a custom Function declared once_differentiable, or one whose backward
+  // computes from raw values) skips it, saying why (forward_skipped). It catches a backward whose
+  // create_graph form disagrees with its plain form (an op with a fast and a composed rule).
+  bool check_forward_ad = true;
+  int forward_directions = 2;
+  double forward_dot_rtol = 1e-10;
 };
 
 struct GradcheckResult {
@@ -44,6 +57,15 @@ struct GradcheckResult {
   double numeric = 0.0;
   std::string message;              // why it failed, when it did, with the tolerance it broke
   double atol = 0.0, rtol = 0.0, eps = 0.0;  // the options the check ran with
+  // ok = reverse_ok && forward_ok: the backward's gradients against central differences, and
+  // forward mode (check_forward_ad) against reverse mode and central differences.
+  bool reverse_ok = true;
+  bool forward_ok = true;
+  bool forward_checked = false;      // the forward-mode check ran
+  std::string forward_skipped;       // why it did not, when check_forward_ad asked for it
+  double forward_dot_error = 0.0;    // worst |⟨u, J·v⟩ - ⟨Jᵀu, v⟩| / (Σ|u||J·v| + Σ|Jᵀu||v|)
+  double forward_max_abs_error = 0.0;  // worst |J·v - central difference| over output elements
+  std::string forward_message;       // why the forward-mode check failed, when it did
 };
 
 using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;
