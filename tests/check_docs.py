@@ -13,7 +13,10 @@
 #   (b) every ag::, autograd:: and nn:: name in README.md and docs/*.md (each part of a qualified
 #       name) is an identifier of the code (comments left out) of a header under autograd/include
 #       or nn/include. torch::nn::... is PyTorch's and left alone.
-#   (c) README.md has at most 200 lines.
+#   (c) every test name the docs give (a `backticked_snake_case_word` of four or more parts, as
+#       docs/bad_input.md's Test column and "test `...` in tests/..." write them) is a word of some
+#       source, test or CMake file: a renamed test case or ctest name is found.
+#   (d) README.md has at most 200 lines.
 #
 # tests/test_docs.cpp checks (a) and (b) for C++ // comments too, with the library built; this
 # script needs no build and also reads /* */ comments and the comments of the scripts and CMake
@@ -47,6 +50,7 @@ PATH_PREFIXES = ("autograd", "nn", "examples", "tests", "docs", "benchmarks", "s
 PATH_RE = re.compile(r"(?<![\w.*/<@:-])((?:%s)/[\w.*/-]+)" % "|".join(PATH_PREFIXES))
 NAME_RE = re.compile(r"(?<![\w:.])(ag|autograd|nn)::(\w+(?:::\w+)*)")
 WORD_RE = re.compile(r"\w+")
+TEST_NAME_RE = re.compile(r"`([a-z0-9]+(?:_[a-z0-9]+){3,})`")
 
 CPP_EXTENSIONS = (".cpp", ".hpp", ".h", ".cc")
 HASH_EXTENSIONS = (".py", ".sh", ".cmake")
@@ -188,6 +192,25 @@ def undeclared_names(citing, text, declared):
     return problems, count
 
 
+def source_words(root):
+    """Every word of every file under the source folders (test cases, ctest names, options)."""
+    words = set()
+    for d in SOURCE_DIRS + (".ci",):
+        for dirpath, _, files in os.walk(os.path.join(root, d)):
+            for f in files:
+                words.update(WORD_RE.findall(read(os.path.join(dirpath, f))))
+    return words
+
+
+def unknown_test_names(citing, text, words):
+    problems = []
+    for n, line in enumerate(text.split("\n"), 1):
+        for name in TEST_NAME_RE.findall(line):
+            if name not in words:
+                problems.append(f"{citing}:{n}: names `{name}`, which no source, test or CMake file has")
+    return problems
+
+
 def markdown_docs(root):
     docs = ["README.md"]
     docs += sorted("docs/" + f for f in os.listdir(os.path.join(root, "docs")) if f.endswith(".md"))
@@ -217,6 +240,7 @@ def commented_sources(root):
 def check(root, extra_docs=()):
     problems = []
     declared = declared_words(root)
+    words = source_words(root)
     paths = names = 0
     docs = [(d, os.path.join(root, d)) for d in markdown_docs(root)]
     docs += [(os.path.basename(e), e) for e in extra_docs]
@@ -228,6 +252,7 @@ def check(root, extra_docs=()):
         found, k = undeclared_names(citing, text, declared)
         problems += found
         names += k
+        problems += unknown_test_names(citing, text, words)
     sources = commented_sources(root)
     for citing, comments in sources:
         found, k = missing_paths(root, citing, comments(read(os.path.join(root, citing))))
@@ -280,6 +305,12 @@ def self_test(root):
             "docs/x.md:2: names `nn::AttentionOptions::no_such_field`, but no header under autograd/include or "
             "nn/include declares `no_such_field`"])
     expect("a name only a comment mentions is not declared", "elementwise" in declared, False)
+    words = source_words(root)
+    renamed = "a_test_" + "that_was_renamed"  # split, so that this file does not hold the word
+    expect("test names", unknown_test_names("docs/x.md", "`a_missing_path_is_reported_with_its_file_and_line`, "
+                                            "`browser_induction_heads`;\n`" + renamed + "` and `no_such`",
+                                            words),
+           [f"docs/x.md:2: names `{renamed}`, which no source, test or CMake file has"])
     for f in failures:
         print("self-test:", f)
     print(f"check_docs self-test: {len(failures)} failure(s)")
