@@ -16,7 +16,9 @@
 #   (c) every test name the docs give (a `backticked_snake_case_word` of four or more parts, as
 #       docs/bad_input.md's Test column and "test `...` in tests/..." write them) is a word of some
 #       source, test or CMake file: a renamed test case or ctest name is found.
-#   (d) README.md has at most 200 lines.
+#   (d) a code block of a doc that follows `<!-- code: FILE -->` is that file's code: its lines
+#       (trimmed, blank ones skipped) are lines of FILE, in order.
+#   (e) README.md has at most 200 lines.
 #
 # tests/test_docs.cpp checks (a) and (b) for C++ // comments too, with the library built; this
 # script needs no build and also reads /* */ comments and the comments of the scripts and CMake
@@ -211,6 +213,57 @@ def unknown_test_names(citing, text, words):
     return problems
 
 
+def code_blocks(text):
+    """(line of the opening fence, the FILE of the `<!-- code: FILE -->` line before it, the
+    block's lines) for every fenced block that has such a marker."""
+    out = []
+    lines = text.split("\n")
+    n = 0
+    while n < len(lines):
+        if lines[n].startswith("```"):
+            start = n
+            n += 1
+            body = []
+            while n < len(lines) and lines[n] != "```":
+                body.append(lines[n])
+                n += 1
+            m = re.fullmatch(r"<!-- code: (\S+) -->", lines[start - 1]) if start > 0 else None
+            if m:
+                out.append((start + 1, m.group(1), body))
+        n += 1
+    return out
+
+
+def first_line_not_in(block, source):
+    """The first line of `block` (trimmed, blank ones skipped) not found in `source` after the
+    lines found before it; None when every line is there, in order."""
+    code = [line.strip() for line in source.split("\n")]
+    at = 0
+    for line in block:
+        want = line.strip()
+        if not want:
+            continue
+        while at < len(code) and code[at] != want:
+            at += 1
+        if at == len(code):
+            return want
+        at += 1
+    return None
+
+
+def stale_blocks(root, citing, text):
+    problems = []
+    for n, source, body in code_blocks(text):
+        if not os.path.isfile(os.path.join(root, source)):
+            problems.append(f"{citing}:{n}: the block's source `{source}` does not exist")
+            continue
+        missing = first_line_not_in(body, read(os.path.join(root, source)))
+        if missing is not None:
+            problems.append(f"{citing}:{n}: the line `{missing}` is not in {source} (after the block's lines "
+                            "before it)")
+    return problems
+
+
 def markdown_docs(root):
     docs = ["README.md"]
     docs += sorted("docs/" + f for f in os.listdir(os.path.join(root, "docs")) if f.endswith(".md"))
@@ -241,7 +294,7 @@ def check(root, extra_docs=()):
     problems = []
     declared = declared_words(root)
     words = source_words(root)
-    paths = names = 0
+    paths = names = blocks = 0
     docs = [(d, os.path.join(root, d)) for d in markdown_docs(root)]
     docs += [(os.path.basename(e), e) for e in extra_docs]
     for citing, full in docs:
@@ -253,6 +306,8 @@ def check(root, extra_docs=()):
         problems += found
         names += k
         problems += unknown_test_names(citing, text, words)
+        problems += stale_blocks(root, citing, text)
+        blocks += len(code_blocks(text))
     sources = commented_sources(root)
     for citing, comments in sources:
         found, k = missing_paths(root, citing, comments(read(os.path.join(root, citing))))
@@ -263,13 +318,13 @@ def check(root, extra_docs=()):
         problems.append(f"README.md has {readme_lines} lines, more than {README_MAX_LINES}: move measurements to "
                         "docs/benchmarks.md and details to a page of docs/")
     # A scanner that finds nothing passes vacuously: the tree names hundreds of paths and names.
-    if len(sources) < 100 or paths < 300 or names < 300 or "MultiHeadAttention" not in declared:
+    if len(sources) < 100 or paths < 300 or names < 300 or blocks < 10 or "MultiHeadAttention" not in declared:
         problems.append(f"the scan looks broken: {len(sources)} sources, {paths} paths, {names} ag::/nn:: names, "
-                        f"{len(declared)} declared words")
+                        f"{blocks} code blocks, {len(declared)} declared words")
     for p in problems:
         print(p)
-    print(f"check_docs: {len(docs)} docs and {len(sources)} commented files; {paths} paths and {names} "
-          f"ag::/nn:: names checked; {len(problems)} problem(s)")
+    print(f"check_docs: {len(docs)} docs and {len(sources)} commented files; {paths} paths, {names} "
+          f"ag::/nn:: names and {blocks} code blocks checked; {len(problems)} problem(s)")
     return 1 if problems else 0
 
 
@@ -311,6 +366,11 @@ def self_test(root):
                                             "`browser_induction_heads`;\n`" + renamed + "` and `no_such`",
                                             words),
            [f"docs/x.md:2: names `{renamed}`, which no source, test or CMake file has"])
+    block = "<!-- code: tests/check_docs.py -->\n```python\nimport argparse\n\nimport os\n```\n"
+    expect("a block that is the file's code", stale_blocks(root, "docs/x.md", block), [])
+    expect("a block out of order", stale_blocks(root, "docs/x.md", block.replace("argparse", "zzz")),
+           ["docs/x.md:2: the line `import zzz` is not in tests/check_docs.py (after the block's lines before it)"])
+    expect("a block without a marker", stale_blocks(root, "docs/x.md", "```cpp\nnothing;\n```\n"), [])
     for f in failures:
         print("self-test:", f)
     print(f"check_docs self-test: {len(failures)} failure(s)")
