@@ -13,7 +13,7 @@ namespace nn {
 
 namespace ag = autograd;
 
-// cross_entropy is the autograd op (autograd/ops.hpp: src/ops/cross_entropy.cpp), with its
+// cross_entropy is the autograd op (autograd/ops.hpp: autograd/src/ops/cross_entropy.cpp), with its
 // options and reductions, under nn's names too.
 using ag::CrossEntropyOptions;
 using ag::Reduction;
