@@ -77,16 +77,23 @@ double max_abs(const ag::Tensor& t) {
 }
 
 // a ≈ b to the dtype's tolerance of the larger magnitude (at least floor); an undefined tensor is zero.
+// One pass: the largest difference and the largest magnitude together.
 template <class T>
 bool close_t(const ag::Tensor& a, const ag::Tensor& b, double floor) {
-  const double scale = std::max({max_abs(a), max_abs(b), floor});
-  const double tol = tolerance(a.defined() ? a.dtype() : b.dtype()) * std::max(scale, 1e-300);
-  if (!a.defined() || !b.defined()) return scale <= tol;
+  const double tol = tolerance(a.defined() ? a.dtype() : b.dtype());
+  if (!a.defined() || !b.defined()) {
+    const double m = max_abs(a.defined() ? a : b);
+    return m <= tol * std::max(m, floor);
+  }
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
-  for (std::int64_t i = 0, n = a.numel(); i < n; ++i)
-    if (std::abs(static_cast<double>(pa[i]) - static_cast<double>(pb[i])) > tol) return false;
-  return true;
+  double diff = 0.0, scale = floor;
+  for (std::int64_t i = 0, n = a.numel(); i < n; ++i) {
+    const double x = static_cast<double>(pa[i]), y = static_cast<double>(pb[i]);
+    diff = std::max(diff, std::abs(x - y));
+    scale = std::max(scale, std::max(std::abs(x), std::abs(y)));
+  }
+  return diff <= tol * std::max(scale, 1e-300);
 }
 bool close(const ag::Tensor& a, const ag::Tensor& b, double floor) {
   const ag::Dtype d = a.defined() ? a.dtype() : b.defined() ? b.dtype() : ag::Dtype::Float64;
@@ -94,19 +101,25 @@ bool close(const ag::Tensor& a, const ag::Tensor& b, double floor) {
 }
 
 // The independence check at one output: weighted (seeded with c) = c_b · plain (seeded with ones), row by row.
+// In T, branch-free maxima, so that the loop vectorises.
 template <class T>
 bool rows_scale_t(const ag::Tensor& weighted, const ag::Tensor& plain, const std::vector<double>& c) {
   const auto B = static_cast<std::int64_t>(c.size());
   const std::int64_t row = plain.numel() / B;
   const T* pw = weighted.data<T>();
   const T* pp = plain.data<T>();
-  double scale = 0.0;
-  for (std::int64_t i = 0; i < B * row; ++i)
-    scale = std::max({scale, std::abs(static_cast<double>(pw[i])), std::abs(c[i / row] * static_cast<double>(pp[i]))});
-  const double tol = tolerance(plain.dtype()) * std::max(scale, 1e-300);
-  for (std::int64_t i = 0; i < B * row; ++i)
-    if (std::abs(static_cast<double>(pw[i]) - c[i / row] * static_cast<double>(pp[i])) > tol) return false;
-  return true;
+  T diff = 0, scale = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const T cb = static_cast<T>(c[static_cast<std::size_t>(b)]);
+    const T* w = pw + b * row;
+    const T* p = pp + b * row;
+    for (std::int64_t i = 0; i < row; ++i) {
+      const T d = std::abs(w[i] - cb * p[i]), m = std::abs(w[i]);
+      diff = d > diff ? d : diff;
+      scale = m > scale ? m : scale;
+    }
+  }
+  return !(static_cast<double>(diff) > tolerance(plain.dtype()) * std::max(static_cast<double>(scale), 1e-300));
 }
 bool rows_scale(const ag::Tensor& weighted, const ag::Tensor& plain, const std::vector<double>& c) {
   if (!weighted.defined() || !plain.defined()) return max_abs(weighted) == 0.0 && max_abs(plain) == 0.0;
@@ -159,6 +172,22 @@ std::pair<ag::Tensor, ag::Tensor> layer_norm_grads(const ag::Tensor& x, const ag
       }
     }
   return {gw, gb};
+}
+
+// x (B, R, C) -> (B, C, R): a plain loop (small per-example blocks, each read once).
+template <class T>
+ag::Tensor transpose_rows(const ag::Tensor& x3) {
+  const std::int64_t B = x3.size(0), R = x3.size(1), C = x3.size(2);
+  ag::Tensor out = ag::zeros({B, C, R}, x3.dtype());
+  const T* src = x3.data<T>();
+  T* dst = out.data<T>();
+  for (std::int64_t b = 0; b < B; ++b) {
+    const T* s = src + b * R * C;
+    T* d = dst + b * R * C;
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t j = 0; j < C; ++j) d[j * R + r] = s[r * C + j];
+  }
+  return out;
 }
 
 ag::Shape batched(std::int64_t B, const ag::Shape& shape) {
@@ -281,6 +310,9 @@ PerExampleGrads per_example_gradients(Module& model, const ag::Tensor& batch, co
                                         {.grad_outputs = {ag::ones({B}, loss_dtype)}, .retain_graph = true,
                                          .allow_unused = true});
       const ag::NoGradGuard no_grad;
+      // Each layer input transposed once, (B, R, in) -> (B, in, R) (the three projections of a
+      // self-attention share theirs).
+      std::unordered_map<const ag::TensorImpl*, ag::Tensor> transposed;
       // Each use's share of its parameters' per-example gradients.
       for (std::size_t i = 0; i < capture.uses.size(); ++i) {
         if (use_output[i] == static_cast<std::size_t>(-1)) continue;
@@ -303,11 +335,15 @@ PerExampleGrads per_example_gradients(Module& model, const ag::Tensor& batch, co
         if (u.kind == UseKind::Linear) {
           const std::int64_t in = u.x.size(-1), total = u.y.size(-1);
           const std::int64_t R = u.x.numel() / (B * in);
-          const ag::Tensor x3 = ag::reshape(u.x, {B, R, in});  // (B, R, in)
+          ag::Tensor& xt = transposed[u.x.impl().get()];
+          if (pw != nullptr && !xt.defined()) {
+            const ag::Tensor x3 = ag::reshape(u.x, {B, R, in});  // (B, R, in)
+            xt = x3.dtype() == ag::Dtype::Float64 ? transpose_rows<double>(x3) : transpose_rows<float>(x3);  // (B, in, R)
+          }
           ag::Tensor gy3 = ag::reshape(gy, {B, R, total});      // (B, R, total)
           const std::int64_t width = u.weight.defined() ? u.weight.size(-1) : u.bias.size(0);
           if (u.column != 0 || width != total) gy3 = ag::narrow(gy3, 2, u.column, width);  // (B, R, out)
-          if (pw != nullptr) add(pw, ag::matmul(ag::transpose(x3, 1, 2), gy3));  // (B, in, R)·(B, R, out) = (B, in, out)
+          if (pw != nullptr) add(pw, ag::matmul(xt, gy3));  // (B, in, R)·(B, R, out) = (B, in, out)
           if (pb != nullptr) add(pb, ag::sum(gy3, 1));                           // (B, out)
         } else if (u.kind == UseKind::Embedding) {
           const std::int64_t D = u.weight.size(1);
@@ -346,11 +382,10 @@ PerExampleGrads per_example_gradients(Module& model, const ag::Tensor& batch, co
           }
         }
         // Completeness: the fast gradients sum to the batch gradient, to the tolerance of the largest
-        // per-example gradient element in the model (a gradient that is zero in exact arithmetic, as
-        // a key bias's is, is rounding noise on both sides).
+        // batch gradient element in the model (a gradient that is zero in exact arithmetic, as a key
+        // bias's is, is rounding noise on both sides).
         double largest = 0.0;
-        for (const ParamState& p : params)
-          if (p.reason.empty()) largest = std::max(largest, max_abs(p.fast));
+        for (std::size_t k = 0; k < params.size(); ++k) largest = std::max(largest, max_abs(g[outputs.size() + k]));
         for (std::size_t k = 0; k < params.size(); ++k) {
           ParamState& p = params[k];
           const ag::Tensor& G = g[outputs.size() + k];

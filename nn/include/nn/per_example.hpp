@@ -34,8 +34,8 @@
 //     same backward); a parameter also used outside the recorded layers (tied weights, e.g. an
 //     embedding reused as the unembedding) is sent to the fallback.
 //   Both compare to a relative tolerance, 1e-9 in Float64 and 1e-3 in Float32: of the largest
-//   magnitude compared (independence), of the largest per-example gradient element of the model's
-//   fast parameters (completeness; a missed share smaller than that is not seen).
+//   magnitude compared (independence), of the largest batch gradient element of the whole model
+//   (completeness; a missed share smaller than that is not seen).
 //
 // Memory: the result holds B × (the model's parameter count) elements. The fast path also keeps,
 // until it returns, every recorded layer's input and output and the output's gradient (as a
