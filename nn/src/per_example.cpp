@@ -100,26 +100,21 @@ bool close(const ag::Tensor& a, const ag::Tensor& b, double floor) {
   return d == ag::Dtype::Float64 ? close_t<double>(a, b, floor) : close_t<float>(a, b, floor);
 }
 
-// The independence check at one output: weighted (seeded with c) = c_b · plain (seeded with ones), row by row.
-// In T, branch-free maxima, so that the loop vectorises.
+// The independence check at one output: weighted (seeded with c) = c_b · plain (seeded with ones), row by row
+// (Eigen arrays, so that the maxima vectorise).
 template <class T>
 bool rows_scale_t(const ag::Tensor& weighted, const ag::Tensor& plain, const std::vector<double>& c) {
+  using Row = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
   const auto B = static_cast<std::int64_t>(c.size());
   const std::int64_t row = plain.numel() / B;
-  const T* pw = weighted.data<T>();
-  const T* pp = plain.data<T>();
-  T diff = 0, scale = 0;
+  double diff = 0.0, scale = 0.0;
   for (std::int64_t b = 0; b < B; ++b) {
+    const Row w(weighted.data<T>() + b * row, row), p(plain.data<T>() + b * row, row);
     const T cb = static_cast<T>(c[static_cast<std::size_t>(b)]);
-    const T* w = pw + b * row;
-    const T* p = pp + b * row;
-    for (std::int64_t i = 0; i < row; ++i) {
-      const T d = std::abs(w[i] - cb * p[i]), m = std::abs(w[i]);
-      diff = d > diff ? d : diff;
-      scale = m > scale ? m : scale;
-    }
+    diff = std::max(diff, static_cast<double>((w - cb * p).abs().maxCoeff()));
+    scale = std::max(scale, static_cast<double>(w.abs().maxCoeff()));
   }
-  return !(static_cast<double>(diff) > tolerance(plain.dtype()) * std::max(static_cast<double>(scale), 1e-300));
+  return !(diff > tolerance(plain.dtype()) * std::max(scale, 1e-300));
 }
 bool rows_scale(const ag::Tensor& weighted, const ag::Tensor& plain, const std::vector<double>& c) {
   if (!weighted.defined() || !plain.defined()) return max_abs(weighted) == 0.0 && max_abs(plain) == 0.0;
@@ -174,19 +169,14 @@ std::pair<ag::Tensor, ag::Tensor> layer_norm_grads(const ag::Tensor& x, const ag
   return {gw, gb};
 }
 
-// x (B, R, C) -> (B, C, R): a plain loop (small per-example blocks, each read once).
+// x (B, R, C) -> (B, C, R), one Eigen transpose per example.
 template <class T>
 ag::Tensor transpose_rows(const ag::Tensor& x3) {
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const std::int64_t B = x3.size(0), R = x3.size(1), C = x3.size(2);
   ag::Tensor out = ag::zeros({B, C, R}, x3.dtype());
-  const T* src = x3.data<T>();
-  T* dst = out.data<T>();
-  for (std::int64_t b = 0; b < B; ++b) {
-    const T* s = src + b * R * C;
-    T* d = dst + b * R * C;
-    for (std::int64_t r = 0; r < R; ++r)
-      for (std::int64_t j = 0; j < C; ++j) d[j * R + r] = s[r * C + j];
-  }
+  for (std::int64_t b = 0; b < B; ++b)
+    Eigen::Map<Mat>(out.data<T>() + b * R * C, C, R) = Eigen::Map<const Mat>(x3.data<T>() + b * R * C, R, C).transpose();
   return out;
 }
 
