@@ -6,6 +6,7 @@
 
 #include "functional_attention_detail.hpp"
 #include "nn/module.hpp"
+#include "per_example_capture.hpp"
 
 namespace nn {
 
@@ -28,12 +29,21 @@ Projected project(const ag::Tensor& query, const ag::Tensor& key, const ag::Tens
                   const MultiHeadAttentionWeights& w, const Geometry& g, bool add_zero_attn, bool packed) {
   if (packed) {
     const std::array<ag::Tensor, 3> weights{w.W_Q, w.W_K, w.W_V}, biases{w.b_Q, w.b_K, w.b_V};
-    return {ag::linear_cat(query, weights, biases), {}, {}, {}};  // (B, T, 3E)
+    Projected p{ag::linear_cat(query, weights, biases), {}, {}, {}};  // (B, T, 3E)
+    if (nn::detail::per_example_capture != nullptr) [[unlikely]]
+      for (std::size_t i = 0, column = 0; i < 3; column += static_cast<std::size_t>(weights[i].size(1)), ++i)
+        nn::detail::record_linear(query, p.qkv, weights[i], biases[i], static_cast<std::int64_t>(column));
+    return p;
   }
   Projected p;
   p.q = ag::linear(query, w.W_Q, w.b_Q);  // (B, T, E)
   p.k = ag::linear(key, w.W_K, w.b_K);    // (B, S, E)
   p.v = ag::linear(value, w.W_V, w.b_V);  // (B, S, E)
+  if (nn::detail::per_example_capture != nullptr) [[unlikely]] {
+    nn::detail::record_linear(query, p.q, w.W_Q, w.b_Q);
+    nn::detail::record_linear(key, p.k, w.W_K, w.b_K);
+    nn::detail::record_linear(value, p.v, w.W_V, w.b_V);
+  }
   if (w.bias_k.defined()) {  // one more key and value, learned, after the S keys
     p.k = ag::cat({p.k, ag::expand(ag::reshape(w.bias_k, {1, 1, g.E}), {g.B, 1, g.E})}, 1);  // (B, S+1, E)
     p.v = ag::cat({p.v, ag::expand(ag::reshape(w.bias_v, {1, 1, g.E}), {g.B, 1, g.E})}, 1);  // (B, S+1, E)
@@ -163,7 +173,10 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
   AttentionStudy study;
   const CoreResult core =
       attend(p, masks, config, composed, options.need_weights, config.study != nullptr ? &study : nullptr);
-  const ag::Tensor out = Points{config.hooks}("out", ag::linear(core.concat, weights.W_O, weights.b_O));  // (B, T, E)
+  ag::Tensor out = ag::linear(core.concat, weights.W_O, weights.b_O);  // (B, T, E)
+  if (nn::detail::per_example_capture != nullptr) [[unlikely]]
+    nn::detail::record_linear(core.concat, out, weights.W_O, weights.b_O);
+  out = Points{config.hooks}("out", out);
   if (config.study != nullptr) {
     retain_grads(study);
     *config.study = std::move(study);

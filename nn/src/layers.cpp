@@ -6,6 +6,7 @@
 
 #include "nn/init.hpp"
 #include "parameter_budget.hpp"
+#include "per_example_capture.hpp"
 
 namespace nn {
 
@@ -28,7 +29,12 @@ Embedding::Embedding(const EmbeddingOptions& options, ag::Generator& gen) : Modu
       register_parameter("weight", ag::randn({options.num_embeddings, options.embedding_dim}, options.dtype, gen)));
 }
 
-ag::Tensor Embedding::forward(const ag::Tensor& indices) const { return ag::embedding(weight_, indices); }
+ag::Tensor Embedding::forward(const ag::Tensor& indices) const {
+  ag::Tensor y = ag::embedding(weight_, indices);
+  if (detail::per_example_capture != nullptr) [[unlikely]]
+    detail::record_embedding(indices, y, weight_);
+  return y;
+}
 
 std::string Embedding::extra_repr() const {
   return fmt::format("{}, {}", options_.num_embeddings, options_.embedding_dim);
@@ -59,7 +65,13 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
 
 ag::Tensor LayerNorm::forward(const ag::Tensor& x) const {
   const HookPoints& at = hook_points();
-  if (!at.any()) return ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);
+  if (!at.any()) {
+    ag::Tensor y = ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);
+    if (detail::per_example_capture != nullptr) [[unlikely]]  // the composed form below (hooks) is not recorded
+      detail::record_layer_norm(x, y, weight_, bias_, static_cast<std::int64_t>(options_.normalized_shape.size()),
+                                options_.eps);
+    return y;
+  }
   // Composed, so that the scale point's value is the one the output is divided by.
   const auto n = static_cast<std::int64_t>(options_.normalized_shape.size());
   if (x.dim() < n) (void)ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);  // its error

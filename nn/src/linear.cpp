@@ -5,6 +5,7 @@
 
 #include "nn/init.hpp"
 #include "parameter_budget.hpp"
+#include "per_example_capture.hpp"
 
 namespace nn {
 
@@ -50,7 +51,10 @@ ag::Tensor Linear::forward(const ag::Tensor& x) const {
     ag::fail("Linear", "input dtype {} differs from the weight's {} (convert with .to())",
              ag::dtype_name(x.dtype()), ag::dtype_name(weight_.dtype()));
   // Every leading dim folds into rows: one (N, in) · (in, out) product plus the bias, one op.
-  return ag::linear(x, weight_, bias_);  // (..., out)
+  ag::Tensor y = ag::linear(x, weight_, bias_);  // (..., out)
+  if (detail::per_example_capture != nullptr) [[unlikely]]
+    detail::record_linear(x, y, weight_, bias_);
+  return y;
 }
 
 std::string Linear::extra_repr() const {

@@ -8,6 +8,7 @@
 
 #include "nn/checkpoint.hpp"
 #include "nn/init.hpp"
+#include "per_example_capture.hpp"
 
 namespace nn {
 
@@ -150,7 +151,12 @@ ag::Tensor TransformerLM::embed_tokens(const ag::Tensor& tokens) const {
   const HookPoints& at = hook_points();
   ag::Tensor x = at.run(kEmbedOut, embed_->forward(tokens));  // (B, T, E)
   if (pos_embed_) {
-    ag::Tensor p = pos_embed_->forward(T == config_.n_ctx ? positions_ : ag::narrow(positions_, 0, 0, T));  // (T, E)
+    ag::Tensor positions = T == config_.n_ctx ? positions_ : ag::narrow(positions_, 0, 0, T);  // (T)
+    // Per-example gradients (nn/per_example.hpp) need each example's own lookup: the positions
+    // repeated for the batch, (B, T), the same values.
+    if (detail::per_example_capture != nullptr) [[unlikely]]
+      positions = ag::expand(ag::unsqueeze(positions, 0), {B, T});
+    ag::Tensor p = pos_embed_->forward(positions);  // (T, E), or (B, T, E) with the positions repeated
     if (at.hooked(kPosEmbedOut)) p = at.run(kPosEmbedOut, ag::expand(p, {B, T, config_.d_model}));
     x = ag::add(x, p);
   }

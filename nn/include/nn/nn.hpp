@@ -13,6 +13,7 @@
 #include "nn/module.hpp"
 #include "nn/multihead_attention.hpp"
 #include "nn/optim.hpp"
+#include "nn/per_example.hpp"
 #include "nn/study.hpp"
 #include "nn/torch_state_dict.hpp"
 #include "nn/transformer_lm.hpp"
