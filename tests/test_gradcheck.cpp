@@ -360,3 +360,32 @@ BOOST_AUTO_TEST_CASE(gradgradcheck_checks_forward_mode_of_the_gradient_too) {
   bad_directions.check_forward_ad = false;
   BOOST_TEST(ag::gradcheck([](const TensorList& in) { return in[0] * 2.0; }, {x}, bad_directions).ok);
 }
+
+// One tensor passed at two positions: the finite differences move it by both steps, as the
+// analytic side (one .grad for both) and forward mode (J·v summed over both positions) count it.
+BOOST_AUTO_TEST_CASE(one_tensor_given_twice_passes_both_modes) {
+  Tensor a = input({3}, 16);
+  for (const auto& fn : {ag::GradcheckFn([](const TensorList& v) { return v[0] * v[1]; }),
+                         ag::GradcheckFn([](const TensorList& v) { return ag::tanh(v[0]) + v[1] * v[1]; })}) {
+    auto r = ag::gradcheck(fn, {a, a});
+    BOOST_TEST(r.ok, fmt::format("{}", r));
+    BOOST_TEST(r.forward_checked);
+    ag::GradcheckOptions projected;
+    projected.max_full_jacobian = 0;
+    BOOST_TEST(ag::gradcheck(fn, {a, a}, projected).ok);
+  }
+}
+
+// A function cut from its inputs has a zero first derivative everywhere, analytic and numeric:
+// gradgradcheck refuses it instead of passing it.
+BOOST_AUTO_TEST_CASE(gradgradcheck_refuses_a_function_with_no_graph) {
+  Tensor a = input({3}, 17);
+  const ag::GradcheckFn cut = [](const TensorList& v) { return ag::tanh(v[0]).detach(); };
+  BOOST_TEST(!ag::gradcheck(cut, {a}).ok);
+  try {
+    ag::gradgradcheck(cut, {a});
+    BOOST_ERROR("gradgradcheck passed a function with no graph");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(std::string(e.what()).find("gradgradcheck: the function's result does not depend") == 0, e.what());
+  }
+}

@@ -954,3 +954,13 @@ BOOST_AUTO_TEST_CASE(one_element_non_scalar_output_and_empty_operands) {
                                 [](const TensorList& v) { return ag::layer_norm(v[0], {4}, v[1], v[2]); },
                                 {randn64({0, 4}, 4), randn64({4}, 5), randn64({4}, 6)});
 }
+
+// A backward computed from raw values cannot be differentiated: hessian and a nested reverse
+// jacobian refuse it by name as jvp does, instead of giving zero rows.
+BOOST_AUTO_TEST_CASE(hessian_through_a_raw_value_backward_is_refused) {
+  const Tensor x = randn64({3}, 1);
+  const auto f = [](const TensorList& a) { return ag::sum(RawSquare::apply(a[0])); };
+  check_mentions(message_of([&] { ag::hessian(f, {x}); }), {"hessian", "raw_square"});
+  const ag::GradcheckFn nested = [f](const TensorList& a) { return ag::jacobian(f, a)[0]; };
+  check_mentions(message_of([&] { ag::jacobian(nested, {x}); }), {"jacobian", "raw_square"});
+}

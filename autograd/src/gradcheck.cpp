@@ -190,7 +190,8 @@ struct Check {
         x[k] = x0;
         inputs[i].mark_modified();
         if (static_cast<std::int64_t>(plus.size()) != m || static_cast<std::int64_t>(minus.size()) != m)
-          fail(op, "the function's output size changed between evaluations");
+          fail(op, "the function's output size changed between evaluations: {} elements at first, then {} and {} "
+               "with input {} element {} moved by -/+eps", m, plus.size(), minus.size(), i, k);
         for (std::int64_t j = 0; j < m; ++j) {
           const double numeric = (plus[j] - minus[j]) / (2.0 * opt.eps);
           tally.add(analytic[j][c][k], numeric, static_cast<std::int64_t>(i), k, j);
@@ -200,14 +201,20 @@ struct Check {
   }
 
   // vᵀ·f(x + step·u), inputs set to the original values plus step·u.
+  // Sets the checked inputs to their original values plus step·u. The steps are added one input
+  // after another, so an input given twice (one tensor at two positions) moves by both.
+  void perturb(const std::vector<std::vector<double>>& u, double step) const {
+    for (auto i : checked) state.restore_values(i);
+    for (std::size_t c = 0; c < checked.size(); ++c) {
+      double* x = inputs[checked[c]].data<double>();
+      for (std::size_t k = 0; k < u[c].size(); ++k) x[k] += step * u[c][k];
+      inputs[checked[c]].mark_modified();
+    }
+  }
+
   double directional(const std::vector<double>& v, const std::vector<std::vector<double>>& u, double step) const {
     NoGradGuard no_grad;
-    for (std::size_t c = 0; c < checked.size(); ++c) {
-      const std::size_t i = checked[c];
-      double* x = inputs[i].data<double>();
-      for (std::size_t k = 0; k < u[c].size(); ++k) x[k] = state.original(i, k) + step * u[c][k];
-      inputs[i].mark_modified();
-    }
+    perturb(u, step);
     const auto out = evaluate(op, fn, inputs).to_vector();
     double dot = 0.0;
     for (std::size_t j = 0; j < out.size(); ++j) dot += v[j] * out[j];
@@ -238,12 +245,7 @@ struct Check {
   // The output at the original inputs plus step·v, v one vector per checked input.
   std::vector<double> shifted(const std::vector<std::vector<double>>& v, double step) const {
     NoGradGuard no_grad;
-    for (std::size_t c = 0; c < checked.size(); ++c) {
-      const std::size_t i = checked[c];
-      double* x = inputs[i].data<double>();
-      for (std::size_t k = 0; k < v[c].size(); ++k) x[k] = state.original(i, k) + step * v[c][k];
-      inputs[i].mark_modified();
-    }
+    perturb(v, step);
     auto out = evaluate(op, fn, inputs).to_vector();
     for (auto i : checked) state.restore_values(i);
     return out;
@@ -321,7 +323,8 @@ struct Check {
       // J·v against central differences along v.
       const auto plus = shifted(v, opt.eps), minus = shifted(v, -opt.eps);
       if (plus.size() != jv.size() || minus.size() != jv.size())
-        fail(op, "the function's output size changed between evaluations");
+        fail(op, "the function's output size changed between evaluations: {} elements at first, then {} and {} "
+             "(forward-mode check, direction {})", jv.size(), plus.size(), minus.size(), p);
       for (std::size_t j = 0; j < jv.size(); ++j) {
         const double numeric = (plus[j] - minus[j]) / (2.0 * opt.eps);
         const double err = std::abs(jv[j] - numeric);

@@ -66,7 +66,14 @@ GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& 
   const std::vector<std::size_t> checked = detail::checked_gradcheck_inputs(op, inputs);
   // The random grad_outputs u of the first derivative, fixed for every evaluation.
   Generator gen(options.seed ^ 0x9E3779B97F4A7C15ull);
-  const Tensor u = randn(evaluate_with_graph("gradgradcheck", fn, inputs).shape(), Dtype::Float64, gen);
+  const Tensor y0 = evaluate_with_graph("gradgradcheck", fn, inputs);
+  // With no graph the first derivative is zero everywhere, analytic and numeric alike: nothing
+  // would be checked (and a function cut from its inputs would pass).
+  if (!y0.requires_grad())
+    fail(op, "the function's result does not depend on any input that requires grad (it has no graph), so its "
+         "first derivative is zero and nothing would be checked; run gradcheck on it first (a transform called "
+         "outside another transform returns a result outside any graph)");
+  const Tensor u = randn(y0.shape(), Dtype::Float64, gen);
   // x -> d(u·fn(x))/dx, the checked inputs' gradients laid end to end; a graph of it is built
   // only when the caller (gradcheck's analytic pass) records one.
   const GradcheckFn first_derivative = [&](const std::vector<Tensor>& xs) {

@@ -352,7 +352,9 @@ TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const Jacob
     // Row m: the gradients for a unit cotangent at output element m, all through one graph.
     std::vector<TensorList> rows(leaves.size());
     for (std::int64_t m = 0; m < M; ++m) {
-      const TensorList g = backward({y}, leaves, unit(y.shape(), y.dtype(), m), m + 1 < M);
+      Tensor seed = unit(y.shape(), y.dtype(), m);
+      if (nested) seed.requires_grad_();  // as for the Hessian's seed: a graph cut is refused, not zeros
+      const TensorList g = backward({y}, leaves, seed, m + 1 < M);
       for (std::size_t i = 0; i < leaves.size(); ++i) {
         if (nested) rows[i].push_back(g[i]);
         else if (g[i].defined()) scatter_into(J[i], m * leaves[i].numel(), 1, g[i]);
@@ -395,7 +397,9 @@ std::vector<TensorList> hessian(const GradcheckFn& fn, const TensorList& inputs)
       H[i].push_back(result_tensor("hessian", concat(y.shape(), leaves[i].shape()), leaves[j].shape(),
                                    wider(y.dtype(), wider(leaves[i].dtype(), leaves[j].dtype())), "Hessian"));
   if (!y.requires_grad()) return H;
-  const TensorList g = grad_with_graph("hessian", {y}, leaves, {ones(y.shape(), y.dtype())});
+  // The seed requires grad, so a backward that computes outside the graph (from raw values) is
+  // refused by name instead of giving zero rows.
+  const TensorList g = grad_with_graph("hessian", {y}, leaves, {ones(y.shape(), y.dtype()).requires_grad_()});
   // Row (i, m): the gradient of g_i[m], one backward through the gradient's graph.
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     if (!g[i].defined() || !g[i].requires_grad()) continue;  // linear in inputs[i]: zero rows

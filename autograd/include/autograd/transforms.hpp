@@ -12,8 +12,8 @@
 // arguments (a function that reads a module's parameters directly is not differentiated through
 // them: when its result depends on an input that requires grad itself but not on the argument fn
 // was given for it, the transform refuses, naming the input). The inputs need not require grad,
-// and no .grad is written anywhere. Every result is
-// outside any graph (not differentiable again). An output that does not depend on an input gets
+// and no .grad is written anywhere. Every result of a transform called outside another transform
+// is outside any graph (as torch.autograd.functional's without create_graph). An output that does not depend on an input gets
 // zeros for it.
 //
 // Forward mode is built from reverse mode (the double-vjp construction): with u a cotangent of the
@@ -21,8 +21,13 @@
 // in u, and the vjp of g with respect to u against v is J·v. A jvp costs one forward, one backward
 // with create_graph and one backward through that backward's graph. Every built-in op is
 // differentiable to any order, so this goes through all of them; a custom Function declared
-// once_differentiable is refused, naming it (and one whose backward computes with raw values
-// without saying so cuts the graph, giving zeros: check such functions with gradgradcheck).
+// once_differentiable is refused, naming it, and so is one whose backward computes with raw values
+// (the engine finds its gradient outside the graph), in jvp, forward-mode jacobian, hessian and
+// nested transforms alike.
+//
+// Transforms compose: one called inside another's function (jacobian of jacobian, jvp of vjp, to
+// any depth) keeps its results in the graph, so the outer one differentiates through it; only the
+// outermost transform returns results outside any graph.
 //
 // Bad arguments are std::invalid_argument naming the transform and the shapes or dtypes at fault.
 #include <functional>

@@ -43,6 +43,9 @@
 // more), and the forward's graph (kept until the fallback, if any, is done).
 // Time: forward + one backward (+ a partial backward with verify) + the outer products; each
 // fallback parameter set adds B backwards of the whole graph.
+// Backward hooks (Module::add_backward_hook, Tensor::register_hook) on the model fire in every one
+// of those backwards: with verify, once more with the weighted seeds c_b; on the fallback, once per
+// example with example b's loss alone. Only the first backward's gradients are d(Σ losses)/dy.
 #include <cstdint>
 #include <functional>
 #include <string>
