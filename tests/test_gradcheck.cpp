@@ -288,19 +288,6 @@ struct CubeWithDriftedComposedRule : ag::Function<CubeWithDriftedComposedRule> {
   }
 };
 
-struct CubeOnce : ag::Function<CubeOnce> {
-  static constexpr const char* name = "cube_once";
-  static constexpr bool once_differentiable = true;
-  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
-    ctx.save_for_backward({x});
-    return x * x * x;
-  }
-  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
-    const Tensor x = ctx.saved_tensors()[0];
-    return {g[0] * 3.0 * x * x};
-  }
-};
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(forward_mode_is_checked_by_default_and_passes_right_rules) {
@@ -337,7 +324,7 @@ BOOST_AUTO_TEST_CASE(forward_mode_fails_a_drifted_composed_rule) {
 BOOST_AUTO_TEST_CASE(forward_mode_is_skipped_with_the_reason_for_a_backward_that_cannot_be_differentiated) {
   Tensor x = input({4}, 14);
   for (const auto& [name, fn] : {std::pair<std::string, ag::GradcheckFn>{"cube_once", [](const TensorList& in) {
-                                   return CubeOnce::apply(in[0]);
+                                   return test_support::CubeOnce::apply(in[0]);
                                  }},
                                  {"cube_raw", [](const TensorList& in) { return CubeFromRawValues::apply(in[0]); }}}) {
     auto r = ag::gradcheck(fn, {x});

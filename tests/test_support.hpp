@@ -186,6 +186,15 @@ struct Cube : ag::Function<Cube> {
   }
 };
 
+// The same x³ declared once_differentiable: differentiating its backward (create_graph, forward
+// mode, Hessians) is refused, naming "cube_once".
+struct CubeOnce : ag::Function<CubeOnce> {
+  static constexpr const char* name = "cube_once";
+  static constexpr bool once_differentiable = true;
+  static ag::Tensor forward(ag::FunctionCtx& ctx, const ag::Tensor& x) { return Cube::forward(ctx, x); }
+  static ag::TensorList backward(ag::FunctionCtx& ctx, const ag::TensorList& g) { return Cube::backward(ctx, g); }
+};
+
 // The names most test programs use unqualified; a test file brings them in with
 // `using namespace test_support::prelude;`.
 namespace prelude {

@@ -784,21 +784,6 @@ BOOST_AUTO_TEST_CASE(float32_and_mixed_dtypes) {
 
 // ---- refusals ----
 
-namespace {
-struct RawCube : ag::Function<RawCube> {
-  static constexpr const char* name = "raw_cube";
-  static constexpr bool once_differentiable = true;
-  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
-    ctx.save_for_backward({x});
-    return x * x * x;
-  }
-  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
-    const Tensor x = ctx.saved_tensors()[0];
-    return {g[0] * 3.0 * x * x};
-  }
-};
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_by_name_with_the_shapes) {
   const Tensor x = randn64({2, 3}, 1), w = randn64({3}, 2);
   const ag::TensorListFn f = [](const TensorList& a) { return TensorList{a[0] * a[1]}; };
@@ -854,16 +839,16 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_by_name_with_the_shapes) {
   const auto constant = ag::jvp(reads_p, {x}, {ag::ones({2, 3}, Dtype::Float64)});
   check_values(constant.tangents[0], {2, 3}, ag::expand(ag::unsqueeze(p.detach(), 0), {2, 3}).to_vector());
   // A backward that cannot be differentiated again: forward mode and the Hessian name it.
-  check_throws<std::runtime_error>([&] { ag::jvp([](const TensorList& a) { return TensorList{RawCube::apply(a[0])}; },
+  check_throws<std::runtime_error>([&] { ag::jvp([](const TensorList& a) { return TensorList{test_support::CubeOnce::apply(a[0])}; },
                                                  {x}, {x}); },
-                                   {"jvp: differentiating the backward pass", "'raw_cube'", "once_differentiable"});
+                                   {"jvp: differentiating the backward pass", "'cube_once'", "once_differentiable"});
   check_throws<std::runtime_error>(
-      [&] { ag::jacobian([](const TensorList& a) { return RawCube::apply(a[0]); }, {x}, {.mode = ag::JacobianMode::Forward}); },
-      {"jacobian: differentiating the backward pass", "'raw_cube'"});
-  check_throws<std::runtime_error>([&] { ag::hessian([](const TensorList& a) { return ag::sum(RawCube::apply(a[0])); }, {x}); },
-                                   {"hessian: differentiating the backward pass", "'raw_cube'"});
+      [&] { ag::jacobian([](const TensorList& a) { return test_support::CubeOnce::apply(a[0]); }, {x}, {.mode = ag::JacobianMode::Forward}); },
+      {"jacobian: differentiating the backward pass", "'cube_once'"});
+  check_throws<std::runtime_error>([&] { ag::hessian([](const TensorList& a) { return ag::sum(test_support::CubeOnce::apply(a[0])); }, {x}); },
+                                   {"hessian: differentiating the backward pass", "'cube_once'"});
   // Reverse mode goes through it.
-  const Tensor J = ag::jacobian([](const TensorList& a) { return RawCube::apply(a[0]); }, {w})[0];
+  const Tensor J = ag::jacobian([](const TensorList& a) { return test_support::CubeOnce::apply(a[0]); }, {w})[0];
   const auto wv = w.to_vector(), Jv = J.to_vector();
   for (std::size_t k = 0; k < 3; ++k) BOOST_TEST(std::abs(Jv[k * 4] - 3 * wv[k] * wv[k]) <= 1e-12 * (1 + Jv[k * 4]));
 }
