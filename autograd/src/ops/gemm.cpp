@@ -272,6 +272,7 @@ void cut_product(Call call, bool hold_omp, bool trans_a, bool trans_b, std::int6
     isa::choose();  // on the calling thread, before the region (see ops/parallel.hpp)
 #pragma omp parallel
     {
+      isa::clear_upper_state();
 #pragma omp for schedule(static)
       for (std::int64_t p = 0; p < cut.count; ++p) piece(p);
       if (cut.by_k) {

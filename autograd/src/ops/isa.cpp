@@ -69,6 +69,22 @@ Isa best_supported() {
   return best;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+__attribute__((target("avx"))) void vzeroupper() { __builtin_ia32_vzeroupper(); }
+}  // namespace
+#endif
+
+void clear_upper_state() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has_avx = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") != 0;
+  }();
+  if (has_avx) vzeroupper();
+#endif
+}
+
 Isa active() {
   const int known = g_active.load(std::memory_order_relaxed);
   if (known >= 0) [[likely]]

@@ -126,6 +126,7 @@ void parallel_chunks(std::int64_t numel, Chunk&& chunk) {
   const std::int64_t step = ((numel + threads - 1) / threads + 15) / 16 * 16;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int t = 0; t < threads; ++t) {
+    isa::clear_upper_state();
     const std::int64_t b = std::min(numel, t * step), e = std::min(numel, b + step);
     chunk(b, e);
   }

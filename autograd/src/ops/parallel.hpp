@@ -111,6 +111,7 @@ bool measured_region(thread_policy::Site& site, F&& f) {
 #pragma omp parallel
   {
     const std::int64_t c0 = thread_policy::thread_cpu_ns();
+    isa::clear_upper_state();
     f();
     cpu.fetch_add(thread_policy::thread_cpu_ns() - c0, std::memory_order_relaxed);
   }
