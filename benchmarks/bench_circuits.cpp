@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
   int only_steps = 0;
   app.add_option("--only-train-steps", only_steps, "run this many training steps and nothing else (to profile them)")
       ->check(CLI::Range(1, 1000000));
+  int only_caches = 0;
+  app.add_option("--only-caches", only_caches,
+                 "run this many run_with_cache calls of TransformerLens's default points and nothing else (to profile them)")
+      ->check(CLI::Range(1, 1000000));
   CLI11_PARSE(app, argc, argv);
   ag::set_num_threads(threads);
   ag::Generator gen(0);
@@ -58,6 +62,19 @@ int main(int argc, char** argv) {
     loss.backward();
     opt.step();
   };
+  // TransformerLens's default hook points, in our names (docs/circuits.md maps them).
+  std::vector<std::string> tl_points = {"embed_out", "pos_embed_out", "ln_final.scale", "ln_final.normalized"};
+  for (int l = 0; l < 2; ++l)
+    for (const char* p : {"resid_pre", "ln_1.scale", "ln_1.normalized", "attn.q", "attn.k", "attn.v", "attn.scores",
+                          "attn.pattern", "attn.z", "attn_out", "resid_mid", "ln_2.scale", "ln_2.normalized", "mlp_pre",
+                          "mlp_hidden", "mlp_out", "resid_post"})
+      tl_points.push_back(fmt::format("blocks.{}.{}", l, p));
+  if (only_caches > 0) {
+    ag::NoGradGuard g;
+    for (int i = 0; i < only_caches; ++i)
+      nn::run_with_cache(model, [&] { return model.forward(clean); }, {.names = tl_points});
+    return 0;
+  }
   if (only_steps > 0) {
     for (int i = 0; i < only_steps; ++i) train_step();
     return 0;
@@ -97,13 +114,6 @@ int main(int argc, char** argv) {
         for (std::size_t t = 0; t < hooked[l].per_head_position[h].size(); ++t)
           worst = std::max(worst, std::abs((*r)[l].per_head_position[h][t] - hooked[l].per_head_position[h][t]));
       }
-  // TransformerLens's default hook points, in our names (docs/circuits.md maps them).
-  std::vector<std::string> tl_points = {"embed_out", "pos_embed_out", "ln_final.scale", "ln_final.normalized"};
-  for (int l = 0; l < 2; ++l)
-    for (const char* p : {"resid_pre", "ln_1.scale", "ln_1.normalized", "attn.q", "attn.k", "attn.v", "attn.scores",
-                          "attn.pattern", "attn.z", "attn_out", "resid_mid", "ln_2.scale", "ln_2.normalized", "mlp_pre",
-                          "mlp_hidden", "mlp_out", "resid_post"})
-      tl_points.push_back(fmt::format("blocks.{}.{}", l, p));
   const auto cached = [&](const std::vector<std::string>& names, std::size_t& bytes) {
     return median_seconds(reps, [&] {
       ag::NoGradGuard g;
