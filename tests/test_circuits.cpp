@@ -212,6 +212,14 @@ BOOST_AUTO_TEST_CASE(product_norm_and_singular_values_match_tl) {
   check_close("collapse_l norm", ag::sqrt(ag::sum(ag::square(fm.collapse_l()), {-2, -1})), tl_ref("fm.collapse_l_norm"), 1e-12);
   check_close("T.AB", fm.T().AB(), tl_ref("fm.T.AB"), 1e-12);
   check_close("T.S", fm.T().singular_values(), tl_ref("fm.T.S"), 1e-12);
+  // Factors scaled by 2^±70 (float32: their Gram products would underflow or overflow) and by
+  // 10^±150 (float64): the same norm, scaled, and finite.
+  const Tensor A32 = tl_ref("fm.A").to(Dtype::Float32), B32 = tl_ref("fm.B").to(Dtype::Float32);
+  const std::vector<double> n32 = FactoredMatrix(A32, B32).norm().to_vector();
+  const std::vector<double> s32 = FactoredMatrix(A32 * std::ldexp(1.0, -70), B32 * std::ldexp(1.0, 70)).norm().to_vector();
+  BOOST_TEST(s32 == n32, boost::test_tools::per_element());
+  check_close("norm of 1e-150 A times 1e150 B",
+              FactoredMatrix(tl_ref("fm.A") * 1e-150, tl_ref("fm.B") * 1e150).norm(), tl_ref("fm.norm"), 1e-12);
 }
 
 BOOST_AUTO_TEST_CASE(svd_factors_rebuild_the_product_with_orthonormal_columns) {
@@ -593,7 +601,19 @@ BOOST_AUTO_TEST_CASE(bad_patterns_and_tokens_are_refused_by_name) {
   test_support::check_message([&] { circuits::head_scores(ag::narrow(p, 0, 0, 2), HeadKind::Induction, tokens); },
                               "patterns [2, 4, 12, 12] are for 2 sequences but tokens [3, 12] hold 3");
   test_support::check_message([&] { circuits::detection_pattern(HeadKind::Induction, ag::tensor({1.5, 2}, {2}, Dtype::Float64)); },
-                              "circuits::detection_pattern: tokens must be integers, got 1.5 at [0, 0]");
+                              "circuits::detection_pattern: tokens must be integers of magnitude at most 2^53 "
+                              "(Int64 tokens may be larger), got 1.5 at [0, 0]");
+  test_support::check_message([&] { circuits::detection_pattern(HeadKind::Induction, ag::tensor({1e20, 3e20}, {2}, Dtype::Float64)); },
+                              "got 1e+20 at [0, 0]");
+  // Int64 ids are compared as integers: 2^53 and 2^53 + 1 are different tokens.
+  const Tensor big = ag::tensor(std::vector<std::int64_t>{std::int64_t{1} << 53, (std::int64_t{1} << 53) + 1}, {2});
+  BOOST_TEST(circuits::detection_pattern(HeadKind::DuplicateToken, big).to_vector() == std::vector<double>(4, 0.0),
+             boost::test_tools::per_element());
+  // No sequence or no position to score; a detection pattern of other values than 0 and 1.
+  test_support::check_message([&] { circuits::head_scores(ag::narrow(p, 0, 0, 0), ag::ones({12, 12}, Dtype::Float64)); },
+                              "circuits::head_scores: patterns [0, 4, 12, 12] hold no sequence to score");
+  test_support::check_message([&] { circuits::head_scores(ag::narrow(p, 0, 0, 1), ag::full({12, 12}, 5.0, Dtype::Float64)); },
+                              "circuits::head_scores: a detection pattern holds 0s and 1s, but [12, 12] holds 5 at flat index 0");
   // All of a head's attention on key 0 and the current token: nothing left to score.
   std::vector<double> z(2 * 1 * 2 * 2, 0.0);
   z[0] = 1;      // sequence 0, query 0 -> key 0

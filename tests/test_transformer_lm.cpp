@@ -218,6 +218,9 @@ BOOST_AUTO_TEST_CASE(bad_configs_and_tokens_are_refused_naming_the_setting) {
   c.d_head = 2;
   check_message([&] { nn::TransformerLM m(c); }, "d_head 2");
   c = small_config();
+  c.n_heads = 4, c.d_head = (std::int64_t{1} << 62) + 2;  // d_head · n_heads wraps around to 8
+  check_message([&] { nn::TransformerLM m(c); }, "d_head 4611686018427387906 times n_heads 4 is not d_model 8");
+  c = small_config();
   c.d_vocab = 0;
   check_message([&] { nn::TransformerLM m(c); }, "d_vocab must be positive");
   c = small_config();
@@ -250,6 +253,8 @@ BOOST_AUTO_TEST_CASE(bad_configs_and_tokens_are_refused_naming_the_setting) {
   }
   nn::TransformerLM m(small_config());
   check_message([&] { m.forward(ag::zeros({1, 7}, ag::Dtype::Int64)); }, "n_ctx = 6");
+  check_message([&] { m.loss(ag::zeros({0, 4}, ag::Dtype::Int64)); },
+                "TransformerLM::loss: tokens of shape [0, 4]: an empty batch has no loss");
   check_message([&] { m.forward(ag::zeros({1, 2, 3}, ag::Dtype::Int64)); }, "(B, T) or (T)");
   BOOST_CHECK_THROW(m.forward(ag::full({1, 3}, 7.0, ag::Dtype::Int64)), std::invalid_argument);
   BOOST_CHECK_THROW(m.block(2), std::invalid_argument);

@@ -196,3 +196,33 @@ BOOST_AUTO_TEST_CASE(every_text_entry_point_refuses_text_that_is_not_utf8_naming
   page.paragraph("café ∑ 𝔸").section("Köpfe").table({{"ü"}});
   BOOST_TEST(page.html().find("<p>café ∑ 𝔸</p>") != std::string::npos);
 }
+
+// Infinite values are drawn as NaN ones are (a blank cell that keeps its value in the hover text)
+// and leave the colour range to the finite cells; a line chart's infinite marks are left out and
+// values near the largest double still give finite coordinates.
+BOOST_AUTO_TEST_CASE(infinite_values_are_drawn_blank_and_keep_the_finite_colours) {
+  viewer::Page inf_page("p"), finite_page("p");
+  inf_page.heatmap(heatmap("m", {{1, INFINITY}, {-1, 0}}));
+  finite_page.heatmap(heatmap("m", {{1, NAN}, {-1, 0}}));
+  const std::string html = inf_page.html();
+  BOOST_TEST(html.find("#-") == std::string::npos, "a negative colour component in the page");
+  BOOST_TEST(html.find(R"(fill="#ffffff")") != std::string::npos);
+  BOOST_TEST(html.find("inf") != std::string::npos, "the inf cell's value is not in its hover text");
+  // Every fill, in order, is the one the same map with a NaN in place of the inf gets: the finite
+  // cells keep their colours (before, v / inf made them all white) and the scale its range.
+  const auto fills = [](const std::string& h) {
+    std::vector<std::string> out;
+    for (std::size_t at = 0; (at = h.find(R"(fill="#)", at)) != std::string::npos; at += 7) out.push_back(h.substr(at, 14));
+    return out;
+  };
+  const std::vector<std::string> with_inf = fills(html), with_nan = fills(finite_page.html());
+  BOOST_TEST(with_inf == with_nan, boost::test_tools::per_element());
+  BOOST_TEST(with_inf.size() > 4u);
+  viewer::Page charts("c");
+  viewer::LineChart c = chart("big", {viewer::Series{"s", {-1e308, 1e308}, {-1e308, 1e308}}});
+  c.marks = {INFINITY, NAN, 0.0};
+  charts.line_chart(c);
+  const std::string chart_html = charts.html();
+  BOOST_TEST(chart_html.find("nan") == std::string::npos, "a NaN coordinate in the chart");
+  BOOST_TEST(chart_html.find("inf") == std::string::npos, "an infinite coordinate in the chart");
+}

@@ -19,13 +19,20 @@ std::vector<std::vector<std::int64_t>> token_rows(const char* op, const ag::Tens
     ag::fail(op, "needs tokens (T) or (B, T), got {}",
              tokens.defined() ? ag::shape_str(tokens.shape()) : std::string("an undefined tensor"));
   const std::int64_t B = tokens.dim() == 2 ? tokens.size(0) : 1, T = tokens.size(-1);
-  const std::vector<double> v = tokens.to_vector();
   std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(B));
+  if (tokens.dtype() == ag::Dtype::Int64) {  // read as integers: a double would merge ids beyond 2^53
+    const std::int64_t* v = tokens.data<std::int64_t>();
+    for (std::int64_t b = 0; b < B; ++b) rows[static_cast<std::size_t>(b)].assign(v + b * T, v + (b + 1) * T);
+    return rows;
+  }
+  const std::vector<double> v = tokens.to_vector();
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t t = 0; t < T; ++t) {
       const double x = v[static_cast<std::size_t>(b * T + t)];
-      if (!std::isfinite(x) || x != std::floor(x))
-        ag::fail(op, "tokens must be integers, got {} at [{}, {}]", x, b, t);
+      // exact integers only: beyond 2^53 neighbouring ids share a double
+      if (!std::isfinite(x) || x != std::floor(x) || std::abs(x) > 9007199254740992.0)
+        ag::fail(op, "tokens must be integers of magnitude at most 2^53 (Int64 tokens may be larger), got {} at [{}, {}]",
+                 x, b, t);
       rows[static_cast<std::size_t>(b)].push_back(static_cast<std::int64_t>(x));
     }
   return rows;
@@ -100,6 +107,15 @@ ag::Tensor head_scores(const ag::Tensor& pattern, const ag::Tensor& detection, c
     ag::fail(op, "needs a detection pattern ({}, {}) or ({}, {}, {}) for patterns {}, got {}", T, T, B, T, T,
              ag::shape_str(pattern.shape()),
              detection.defined() ? ag::shape_str(detection.shape()) : std::string("an undefined tensor"));
+  if (B == 0 || T == 0)
+    ag::fail(op, "patterns {} hold no {} to score", ag::shape_str(pattern.shape()), B == 0 ? "sequence" : "position");
+  {
+    const std::vector<double> values = detection.detach().to_vector();
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (values[i] != 0.0 && values[i] != 1.0)
+        ag::fail(op, "a detection pattern holds 0s and 1s, but {} holds {} at flat index {}",
+                 ag::shape_str(detection.shape()), values[i], i);
+  }
   const ag::Tensor D = ag::unsqueeze(detection.dim() == 2 ? ag::unsqueeze(detection, 0) : detection, 1)
                            .detach()
                            .to(A.dtype());  // (B or 1, 1, T, T)

@@ -184,12 +184,24 @@ FactoredMatrix FactoredMatrix::unsqueeze(std::int64_t dim) const {
 }
 
 ag::Tensor FactoredMatrix::norm() const {
-  // ‖AB‖² = tr(Bᵀ AᵀA B) = Σ_ij (AᵀA)_ij (BBᵀ)_ij  [r x r]
-  const ag::Tensor gram_a = ag::matmul(ag::transpose(A_, -2, -1), A_);  // (..., r, r)
-  const ag::Tensor gram_b = ag::matmul(B_, ag::transpose(B_, -2, -1));  // (..., r, r)
+  // ‖AB‖² = tr(Bᵀ AᵀA B) = Σ_ij (AᵀA)_ij (BBᵀ)_ij  [r x r], of the factors scaled to a largest
+  // magnitude near 1 (the Gram products of factors like 1e-20 and 1e20 would underflow or overflow
+  // though AB is finite) and scaled back: ‖AB‖ = sa·sb·‖(A/sa)(B/sb)‖.
+  double sa = 1.0, sb = 1.0;
+  {
+    ag::NoGradGuard no_grad;
+    const double ma = ag::max(ag::abs(A_)).item(), mb = ag::max(ag::abs(B_)).item();
+    // powers of two, so the scaling itself rounds nothing
+    if (std::isfinite(ma) && ma > 0.0 && std::isfinite(mb) && mb > 0.0)
+      sa = std::ldexp(1.0, std::ilogb(ma)), sb = std::ldexp(1.0, std::ilogb(mb));
+  }
+  const ag::Tensor a = sa == 1.0 ? A_ : A_ / sa, b = sb == 1.0 ? B_ : B_ / sb;
+  const ag::Tensor gram_a = ag::matmul(ag::transpose(a, -2, -1), a);  // (..., r, r)
+  const ag::Tensor gram_b = ag::matmul(b, ag::transpose(b, -2, -1));  // (..., r, r)
   const ag::Tensor sq = ag::sum(gram_a * gram_b, {-2, -1});
   // Rounding can leave a tiny negative sum for a product that is 0.
-  return ag::sqrt(ag::clamp(sq, 0.0, INFINITY));
+  const ag::Tensor n = ag::sqrt(ag::clamp(sq, 0.0, INFINITY));
+  return sa == 1.0 && sb == 1.0 ? n : n * sa * sb;
 }
 
 FactoredSvd FactoredMatrix::svd() const {

@@ -35,7 +35,7 @@ void TransformerLMConfig::check() const {
   if (d_mlp < 0) ag::fail(kOp, "d_mlp must be positive, or 0 for attention-only blocks, got {}", d_mlp);
   if (d_head < 0) ag::fail(kOp, "d_head must be positive, or 0 for d_model / n_heads, got {}", d_head);
   if (d_model % n_heads != 0) ag::fail(kOp, "d_model {} is not divisible by n_heads {}", d_model, n_heads);
-  if (d_head != 0 && d_head * n_heads != d_model)
+  if (d_head != 0 && (d_head > d_model || d_head * n_heads != d_model))  // d_head ≤ d_model: no overflow
     ag::fail(kOp, "d_head {} times n_heads {} is not d_model {} (headgrad's heads split d_model)", d_head, n_heads,
              d_model);
   if (!(layer_norm_eps >= 0.0) || !std::isfinite(layer_norm_eps))
@@ -208,6 +208,9 @@ ag::Tensor TransformerLM::forward_last(const ag::Tensor& tokens) const {
 
 ag::Tensor TransformerLM::loss(const ag::Tensor& tokens) const {
   const ag::Tensor t = as_batch(tokens);
+  if (t.defined() && t.dim() == 2 && t.size(0) == 0)
+    ag::fail("TransformerLM::loss", "tokens of shape {}: an empty batch has no loss (the mean over no positions)",
+             ag::shape_str(tokens.shape()));
   if (t.defined() && t.dim() == 2 && t.size(1) < 2)
     ag::fail("TransformerLM::loss", "tokens of shape {}: next-token prediction needs T >= 2",
              ag::shape_str(tokens.shape()));

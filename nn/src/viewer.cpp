@@ -93,7 +93,7 @@ std::string num(double v) {
 // White to blue for values in [0, max], white to red for [min, 0], red through white to blue when
 // they have both signs: a positive value is blue whatever the map's range, so maps compare by colour.
 std::string colour(double v, double lo, double hi) {
-  if (std::isnan(v)) return "#ffffff";
+  if (!std::isfinite(v)) return "#ffffff";  // NaN and ±inf: blank (the hover text gives the value)
   const auto mix = [](double t, int r, int g, int b) {
     t = std::clamp(t, 0.0, 1.0);
     return fmt::format("#{:02x}{:02x}{:02x}", static_cast<int>(255 + t * (r - 255)), static_cast<int>(255 + t * (g - 255)),
@@ -152,7 +152,7 @@ std::string heatmap_svg(const Heatmap& m, double cell, Title cell_title) {
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (const auto& row : m.values)
     for (double v : row)
-      if (!std::isnan(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+      if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
   if (!(lo <= hi)) lo = hi = 0;
   const double left = 70, top = 60, w = cell * static_cast<double>(C), h = cell * static_cast<double>(R);
   std::string s = fmt::format(R"~(<svg class="heatmap" width="{}" height="{}" role="img" aria-label="{}">)~",
@@ -316,14 +316,15 @@ Page& Page::line_chart(const LineChart& chart) {
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
   const double W = 640, Hh = 300, l = 60, t = 20, w = W - l - 160, h = Hh - t - 50;
-  const auto X = [&](double x) { return l + (x - x0) / (x1 - x0) * w; };
-  const auto Y = [&](double y) { return t + h - (y - y0) / (y1 - y0) * h; };
+  // halves first: x1 − x0 of values near ±1.8e308 would overflow
+  const auto X = [&](double x) { return l + (x / 2 - x0 / 2) / (x1 / 2 - x0 / 2) * w; };
+  const auto Y = [&](double y) { return t + h - (y / 2 - y0 / 2) / (y1 / 2 - y0 / 2) * h; };
   static const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"};
   std::string s = fmt::format(R"~(<svg class="line-chart" width="{}" height="{}" role="img" aria-label="{}">)~", W, Hh,
                               escape(chart.title));
   s += fmt::format(R"~(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>)~", l, t, w, h);
   for (int i = 0; i <= 4; ++i) {
-    const double xv = x0 + (x1 - x0) * i / 4, yv = y0 + (y1 - y0) * i / 4;
+    const double xv = x0 / 4 * (4 - i) + x1 / 4 * i, yv = y0 / 4 * (4 - i) + y1 / 4 * i;  // no x1 − x0: see X
     std::string xl = num(xv);
     if (!chart.x_labels.empty()) {
       const double r = std::round(xv);
@@ -337,7 +338,8 @@ Page& Page::line_chart(const LineChart& chart) {
   s += fmt::format(R"~(<text transform="translate(12,{}) rotate(-90)" text-anchor="middle">{}</text>)~", t + h / 2,
                    escape(chart.y_axis));
   for (double m : chart.marks)
-    s += fmt::format(R"~(<line class="mark" x1="{0}" x2="{0}" y1="{1}" y2="{2}" stroke="#888" stroke-dasharray="4 3"/>)~",
+    if (std::isfinite(m))
+      s += fmt::format(R"~(<line class="mark" x1="{0}" x2="{0}" y1="{1}" y2="{2}" stroke="#888" stroke-dasharray="4 3"/>)~",
                      X(m), t, t + h);
   for (std::size_t k = 0; k < chart.series.size(); ++k) {
     const auto& se = chart.series[k];

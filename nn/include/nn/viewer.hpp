@@ -33,7 +33,7 @@ namespace ag = autograd;
 
 struct Heatmap {
   std::string title;
-  std::vector<std::vector<double>> values;  // rows x columns; NaN cells are drawn blank ("none")
+  std::vector<std::vector<double>> values;  // rows x columns; NaN and ±inf cells are drawn blank (their hover text gives the value)
   std::vector<std::string> row_labels;      // one per row (or empty: 0, 1, ...); another count throws
   std::vector<std::string> col_labels;      // one per column (or empty); another count throws
   std::string row_axis = "row", col_axis = "column", value_name = "value";
