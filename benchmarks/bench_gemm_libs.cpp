@@ -3,7 +3,7 @@
 // one that was found at configure time, on the products of a training step of
 // nn::MultiHeadAttention at the benchmark shapes and of examples/char_gpt's model.
 //
-// This one program measures internals: "ours" is autograd::gemm from autograd/src/ops/gemm.hpp
+// This one program measures internals: "ours" is autograd::gemm from autograd/src/kernels/gemm.hpp
 // (not an installed header), the function every op's product goes through.
 //
 // For every product: the time of one call (median over samples, the libraries interleaved in
@@ -36,7 +36,7 @@
 #include <autograd/autograd.hpp>
 
 #include "bench_common.hpp"
-#include "ops/gemm.hpp"
+#include "kernels/gemm.hpp"
 
 #ifdef HG_HAVE_OPENBLAS
 #include <cblas.h>

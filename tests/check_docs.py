@@ -5,7 +5,7 @@
 #   (a) every repository path that README.md or a docs/*.md page names (anywhere in it), or that a
 #       comment names (// and /* */ in C++; # in Python, shell and CMake files), exists. A path is
 #       a word starting with a top-level folder or a library's src/ or include/ and a slash
-#       (autograd/src/walk.cpp, src/ops/gemm.cpp, nn/hooks.hpp, tests/test_*.cpp); it resolves
+#       (autograd/src/walk.cpp, src/kernels/gemm.cpp, nn/hooks.hpp, tests/test_*.cpp); it resolves
 #       from the root, from the library folder of the file that names it (autograd/ or nn/; files
 #       elsewhere may name either library's src/), as an include path (autograd/include/,
 #       nn/include/), from the naming file's own folder, or as an example's name without .cpp.
@@ -336,16 +336,16 @@ def self_test(root):
         if got != want:
             failures.append(f"{what}: got {got!r}, want {want!r}")
 
-    expect("paths_in", paths_in("see `autograd/src/walk.cpp`, src/ops/gemm.cpp. And tests/data/mha_<c>.txt, nn/, "
+    expect("paths_in", paths_in("see `autograd/src/walk.cpp`, src/kernels/gemm.cpp. And tests/data/mha_<c>.txt, nn/, "
                                 "https://x.org/nn/y, build/examples/train_heads"),
-           ["autograd/src/walk.cpp", "src/ops/gemm.cpp"])
+           ["autograd/src/walk.cpp", "src/kernels/gemm.cpp"])
     text = ("The walk is in autograd/src/walk.cpp (src/walk.cpp); see tests/test_*.cpp, examples/curvature,\n"
             "nn/hooks.hpp and docs/design.md. Binary ops: src/ops/elementwise.cpp.\n")
     found, count = missing_paths(root, "docs/x.md", enumerate(text.split("\n"), 1))
     expect("missing paths", found, ["docs/x.md:2: names `src/ops/elementwise.cpp`, which does not exist"])
     expect("paths counted", count, 7)
-    expect("a library's own src/", resolves(root, "nn/src/hooks.cpp", "src/ops/gemm.cpp"), False)
-    expect("the other library's src/ from docs", resolves(root, "docs/x.md", "src/ops/gemm.cpp"), True)
+    expect("a library's own src/", resolves(root, "nn/src/hooks.cpp", "src/kernels/gemm.cpp"), False)
+    expect("the other library's src/ from docs", resolves(root, "docs/x.md", "src/kernels/gemm.cpp"), True)
     expect("wildcard that matches nothing", resolves(root, "docs/x.md", "tests/test_nothing_*.cpp"), False)
     expect("cpp comments", cpp_comments('int a; // one\n/* two\nthree */ int b; /* four */\nchar* s = "x";'),
            [(1, " one"), (2, " two"), (3, "three "), (3, " four ")])

@@ -14,7 +14,7 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
-#include "../autograd/src/ops/attention_flash_tiles.hpp"
+#include "../autograd/src/kernels/attention_flash_tiles.hpp"
 #include "test_attention_flash_support.hpp"
 #include "test_support.hpp"
 

@@ -15,7 +15,7 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
-#include "../autograd/src/ops/philox.hpp"
+#include "../autograd/src/kernels/philox.hpp"
 #include "test_attention_flash_support.hpp"
 #include "test_support.hpp"
 

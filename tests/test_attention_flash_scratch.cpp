@@ -8,7 +8,7 @@
 
 #include <autograd/autograd.hpp>
 
-#include "../autograd/src/ops/attention_flash.hpp"  // the per-thread operand copies, inspected
+#include "../autograd/src/kernels/attention_flash.hpp"  // the per-thread operand copies, inspected
 
 namespace ag = autograd;
 

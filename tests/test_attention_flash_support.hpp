@@ -9,7 +9,7 @@
 
 #include <autograd/autograd.hpp>
 
-#include "../autograd/src/ops/attention_flash_tiles.hpp"
+#include "../autograd/src/kernels/attention_flash_tiles.hpp"
 
 namespace flash_test {
 

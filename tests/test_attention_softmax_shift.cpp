@@ -1,4 +1,4 @@
-// The float32 softmax of the untiled attention kernel (autograd/src/ops/attention_kernels.cpp):
+// The float32 softmax of the untiled attention kernel (autograd/src/kernels/attention_core.cpp):
 // without a mask, rows whose maxima lie within 16 of each other share one shift and one
 // exponential pass; rows further apart, masked slices (a blocked key, a fully blocked row) and
 // causal ones take the row-by-row path (so a float mask equal to causality gives the bits of

@@ -16,7 +16,7 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
-#include "../autograd/src/ops/gemm.hpp"  // the product every op calls, tested directly
+#include "../autograd/src/kernels/gemm.hpp"  // the product every op calls, tested directly
 
 #include "test_support.hpp"
 

@@ -1,4 +1,4 @@
-// Every route of the matrix product behind the ops (autograd/src/ops/gemm.cpp): the tiny
+// Every route of the matrix product behind the ops (autograd/src/kernels/gemm.cpp): the tiny
 // products taken before any cut, the small register-blocked kernel (packed transposed B, few
 // rows included), libxsmm's kernels when the build has them (gemm_xsmm.hpp, alpha 1 and scaled,
 // beta 0 and 1), Eigen, the BLAS, and the cuts into pieces (rows, columns, the summed dimension).
@@ -26,8 +26,8 @@
 
 #include <autograd/autograd.hpp>
 
-#include "../autograd/src/ops/gemm.hpp"       // the product every op calls, tested directly
-#include "../autograd/src/ops/gemm_xsmm.hpp"  // which products libxsmm takes
+#include "../autograd/src/kernels/gemm.hpp"       // the product every op calls, tested directly
+#include "../autograd/src/kernels/gemm_xsmm.hpp"  // which products libxsmm takes
 #include "isa_support.hpp"
 
 namespace ag = autograd;

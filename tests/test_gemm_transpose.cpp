@@ -1,4 +1,4 @@
-// The transposition behind the matrix products with a transposed B (autograd/src/ops/gemm.cpp
+// The transposition behind the matrix products with a transposed B (autograd/src/kernels/gemm.cpp
 // lays op(B) out [K, N] before the small kernel or libxsmm, alpha folded in): its AVX-512 and
 // AVX2 variants (gemm_small.hpp) against the definition dst[c·ldd + r] = alpha·src[r·lds + c]
 // (one float multiply; alpha = 1 an exact copy), bit for bit,
@@ -16,7 +16,7 @@
 
 #include <autograd/autograd.hpp>
 
-#include "../autograd/src/ops/gemm.hpp"  // transpose_scaled, which runs the kernels
+#include "../autograd/src/kernels/gemm.hpp"  // transpose_scaled, which runs the kernels
 #include "isa_support.hpp"
 
 namespace ag = autograd;

@@ -1,4 +1,4 @@
-// The float32 exponentials of the softmax rows (autograd/src/ops/rows.hpp) in their vector
+// The float32 exponentials of the softmax rows (autograd/src/kernels/approx.hpp) in their vector
 // variants: AVX-512 forms y·2^m in one instruction (vscalefps), AVX2 with Eigen's four
 // power-of-two factors; both must give the same bits for every input, denormal results and the
 // clamped ends included. The one-pass weights-and-slopes kernel of the attention backward must
@@ -17,7 +17,7 @@
 
 #include <autograd/autograd.hpp>
 
-#include "../autograd/src/ops/rows.hpp"
+#include "../autograd/src/kernels/approx.hpp"
 #include "isa_support.hpp"
 
 namespace ag = autograd;
@@ -74,7 +74,7 @@ std::vector<float> exponentials(const std::string& isa, const std::vector<float>
   IsaScope scope(isa);
   std::vector<float> y(x.size());
   float sum = 0;
-  BOOST_REQUIRE(ag::rows::exp_shifted(x.data(), y.data(), static_cast<std::int64_t>(x.size()), m, sum));
+  BOOST_REQUIRE(ag::approx::exp_shifted(x.data(), y.data(), static_cast<std::int64_t>(x.size()), m, sum));
   return y;
 }
 
@@ -144,11 +144,11 @@ BOOST_AUTO_TEST_CASE(weights_and_slopes_in_one_pass_give_the_bits_of_two) {
       for (float m : {0.5f, 2.0f}) {
         const float c = 0.25f;
         std::vector<float> p1 = p, g1 = g, p2 = p, g2 = g;
-        const bool vector = ag::rows::exp_slopes(p1.data(), g1.data(), n, m, c);
+        const bool vector = ag::approx::exp_slopes(p1.data(), g1.data(), n, m, c);
         BOOST_TEST(vector == (isa != "generic"), isa);
         if (!vector) continue;
         float sum = 0;
-        BOOST_REQUIRE(ag::rows::exp_shifted(p2.data(), p2.data(), n, m, sum));
+        BOOST_REQUIRE(ag::approx::exp_shifted(p2.data(), p2.data(), n, m, sum));
         for (std::size_t j = 0; j < g2.size(); ++j) g2[j] = p2[j] * (g2[j] - c);
         BOOST_TEST(differences(p1, p2) == 0u, isa << " n = " << n);
         BOOST_TEST(differences(g1, g2) == 0u, isa << " n = " << n);
@@ -171,7 +171,7 @@ BOOST_AUTO_TEST_CASE(the_row_maximum_is_the_largest_element_or_nan_when_one_is) 
         std::vector<float> y = x;
         y[static_cast<std::size_t>(at)] = 50.0f;
         float got = 0;
-        const bool vector = ag::rows::max(y.data(), n, got);
+        const bool vector = ag::approx::max(y.data(), n, got);
         BOOST_TEST(vector == (isa != "generic"), isa);
         if (vector) BOOST_TEST(got == 50.0f, isa << " n = " << n << " at " << at);
       }
@@ -179,19 +179,19 @@ BOOST_AUTO_TEST_CASE(the_row_maximum_is_the_largest_element_or_nan_when_one_is) 
       std::vector<float> blocked(static_cast<std::size_t>(n), -inf);
       blocked[static_cast<std::size_t>(n - 1)] = -3.0f;
       float got = 0;
-      if (!ag::rows::max(blocked.data(), n, got)) continue;
+      if (!ag::approx::max(blocked.data(), n, got)) continue;
       BOOST_TEST(got == -3.0f, isa << " n = " << n);
       std::fill(blocked.begin(), blocked.end(), -inf);
-      ag::rows::max(blocked.data(), n, got);
+      ag::approx::max(blocked.data(), n, got);
       BOOST_TEST(got == -inf, isa << " n = " << n);
       for (std::int64_t at = 0; at < n; at += std::max<std::int64_t>(1, n / 5)) {
         std::vector<float> y = x;
         y[static_cast<std::size_t>(at)] = nan;
         if (at + 1 < n) y[static_cast<std::size_t>(at + 1)] = inf;
-        ag::rows::max(y.data(), n, got);
+        ag::approx::max(y.data(), n, got);
         BOOST_TEST(std::isnan(got), isa << " n = " << n << " NaN at " << at);
         y[static_cast<std::size_t>(at)] = 0.0f;
-        ag::rows::max(y.data(), n, got);
+        ag::approx::max(y.data(), n, got);
         BOOST_TEST(got == (at + 1 < n ? inf : *std::max_element(y.begin(), y.end())), isa << " n = " << n);
       }
     }

@@ -11,7 +11,7 @@
 
 #include <autograd/autograd.hpp>
 
-#include "../autograd/src/ops/philox.hpp"
+#include "../autograd/src/kernels/philox.hpp"
 #include "test_support.hpp"
 
 using namespace test_support::prelude;

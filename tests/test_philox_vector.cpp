@@ -1,5 +1,5 @@
 // The AVX-512 Philox-4x32-10 kernel (16 counters side by side) against the one-counter
-// function of ops/philox.hpp, word for word, at counters whose high word changes within the
+// function of kernels/philox.hpp, word for word, at counters whose high word changes within the
 // group; and the dropout factors of every kernel variant against the one-element rule.
 #define BOOST_TEST_MODULE philox_vector
 #include <boost/test/unit_test.hpp>
@@ -10,7 +10,7 @@
 
 #include <autograd/autograd.hpp>
 
-#include "../autograd/src/ops/philox.hpp"
+#include "../autograd/src/kernels/philox.hpp"
 #include "isa_support.hpp"
 
 namespace ag = autograd;
@@ -32,7 +32,7 @@ BOOST_AUTO_TEST_CASE(sixteen_counters_at_once_give_the_words_of_one_at_a_time) {
     for (const philox::Key& key : keys)
       for (std::uint64_t c : starts) {
         std::uint32_t out[64] = {};
-        if (!ag::rows::philox_bits(key[0], key[1], c, out)) {
+        if (!ag::approx::philox_bits(key[0], key[1], c, out)) {
           BOOST_TEST(isa != "avx512", "the AVX-512 variant has the kernel");
           continue;
         }

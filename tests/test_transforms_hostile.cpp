@@ -15,7 +15,7 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
-#include "../autograd/src/ops/attention_flash_tiles.hpp"
+#include "../autograd/src/kernels/attention_flash_tiles.hpp"
 #include "test_support.hpp"
 
 using namespace test_support::prelude;

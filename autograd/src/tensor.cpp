@@ -12,7 +12,7 @@
 #include "autograd/detail/small_pool.hpp"
 #include "buffer_pool.hpp"
 #include "convert.hpp"
-#include "ops/common.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 

@@ -17,8 +17,6 @@
 
 namespace autograd {
 
-using TensorList = std::vector<Tensor>;
-
 // ---- vectors over parameters ----
 // The lists must match tensor by tensor in shape (and be Float32 or Float64); sums run in float64
 // over the tensors in order and their elements in row-major order. Not differentiable.

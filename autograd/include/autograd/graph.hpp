@@ -29,8 +29,6 @@
 
 namespace autograd {
 
-using TensorList = std::vector<Tensor>;
-
 // The gradients a built-in backward rule returns: up to N tensors held inline, so that returning
 // them allocates nothing (a TensorList would allocate once per node and backward call). Rules
 // with more inputs than that return a TensorList.

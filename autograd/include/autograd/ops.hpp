@@ -21,8 +21,6 @@
 
 namespace autograd {
 
-using TensorList = std::vector<Tensor>;
-
 // ---- elementwise, binary (broadcasting) — src/ops/elementwise_binary.cpp ----
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
@@ -190,7 +188,7 @@ Tensor cross_entropy(const Tensor& logits, const std::vector<std::int64_t>& targ
 // In training, zeroes each element with probability p and scales the rest by 1/(1-p). Each call
 // with p > 0 draws one 64-bit seed from gen, whatever the size (eval mode and p == 0 draw
 // nothing); element n (row-major flat index) is kept iff the Philox-4x32-10 uniform of that
-// seed and n is >= p (src/ops/philox.hpp). The mask is the same for every dtype and thread
+// seed and n is >= p (src/kernels/philox.hpp). The mask is the same for every dtype and thread
 // count, and the fused attention ops draw theirs on (B, H, T, S) weights by the same rule.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 Tensor dropout(const Tensor& x, double p, bool training = true);  // default generator

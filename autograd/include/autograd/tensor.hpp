@@ -286,4 +286,7 @@ Tensor from_eigen(const Eigen::MatrixBase<Derived>& m) {
   return t;
 }
 
+// A list of tensors: what ops that take or return several tensors, grad and the transforms use.
+using TensorList = std::vector<Tensor>;
+
 }  // namespace autograd

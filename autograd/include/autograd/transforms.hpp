@@ -38,7 +38,6 @@
 
 namespace autograd {
 
-using TensorList = std::vector<Tensor>;
 // A function of several tensors to several tensors (jvp's and vjp's).
 using TensorListFn = std::function<TensorList(const TensorList&)>;
 

@@ -1,7 +1,7 @@
 // Fused scaled dot-product attention: the three entry points (heads-first, heads-last, packed),
 // their argument checks, the choice of core (the tiled one of attention_flash*.cpp when the
 // weights are not asked for), and the graph node whose backward runs the hand-derived kernels of
-// attention_kernels.cpp (derived step by step in docs/attention_backward.md).
+// attention_core.cpp (derived step by step in docs/attention_backward.md).
 #include "autograd/attention.hpp"
 
 #include <algorithm>
@@ -13,12 +13,12 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/attention_composed.hpp"
-#include "ops/attention_flash_tiles.hpp"
-#include "ops/attention_kernels.hpp"
-#include "ops/common.hpp"
-#include "ops/parallel.hpp"
-#include "ops/philox.hpp"
+#include "kernels/attention_core.hpp"
+#include "kernels/attention_flash_tiles.hpp"
+#include "kernels/parallel.hpp"
+#include "kernels/philox.hpp"
+#include "ops/attention_node.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 
@@ -216,7 +216,7 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
                   bool is_causal, double scale, double dropout_p, Generator* gen, bool need_weights) {
   // scale 0 means 1/sqrt(d_k); with d_k = 0 every product is 0 and the scale does not matter.
   if (scale == 0.0) scale = d.d_k > 0 ? 1.0 / std::sqrt(static_cast<double>(d.d_k)) : 1.0;
-  // The call's one draw: the dropout mask is a function of this seed (ops/philox.hpp).
+  // The call's one draw: the dropout mask is a function of this seed (kernels/philox.hpp).
   philox::DropoutStream stream;
   if (dropout_p > 0.0) stream = philox::DropoutStream((gen != nullptr ? *gen : default_generator()).next_u64(), dropout_p);
   if (use_tiled(d, need_weights)) return sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale, stream);

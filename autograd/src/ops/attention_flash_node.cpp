@@ -5,8 +5,8 @@
 #include <limits>
 
 #include "autograd/grad_mode.hpp"
-#include "ops/attention_composed.hpp"
-#include "ops/attention_flash.hpp"
+#include "kernels/attention_flash.hpp"
+#include "ops/attention_node.hpp"
 
 namespace autograd::sdpa {
 

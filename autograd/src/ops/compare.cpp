@@ -10,7 +10,8 @@
 #include <string_view>
 
 #include "autograd/ops.hpp"
-#include "ops/kernels.hpp"
+#include "kernels/broadcast.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 namespace {
@@ -37,15 +38,15 @@ Tensor compare_tensors(std::string_view op, const Tensor& a, const Tensor& b) {
   if (x.dtype() == Dtype::Int64) {
     Tensor out = Tensor::empty(shape, Dtype::Int64, op);
     const std::array<const std::int64_t*, 2> in{x.data<std::int64_t>(), z.data<std::int64_t>()};
-    kernels::map_into<std::int64_t, 2>(kernels::make_plan<2>(shape, {&x.shape(), &z.shape()}),
+    broadcast::map_into<std::int64_t, 2>(broadcast::make_plan<2>(shape, {&x.shape(), &z.shape()}),
                                        out.data<std::int64_t>(), in, [](const auto& p, const auto& q) {
                                          return compare<C>(p, q).template cast<std::int64_t>();
                                        });
     return out;
   }
   // floats: 0/1 in the inputs' dtype (exact), then as Int64
-  return kernels::map<2>(shape, {x, z}, [](const auto& p, const auto& q) {
-           return compare<C>(p, q).template cast<kernels::scalar_t<decltype(p)>>();
+  return broadcast::map<2>(shape, {x, z}, [](const auto& p, const auto& q) {
+           return compare<C>(p, q).template cast<broadcast::scalar_t<decltype(p)>>();
          }).to(Dtype::Int64);
 }
 

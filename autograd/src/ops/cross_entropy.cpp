@@ -32,7 +32,7 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 namespace {

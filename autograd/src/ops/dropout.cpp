@@ -1,7 +1,7 @@
 // Dropout: in training each element is zeroed with probability p and the survivors are scaled
 // by 1/(1-p), so the expectation is unchanged. Each call draws one 64-bit seed from the given
 // Generator (whatever the tensor's size), and element n (row-major) is kept iff its Philox
-// uniform u(seed, n) >= p (ops/philox.hpp): a seed fixes the mask, which does not depend on the
+// uniform u(seed, n) >= p (kernels/philox.hpp): a seed fixes the mask, which does not depend on the
 // dtype or the thread count, and is the one the fused attention ops draw on (B, H, T, S) weights.
 #include <algorithm>
 #include <cmath>
@@ -9,9 +9,9 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
-#include "ops/parallel.hpp"
-#include "ops/philox.hpp"
+#include "kernels/parallel.hpp"
+#include "kernels/philox.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 

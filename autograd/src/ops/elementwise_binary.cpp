@@ -1,6 +1,6 @@
 // Binary elementwise ops with NumPy broadcasting, their scalar forms, the operators, and the
 // selections by mask (masked_fill, where). Gradients of broadcast inputs are summed back to
-// each input's shape with sum_to. Float32 +, −, ·, / run instruction-set kernels (ops/ew_ops.hpp)
+// each input's shape with sum_to. Float32 +, −, ·, / run instruction-set kernels (kernels/exact_ops.hpp)
 // unless the generic variant is in use, with the same results (one IEEE operation an element).
 #include <cmath>
 #include <string_view>
@@ -8,12 +8,13 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/ew_ops.hpp"
-#include "ops/kernels.hpp"
+#include "kernels/broadcast.hpp"
+#include "kernels/exact_ops.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 
-using kernels::scalar_t;
+using broadcast::scalar_t;
 
 namespace {
 
@@ -50,7 +51,7 @@ Tensor as_selector(const Tensor& m, Dtype dtype) { return m.dtype() == dtype ? m
 // 1 where pick(a, b) holds, else 0, over the broadcast shape: a constant mask (no graph).
 template <class Pick>
 Tensor mask_of(const Shape& shape, const Tensor& a, const Tensor& b, Pick pick) {
-  return kernels::map<2>(shape, {a, b}, [pick](const auto& x, const auto& z) {
+  return broadcast::map<2>(shape, {a, b}, [pick](const auto& x, const auto& z) {
     return pick(x, z).template cast<scalar_t<decltype(x)>>();
   });
 }
@@ -61,8 +62,8 @@ Tensor mask_of(const Shape& shape, const Tensor& a, const Tensor& b, Pick pick) 
 
 Tensor add(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("add", a, b);
-  Tensor y = ew::binary(ew::Op::Add, shape, a, b);
-  if (!y.defined()) y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x + z; });
+  Tensor y = exact::binary(exact::Op::Add, shape, a, b);
+  if (!y.defined()) y = broadcast::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x + z; });
   if (!needs_grad(a, b)) return y;
   // y = a + b  =>  da = sum_to(dy), db = sum_to(dy)
   return record("add", {a, b}, y, [](const TensorList& g, const Node& n) {
@@ -73,8 +74,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("sub", a, b);
-  Tensor y = ew::binary(ew::Op::Sub, shape, a, b);
-  if (!y.defined()) y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x - z; });
+  Tensor y = exact::binary(exact::Op::Sub, shape, a, b);
+  if (!y.defined()) y = broadcast::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x - z; });
   if (!needs_grad(a, b)) return y;
   // y = a - b  =>  da = sum_to(dy), db = -sum_to(dy)
   return record("sub", {a, b}, y, [](const TensorList& g, const Node& n) {
@@ -85,8 +86,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("mul", a, b);
-  Tensor y = ew::binary(ew::Op::Mul, shape, a, b);
-  if (!y.defined()) y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x * z; });
+  Tensor y = exact::binary(exact::Op::Mul, shape, a, b);
+  if (!y.defined()) y = broadcast::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x * z; });
   if (!needs_grad(a, b)) return y;
   // y = a·b  =>  da = sum_to(dy·b), db = sum_to(dy·a)
   SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(a.requires_grad() ? b : Tensor());
@@ -98,8 +99,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("div", a, b);
-  Tensor y = ew::binary(ew::Op::Div, shape, a, b);
-  if (!y.defined()) y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x / z; });
+  Tensor y = exact::binary(exact::Op::Div, shape, a, b);
+  if (!y.defined()) y = broadcast::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x / z; });
   if (!needs_grad(a, b)) return y;
   // y = a / b  =>  da = sum_to(dy / b), db = sum_to(-dy·a / b²)
   SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(b);
@@ -110,7 +111,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
         grad_if(n, 1, [&] {
           const Tensor av = saved_a.get("div");
           if (is_grad_enabled()) return sum_to(div(mul(neg(g[0]), av), square(bv)), n.input_meta[1].shape);
-          return sum_to(kernels::map<3>(g[0].shape(), {g[0], av, bv},
+          return sum_to(broadcast::map<3>(g[0].shape(), {g[0], av, bv},
                                         [](const auto& dy, const auto& x, const auto& z) { return -dy * x / (z * z); }),
                         n.input_meta[1].shape);
         })};
@@ -140,7 +141,7 @@ GradList pow_composed(const Tensor& dy, const Tensor& a, const Tensor& b, const 
 
 Tensor pow(const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary("pow", a, b);
-  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x.pow(z); });
+  Tensor y = broadcast::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x.pow(z); });
   if (!needs_grad(a, b)) return y;
   // y = a^b  =>  da = sum_to(dy·b·a^(b-1)),  db = sum_to(dy·y·ln a)
   // (PyTorch's conventions: da = 0 where b == 0, db = 0 where a == 0 and b >= 0.)
@@ -150,7 +151,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     if (is_grad_enabled()) return pow_composed(g[0], av, bv, saved_y, n);
     return GradList{
         grad_if(n, 0, [&] {
-          return sum_to(kernels::map<3>(g[0].shape(), {g[0], av, bv},
+          return sum_to(broadcast::map<3>(g[0].shape(), {g[0], av, bv},
                                         [](const auto& dy, const auto& x, const auto& z) {
                                           using T = scalar_t<decltype(dy)>;
                                           return (z == T(0)).select(T(0), dy * z * x.pow(z - T(1)));
@@ -159,7 +160,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
         }),
         grad_if(n, 1, [&] {
           const Tensor yv = saved_y.get("pow");
-          return sum_to(kernels::map<4>(g[0].shape(), {g[0], yv, av, bv},
+          return sum_to(broadcast::map<4>(g[0].shape(), {g[0], yv, av, bv},
                                         [](const auto& dy, const auto& out, const auto& x, const auto& z) {
                                           using T = scalar_t<decltype(dy)>;
                                           return (x == T(0) && z >= T(0)).select(T(0), dy * out * x.log());
@@ -175,7 +176,7 @@ namespace {
 template <bool IsMax>
 Tensor extremum(std::string_view op, const Tensor& a, const Tensor& b) {
   const Shape shape = check_binary(op, a, b);
-  Tensor y = kernels::map<2>(shape, {a, b}, [](const auto& x, const auto& z) {
+  Tensor y = broadcast::map<2>(shape, {a, b}, [](const auto& x, const auto& z) {
     using T = scalar_t<decltype(x)>;
     // NaN in either input gives NaN, like PyTorch.
     if constexpr (IsMax) {
@@ -195,7 +196,7 @@ Tensor extremum(std::string_view op, const Tensor& a, const Tensor& b) {
           if constexpr (IsMax) return s > o;
           else return s < o;
         };
-        const Tensor weight = kernels::map<2>(g[0].shape(), {self, other}, [wins](const auto& s, const auto& o) {
+        const Tensor weight = broadcast::map<2>(g[0].shape(), {self, other}, [wins](const auto& s, const auto& o) {
           using T = scalar_t<decltype(s)>;
           return wins(s, o).template cast<T>() + (s == o).template cast<T>() * T(0.5);
         });
@@ -203,7 +204,7 @@ Tensor extremum(std::string_view op, const Tensor& a, const Tensor& b) {
                                      [wins](const auto& s, const auto& o) { return !(wins(s, o) || s == o); });
         return sum_to(masked_fill(mul(g[0], weight), loses, 0.0), n.input_meta[i].shape);
       }
-      return sum_to(kernels::map<3>(g[0].shape(), {g[0], self, other},
+      return sum_to(broadcast::map<3>(g[0].shape(), {g[0], self, other},
                                     [](const auto& dy, const auto& s, const auto& o) {
                                       using T = scalar_t<decltype(dy)>;
                                       if constexpr (IsMax) {
@@ -227,8 +228,8 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return extremum<false>("minim
 
 Tensor add(const Tensor& a, double b) {
   check_defined_arg("add", a);
-  Tensor y = ew::with_scalar(ew::Op::Add, a, b);
-  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return x + scalar_t<decltype(x)>(b); });
+  Tensor y = exact::with_scalar(exact::Op::Add, a, b);
+  if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x + scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a + c  =>  da = dy
   return record("add", {a}, y, [](const TensorList& g, const Node&) { return GradList{g[0]}; });
@@ -236,8 +237,8 @@ Tensor add(const Tensor& a, double b) {
 
 Tensor sub(const Tensor& a, double b) {
   check_defined_arg("sub", a);
-  Tensor y = ew::with_scalar(ew::Op::Sub, a, b);
-  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return x - scalar_t<decltype(x)>(b); });
+  Tensor y = exact::with_scalar(exact::Op::Sub, a, b);
+  if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x - scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a - c  =>  da = dy
   return record("sub", {a}, y, [](const TensorList& g, const Node&) { return GradList{g[0]}; });
@@ -245,8 +246,8 @@ Tensor sub(const Tensor& a, double b) {
 
 Tensor rsub(const Tensor& a, double b) {
   check_defined_arg("rsub", a);
-  Tensor y = ew::scalar_first(ew::Op::Sub, a, b);
-  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) - x; });
+  Tensor y = exact::scalar_first(exact::Op::Sub, a, b);
+  if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) - x; });
   if (!needs_grad(a)) return y;
   // y = c - a  =>  da = -dy
   return record("rsub", {a}, y, [](const TensorList& g, const Node&) { return GradList{neg(g[0])}; });
@@ -254,8 +255,8 @@ Tensor rsub(const Tensor& a, double b) {
 
 Tensor mul(const Tensor& a, double b) {
   check_defined_arg("mul", a);
-  Tensor y = ew::with_scalar(ew::Op::Mul, a, b);
-  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return x * scalar_t<decltype(x)>(b); });
+  Tensor y = exact::with_scalar(exact::Op::Mul, a, b);
+  if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x * scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a·c  =>  da = dy·c
   return record("mul", {a}, y, [b](const TensorList& g, const Node&) { return GradList{mul(g[0], b)}; });
@@ -263,8 +264,8 @@ Tensor mul(const Tensor& a, double b) {
 
 Tensor div(const Tensor& a, double b) {
   check_defined_arg("div", a);
-  Tensor y = ew::with_scalar(ew::Op::Div, a, b);
-  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return x / scalar_t<decltype(x)>(b); });
+  Tensor y = exact::with_scalar(exact::Op::Div, a, b);
+  if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x / scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a / c  =>  da = dy / c
   return record("div", {a}, y, [b](const TensorList& g, const Node&) { return GradList{div(g[0], b)}; });
@@ -272,14 +273,14 @@ Tensor div(const Tensor& a, double b) {
 
 Tensor rdiv(const Tensor& a, double b) {
   check_defined_arg("rdiv", a);
-  Tensor y = ew::scalar_first(ew::Op::Div, a, b);
-  if (!y.defined()) y = kernels::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) / x; });
+  Tensor y = exact::scalar_first(exact::Op::Div, a, b);
+  if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) / x; });
   if (!needs_grad(a)) return y;
   // y = c / a  =>  da = -dy·c / a² = -dy·y / a
   SavedTensor saved_a(a), saved_y(y);
   return record("rdiv", {a}, y, [saved_a, saved_y](const TensorList& g, const Node&) {
     if (is_grad_enabled()) return GradList{div(mul(neg(g[0]), saved_y.get("rdiv")), saved_a.get("rdiv"))};
-    return GradList{kernels::map<3>(g[0].shape(), {g[0], saved_y.get("rdiv"), saved_a.get("rdiv")},
+    return GradList{broadcast::map<3>(g[0].shape(), {g[0], saved_y.get("rdiv"), saved_a.get("rdiv")},
                                       [](const auto& dy, const auto& out, const auto& x) { return -dy * out / x; })};
   });
 }
@@ -288,15 +289,15 @@ Tensor pow(const Tensor& a, double exponent) {
   check_defined_arg("pow", a);
   Tensor y;
   if (exponent == 2.0) {
-    y = kernels::map1(a, [](const auto& x) { return x.square(); });
+    y = broadcast::map1(a, [](const auto& x) { return x.square(); });
   } else if (exponent == 1.0) {
-    y = kernels::map1(a, [](const auto& x) { return x; });
+    y = broadcast::map1(a, [](const auto& x) { return x; });
   } else if (exponent == 0.5) {
-    y = kernels::map1(a, [](const auto& x) { return x.sqrt(); });
+    y = broadcast::map1(a, [](const auto& x) { return x.sqrt(); });
   } else if (exponent == -1.0) {
-    y = kernels::map1(a, [](const auto& x) { return x.inverse(); });
+    y = broadcast::map1(a, [](const auto& x) { return x.inverse(); });
   } else {
-    y = kernels::map1(a, [exponent](const auto& x) { return x.pow(scalar_t<decltype(x)>(exponent)); });
+    y = broadcast::map1(a, [exponent](const auto& x) { return x.pow(scalar_t<decltype(x)>(exponent)); });
   }
   if (!needs_grad(a)) return y;
   // y = a^e  =>  da = dy·e·a^(e-1)   (0 when e == 0)
@@ -310,10 +311,10 @@ Tensor pow(const Tensor& a, double exponent) {
     if (is_grad_enabled())
       return GradList{exponent == 2.0 ? mul(mul(g[0], av), 2.0) : mul(mul(g[0], exponent), pow(av, exponent - 1.0))};
     if (exponent == 2.0)
-      return GradList{kernels::map<2>(g[0].shape(), {g[0], av}, [](const auto& dy, const auto& x) {
+      return GradList{broadcast::map<2>(g[0].shape(), {g[0], av}, [](const auto& dy, const auto& x) {
         return dy * x * scalar_t<decltype(dy)>(2);
       })};
-    return GradList{kernels::map<2>(g[0].shape(), {g[0], av}, [exponent](const auto& dy, const auto& x) {
+    return GradList{broadcast::map<2>(g[0].shape(), {g[0], av}, [exponent](const auto& dy, const auto& x) {
       using T = scalar_t<decltype(dy)>;
       return dy * T(exponent) * x.pow(T(exponent - 1.0));
     })};
@@ -370,7 +371,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
          shape_str(x.shape()));
   if (x.dtype() == Dtype::Int64) return masked_fill_int64(x, mask, value);
   const Tensor m = as_selector(mask, x.dtype());
-  Tensor y = kernels::map<2>(x.shape(), {x, m}, [value](const auto& v, const auto& keep_out) {
+  Tensor y = broadcast::map<2>(x.shape(), {x, m}, [value](const auto& v, const auto& keep_out) {
     using T = scalar_t<decltype(v)>;
     return (keep_out != T(0)).select(T(value), v);
   });
@@ -379,7 +380,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   SavedTensor saved_mask(m);
   return record("masked_fill", {x}, y, [saved_mask](const TensorList& g, const Node&) {
     if (is_grad_enabled()) return GradList{masked_fill(g[0], saved_mask.get("masked_fill"), 0.0)};
-    return GradList{kernels::map<2>(g[0].shape(), {g[0], saved_mask.get("masked_fill")},
+    return GradList{broadcast::map<2>(g[0].shape(), {g[0], saved_mask.get("masked_fill")},
                                       [](const auto& dy, const auto& keep_out) {
                                         using T = scalar_t<decltype(dy)>;
                                         return (keep_out != T(0)).select(T(0), dy);
@@ -400,7 +401,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const Shape ab = a.shape() == b.shape() ? a.shape() : broadcast_shapes("where", a.shape(), b.shape());
   const Shape shape = broadcast_shapes("where", cond.shape(), ab);
   const Tensor c = as_selector(cond, a.dtype());
-  Tensor y = kernels::map<3>(shape, {c, a, b}, [](const auto& take_a, const auto& x, const auto& z) {
+  Tensor y = broadcast::map<3>(shape, {c, a, b}, [](const auto& take_a, const auto& x, const auto& z) {
     using T = scalar_t<decltype(x)>;
     return (take_a != T(0)).select(x, z);
   });
@@ -415,7 +416,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
                       grad_if(n, 1, [&] { return sum_to(where(cv, zero, g[0]), n.input_meta[1].shape); })};
     }
     return GradList{grad_if(n, 0, [&] {
-                        return sum_to(kernels::map<2>(g[0].shape(), {g[0], cv},
+                        return sum_to(broadcast::map<2>(g[0].shape(), {g[0], cv},
                                                       [](const auto& dy, const auto& take_a) {
                                                         using T = scalar_t<decltype(dy)>;
                                                         return (take_a != T(0)).select(dy, T(0));
@@ -423,7 +424,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
                                       n.input_meta[0].shape);
                       }),
                       grad_if(n, 1, [&] {
-                        return sum_to(kernels::map<2>(g[0].shape(), {g[0], cv},
+                        return sum_to(broadcast::map<2>(g[0].shape(), {g[0], cv},
                                                       [](const auto& dy, const auto& take_a) {
                                                         using T = scalar_t<decltype(dy)>;
                                                         return (take_a != T(0)).select(T(0), dy);

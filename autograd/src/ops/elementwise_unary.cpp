@@ -1,6 +1,6 @@
 // Unary elementwise ops. Each forward is one vectorised Eigen array expression over the whole
 // buffer (split across threads when large); each backward is one more. The exact gelu of float32
-// tensors runs instruction-set kernels instead (ops/rows.hpp), unless the generic variant is in
+// tensors runs instruction-set kernels instead (kernels/approx.hpp), unless the generic variant is in
 // use: its erf and exp are most of a transformer MLP's elementwise work, and a portable build's
 // Eigen code has only SSE2.
 #include <cmath>
@@ -11,13 +11,14 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/isa.hpp"
-#include "ops/kernels.hpp"
-#include "ops/rows.hpp"
+#include "kernels/approx.hpp"
+#include "kernels/broadcast.hpp"
+#include "kernels/isa.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 
-using kernels::scalar_t;
+using broadcast::scalar_t;
 
 namespace {
 
@@ -34,14 +35,14 @@ template <class F, class C>
 auto backward_with(std::string_view op, const Tensor& saved, F f, C composed) {
   return [op, saved_t = SavedTensor(saved), f, composed](const TensorList& g, const Node&) {
     if (is_grad_enabled()) return GradList{composed(g[0], saved_t.get(op))};
-    return GradList{kernels::map<2>(g[0].shape(), {g[0], saved_t.get(op)}, f)};
+    return GradList{broadcast::map<2>(g[0].shape(), {g[0], saved_t.get(op)}, f)};
   };
 }
 
 // 1 where keep(x) is false, 0 where it is true: a constant mask (no graph) for masked_fill.
 template <class Keep>
 Tensor drop_mask(const Tensor& x, Keep keep) {
-  return kernels::map1(x, [keep](const auto& v) {
+  return broadcast::map1(x, [keep](const auto& v) {
     using T = scalar_t<decltype(v)>;
     return T(1) - keep(v).template cast<T>();
   });
@@ -58,7 +59,7 @@ Tensor normal_pdf(const Tensor& x) { return mul(exp(mul(square(x), -0.5)), kInvS
 // Φ(x) = (1 + erf(x/√2)) / 2 as a recorded op of its own (dΦ/dx = φ(x), composed), for the
 // differentiable backward of the exact gelu.
 Tensor normal_cdf(const Tensor& x) {
-  Tensor y = kernels::map1(x, [](const auto& v) {
+  Tensor y = broadcast::map1(x, [](const auto& v) {
     using T = scalar_t<decltype(v)>;
     return T(0.5) * (T(1) + (v * T(kSqrt1_2)).erf());
   });
@@ -78,14 +79,14 @@ Tensor gelu_tanh_slope(const Tensor& x) {
 }
 
 // The exact gelu and its derivative (dx = dy·(Φ(x) + x·φ(x))) of float32 tensors through the
-// instruction-set kernels (ops/rows.hpp), the same expressions as the Eigen ones below: an
+// instruction-set kernels (kernels/approx.hpp), the same expressions as the Eigen ones below: an
 // undefined tensor when they do not apply (another dtype or shape, or the generic variant).
 Tensor gelu_kernel(const Tensor& x) {
   if (x.dtype() != Dtype::Float32 || isa::active() == isa::Isa::Generic) return Tensor();
   Tensor y = Tensor::empty(x.shape(), Dtype::Float32);
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
-  kernels::parallel_chunks(x.numel(), [&](std::int64_t b, std::int64_t e) { rows::gelu(xs + b, ys + b, e - b); });
+  broadcast::parallel_chunks(x.numel(), [&](std::int64_t b, std::int64_t e) { approx::gelu(xs + b, ys + b, e - b); });
   return y;
 }
 
@@ -96,8 +97,8 @@ Tensor gelu_backward_kernel(const Tensor& dy, const Tensor& x) {
   Tensor dx = Tensor::empty(x.shape(), Dtype::Float32);
   const float *dys = dy.data<float>(), *xs = x.data<float>();
   float* dxs = dx.data<float>();
-  kernels::parallel_chunks(x.numel(), [&](std::int64_t b, std::int64_t e) {
-    rows::gelu_backward(dys + b, xs + b, dxs + b, e - b);
+  broadcast::parallel_chunks(x.numel(), [&](std::int64_t b, std::int64_t e) {
+    approx::gelu_backward(dys + b, xs + b, dxs + b, e - b);
   });
   return dx;
 }
@@ -106,7 +107,7 @@ Tensor gelu_backward_kernel(const Tensor& dy, const Tensor& x) {
 
 Tensor neg(const Tensor& x) {
   check_defined_arg("neg", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return -v; });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return -v; });
   if (!needs_grad(x)) return y;
   // y = -x  =>  dx = -dy
   return record("neg", {x}, y, [](const TensorList& g, const Node&) { return GradList{neg(g[0])}; });
@@ -114,7 +115,7 @@ Tensor neg(const Tensor& x) {
 
 Tensor exp(const Tensor& x) {
   check_defined_arg("exp", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.exp(); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.exp(); });
   if (!needs_grad(x)) return y;
   // y = eˣ  =>  dx = dy·y
   return record("exp", {x}, y, backward_with(
@@ -124,7 +125,7 @@ Tensor exp(const Tensor& x) {
 
 Tensor log(const Tensor& x) {
   check_defined_arg("log", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.log(); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.log(); });
   if (!needs_grad(x)) return y;
   // y = ln x  =>  dx = dy / x
   return record("log", {x}, y, backward_with(
@@ -134,7 +135,7 @@ Tensor log(const Tensor& x) {
 
 Tensor sqrt(const Tensor& x) {
   check_defined_arg("sqrt", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.sqrt(); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.sqrt(); });
   if (!needs_grad(x)) return y;
   // y = √x  =>  dx = dy / (2y)
   return record("sqrt", {x}, y, backward_with("sqrt", y, [](const auto& dy, const auto& out) {
@@ -144,7 +145,7 @@ Tensor sqrt(const Tensor& x) {
 
 Tensor rsqrt(const Tensor& x) {
   check_defined_arg("rsqrt", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.rsqrt(); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.rsqrt(); });
   if (!needs_grad(x)) return y;
   // y = x^(-1/2)  =>  dx = -dy·y³/2
   return record("rsqrt", {x}, y, backward_with("rsqrt", y, [](const auto& dy, const auto& out) {
@@ -154,7 +155,7 @@ Tensor rsqrt(const Tensor& x) {
 
 Tensor square(const Tensor& x) {
   check_defined_arg("square", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.square(); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.square(); });
   if (!needs_grad(x)) return y;
   // y = x²  =>  dx = 2x·dy
   return record("square", {x}, y, backward_with("square", x, [](const auto& dy, const auto& v) {
@@ -164,20 +165,20 @@ Tensor square(const Tensor& x) {
 
 Tensor abs(const Tensor& x) {
   check_defined_arg("abs", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.abs(); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.abs(); });
   if (!needs_grad(x)) return y;
   // y = |x|  =>  dx = dy·sign(x)   (sign(0) = 0)
   return record("abs", {x}, y, backward_with(
                   "abs", x, [](const auto& dy, const auto& v) { return dy * v.sign(); },
                   // sign(x) is piecewise constant: no second derivative
                   [](const Tensor& dy, const Tensor& v) {
-                    return mul(dy, kernels::map1(v, [](const auto& e) { return e.sign(); }));
+                    return mul(dy, broadcast::map1(v, [](const auto& e) { return e.sign(); }));
                   }));
 }
 
 Tensor tanh(const Tensor& x) {
   check_defined_arg("tanh", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.tanh(); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.tanh(); });
   if (!needs_grad(x)) return y;
   // y = tanh x  =>  dx = dy·(1 - y²)
   return record("tanh", {x}, y, backward_with("tanh", y, [](const auto& dy, const auto& out) {
@@ -187,7 +188,7 @@ Tensor tanh(const Tensor& x) {
 
 Tensor sigmoid(const Tensor& x) {
   check_defined_arg("sigmoid", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.logistic(); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.logistic(); });
   if (!needs_grad(x)) return y;
   // y = 1 / (1 + e⁻ˣ)  =>  dx = dy·y·(1 - y)
   return record("sigmoid", {x}, y, backward_with("sigmoid", y, [](const auto& dy, const auto& out) {
@@ -197,7 +198,7 @@ Tensor sigmoid(const Tensor& x) {
 
 Tensor relu(const Tensor& x) {
   check_defined_arg("relu", x);
-  Tensor y = kernels::map1(x, [](const auto& v) { return v.max(scalar_t<decltype(v)>(0)); });
+  Tensor y = broadcast::map1(x, [](const auto& v) { return v.max(scalar_t<decltype(v)>(0)); });
   if (!needs_grad(x)) return y;
   // y = max(x, 0)  =>  dx = dy·[x > 0]
   return record("relu", {x}, y, backward_with("relu", x, [](const auto& dy, const auto& v) {
@@ -212,7 +213,7 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
   check_defined_arg("gelu", x);
   if (tanh_approximation) {
     // y = x/2 · (1 + tanh u),  u = √(2/π)·(x + 0.044715·x³)
-    Tensor y = kernels::map1(x, [](const auto& v) {
+    Tensor y = broadcast::map1(x, [](const auto& v) {
       using T = scalar_t<decltype(v)>;
       return T(0.5) * v * (T(1) + (T(kSqrt2OverPi) * (v + T(kGeluCubic) * v.cube())).tanh());
     });
@@ -228,7 +229,7 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
   // y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
   Tensor y = gelu_kernel(x);
   if (!y.defined()) {
-    y = kernels::map1(x, [](const auto& v) {
+    y = broadcast::map1(x, [](const auto& v) {
       using T = scalar_t<decltype(v)>;
       return T(0.5) * v * (T(1) + (v * T(kSqrt1_2)).erf());
     });
@@ -252,7 +253,7 @@ Tensor clamp(const Tensor& x, double min, double max) {
   check_defined_arg("clamp", x);
   if (std::isnan(min) || std::isnan(max)) fail("clamp", "bounds must not be NaN (got min {}, max {})", min, max);
   if (min > max) fail("clamp", "min {} is greater than max {}", min, max);
-  Tensor y = kernels::map1(x, [min, max](const auto& v) {
+  Tensor y = broadcast::map1(x, [min, max](const auto& v) {
     using T = scalar_t<decltype(v)>;
     return v.max(T(min)).min(T(max));
   });

@@ -12,7 +12,7 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
+#include "ops/checks.hpp"
 #include "ops/indexing.hpp"
 
 namespace autograd {

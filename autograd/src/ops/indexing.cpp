@@ -9,9 +9,9 @@
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "buffer_pool.hpp"
-#include "ops/common.hpp"
+#include "ops/checks.hpp"
 #include "ops/indexing.hpp"
-#include "ops/views.hpp"
+#include "ops/view_support.hpp"
 
 namespace autograd {
 

@@ -9,7 +9,7 @@
 
 #include "autograd/tensor.hpp"
 #include "buffer_pool.hpp"
-#include "ops/common.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 

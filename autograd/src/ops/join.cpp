@@ -8,8 +8,8 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
-#include "ops/views.hpp"
+#include "ops/checks.hpp"
+#include "ops/view_support.hpp"
 
 namespace autograd {
 

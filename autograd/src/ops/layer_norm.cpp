@@ -20,8 +20,8 @@
 // sums its own part, and the parts are added in chunk order. Every element is computed the same
 // way whatever the thread count.
 //
-// Float32 rows run instruction-set kernels (ops/ew.hpp) unless the generic variant is in use: the
-// same formulas, with the row sums added in another order (ew.hpp gives the bounds).
+// Float32 rows run instruction-set kernels (kernels/exact.hpp) unless the generic variant is in use: the
+// same formulas, with the row sums added in another order (exact.hpp gives the bounds).
 //
 // Rows of extreme magnitude: the kernels form x − μ and r in the input's type, which overflows or
 // loses its precision when the row's spread is near the type's range (a float32 row of 3e38 and
@@ -42,8 +42,8 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
-#include "ops/ew.hpp"
+#include "kernels/exact.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 namespace {
@@ -162,7 +162,7 @@ void forward_rows(const Rows& s, const T* xs, const T* w, const T* b, double eps
     T* y = ys + n * D;
     double* st = stats + 2 * n;
     bool done = false;
-    if constexpr (std::is_same_v<T, float>) done = ew::layer_norm_forward(x, D, w, b, eps, st, y);
+    if constexpr (std::is_same_v<T, float>) done = exact::layer_norm_forward(x, D, w, b, eps, st, y);
     if (!done) generic_forward_row(x, D, w, b, eps, st, y);
     if (is_wide<T>(st[1])) wide_forward_row(x, D, w, b, eps, y);
   });
@@ -181,7 +181,7 @@ void backward_rows(const Rows& s, std::int64_t begin, std::int64_t end, const T*
       continue;
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (ew::layer_norm_backward(xs + n * D, dys + n * D, D, w, stats + 2 * n, dx ? dx + n * D : nullptr, dw, db))
+      if (exact::layer_norm_backward(xs + n * D, dys + n * D, D, w, stats + 2 * n, dx ? dx + n * D : nullptr, dw, db))
         continue;
     }
     ConstArrayView<T> dy(dys + n * D, D);

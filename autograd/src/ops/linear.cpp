@@ -7,8 +7,8 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
-#include "ops/gemm.hpp"
+#include "kernels/gemm.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 namespace {

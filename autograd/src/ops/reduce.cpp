@@ -17,8 +17,8 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
-#include "ops/ew.hpp"
+#include "kernels/exact.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 namespace {
@@ -52,9 +52,9 @@ Shape reduced_shape(const Shape& s, const DimMask& mask, bool keepdim) {
   return out;
 }
 
-// out += in, n elements, through the float32 kernels of ops/ew.hpp (the same bits: one addition
+// out += in, n elements, through the float32 kernels of kernels/exact.hpp (the same bits: one addition
 // an element); false (nothing done) for other types or the generic variant.
-bool add_rows(const float* in, float* out, std::int64_t n) { return ew::binary(ew::Op::Add, out, 1, in, 1, out, n); }
+bool add_rows(const float* in, float* out, std::int64_t n) { return exact::binary(exact::Op::Add, out, 1, in, 1, out, n); }
 template <class T>
 bool add_rows(const T*, T*, std::int64_t) {
   return false;

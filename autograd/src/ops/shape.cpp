@@ -9,8 +9,8 @@
 #include "autograd/detail/small_pool.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
-#include "ops/views.hpp"
+#include "ops/checks.hpp"
+#include "ops/view_support.hpp"
 
 namespace autograd {
 

@@ -4,7 +4,7 @@
 // The input is seen as [outer, n, inner] with n the softmax dim. When dim is the last one
 // (inner = 1, the common case) each row is contiguous and is one vectorised pass; otherwise the
 // n rows of each [n, inner] slab are combined elementwise, still walking storage in order. The
-// exponentials of float32 rows (dim last) run an instruction-set kernel (ops/rows.hpp).
+// exponentials of float32 rows (dim last) run an instruction-set kernel (kernels/approx.hpp).
 //
 // A row whose entries are all -inf (an attention row with every key masked) has no
 // distribution. We define:
@@ -18,8 +18,8 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
-#include "ops/common.hpp"
-#include "ops/rows.hpp"
+#include "kernels/approx.hpp"
+#include "ops/checks.hpp"
 
 namespace autograd {
 namespace {
@@ -44,9 +44,9 @@ Layout layout_of(std::string_view op, const Tensor& x, std::int64_t dim) {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // y = exp(x − m), 0 where x = −inf, and sum = Σ y, through the instruction-set kernel of float32
-// rows (ops/rows.hpp); false (nothing done) for float64 or the generic variant.
+// rows (kernels/approx.hpp); false (nothing done) for float64 or the generic variant.
 bool exp_shifted_row(const float* x, float* y, std::int64_t n, float m, float& sum) {
-  return rows::exp_shifted(x, y, n, m, sum);
+  return approx::exp_shifted(x, y, n, m, sum);
 }
 bool exp_shifted_row(const double*, double*, std::int64_t, double, double&) { return false; }
 
@@ -67,7 +67,7 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
         const T log_sum = std::log((xr - m).exp().sum());
         yr = (xr - m) - log_sum;
       } else {
-        // float32 rows through the instruction-set kernel when there is one (ops/rows.hpp)
+        // float32 rows through the instruction-set kernel when there is one (kernels/approx.hpp)
         T sum{};
         if (!exp_shifted_row(x + o * l.n, y + o * l.n, l.n, m, sum)) {
           // Eigen's vectorised exp clamps its argument, so exp(-inf) would give ~1e-308, not 0

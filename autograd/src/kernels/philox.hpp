@@ -17,7 +17,7 @@
 #include <array>
 #include <cstdint>
 
-#include "rows.hpp"  // (beside this header: tests include it by its path)
+#include "approx.hpp"  // (beside this header: tests include it by its path)
 
 namespace autograd::philox {
 
@@ -84,7 +84,7 @@ struct DropoutStream {
 // Groups of this many counters (4·kGroup elements) are computed side by side, in lanes the
 // compiler vectorises.
 inline constexpr int kGroup = 16;
-static_assert(kGroup == 16, "rows::philox_bits draws 16 counters");
+static_assert(kGroup == 16, "approx::philox_bits draws 16 counters");
 
 // The random bits of the 4·kGroup elements of counters c .. c + kGroup - 1: x[lane][g] is element
 // 4·(c + g) + lane.
@@ -122,7 +122,7 @@ void keep_factors(const DropoutStream& s, std::uint64_t first, std::int64_t coun
   std::uint32_t x[4][kGroup];
   for (; end - n >= 4 * kGroup; n += 4 * kGroup, out += 4 * kGroup) {
     std::uint32_t* flat = &x[0][0];  // with AVX-512, the 4·kGroup draws in element order at once
-    if (rows::philox_bits(s.key[0], s.key[1], n / 4, flat)) {
+    if (approx::philox_bits(s.key[0], s.key[1], n / 4, flat)) {
       for (int k = 0; k < 4 * kGroup; ++k) out[k] = flat[k] >= thr ? scale : T(0);
       continue;
     }

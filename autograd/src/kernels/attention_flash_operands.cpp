@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "ops/attention_flash.hpp"
+#include "kernels/attention_flash.hpp"
 
 namespace autograd::sdpa {
 

@@ -10,11 +10,11 @@
 #include <omp.h>
 
 #include "autograd/tensor.hpp"
-#include "ops/gemm_small.hpp"
-#include "ops/gemm_small_tiny.hpp"
-#include "ops/gemm_xsmm.hpp"
-#include "ops/isa.hpp"
-#include "ops/parallel.hpp"
+#include "kernels/gemm_small.hpp"
+#include "kernels/gemm_small_tiny.hpp"
+#include "kernels/gemm_xsmm.hpp"
+#include "kernels/isa.hpp"
+#include "kernels/parallel.hpp"
 
 #ifdef HEADGRAD_HAVE_BLAS
 #include <cblas.h>
@@ -68,7 +68,7 @@ const T* transposed(const T* B, std::int64_t ldb, std::int64_t rows, std::int64_
 
 // Small products (the per-head products of small attention shapes, 32x32x16 and the like) go to
 // a register-blocked kernel of our own (gemm_small.hpp), in the variant of the instruction set
-// in use (ops/isa.hpp: AVX-512 or AVX2 + FMA, chosen at run time in every build; none in the
+// in use (kernels/isa.hpp: AVX-512 or AVX2 + FMA, chosen at run time in every build; none in the
 // generic one, which leaves them to Eigen). It skips Eigen's packing and blocking: 2-4x faster
 // than Eigen for 32x16x32, 32x32x16 and 32x32x128 (one thread, AVX2, the benchmark machine),
 // and it computes every element of C the same way whatever the rest of the product, so results
@@ -269,7 +269,7 @@ void cut_product(Call call, bool hold_omp, bool trans_a, bool trans_b, std::int6
     }
   };
   if (cut.count > 1 && threads_available()) {
-    isa::choose();  // on the calling thread, before the region (see ops/parallel.hpp)
+    isa::choose();  // on the calling thread, before the region (see kernels/parallel.hpp)
 #pragma omp parallel
     {
       isa::clear_upper_state();

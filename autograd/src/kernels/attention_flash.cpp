@@ -6,8 +6,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/attention_flash.hpp"
-#include "ops/rows.hpp"
+#include "kernels/approx.hpp"
+#include "kernels/attention_flash.hpp"
 
 namespace autograd::sdpa {
 
@@ -39,7 +39,7 @@ template <class T>
 T exp_row(T* row, std::int64_t cols, T m, bool blocked) {
   if constexpr (std::is_same_v<T, float>) {
     float sum = 0;
-    if (rows::exp_shifted(row, row, cols, m, sum)) return sum;
+    if (approx::exp_shifted(row, row, cols, m, sum)) return sum;
   }
   ArrayView<T> r(row, cols);
   if (blocked) {
@@ -56,7 +56,7 @@ T row_max(const T* row, std::int64_t cols) {
   if (cols <= 0) return -std::numeric_limits<T>::infinity();
   if constexpr (std::is_same_v<T, float>) {
     float m = 0;
-    if (rows::max(row, cols, m)) return m;
+    if (approx::max(row, cols, m)) return m;
   }
   return ConstArrayView<T>(row, cols).template maxCoeff<Eigen::PropagateNaN>();
 }

@@ -11,10 +11,10 @@
 
 #include <Eigen/Core>
 
-#include "ops/attention_flash_tiles.hpp"
-#include "ops/attention_kernels.hpp"
-#include "ops/gemm.hpp"
-#include "ops/philox.hpp"
+#include "kernels/attention_core.hpp"
+#include "kernels/attention_flash_tiles.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/philox.hpp"
 
 namespace autograd::sdpa {
 

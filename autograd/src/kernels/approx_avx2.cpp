@@ -1,4 +1,4 @@
-// The elementwise kernels of rows.hpp for AVX2 + FMA (rows_impl.hpp), compiled with those flags
+// The elementwise kernels of approx.hpp for AVX2 + FMA (approx_impl.hpp), compiled with those flags
 // (and without AVX-512) whatever the build's own (autograd/CMakeLists.txt); run only when the
 // CPU has them. Includes nothing that defines inline code shared with other files (see isa.hpp).
 #include <cstdint>
@@ -6,9 +6,9 @@
 #if HEADGRAD_ISA_AVX2
 #include <immintrin.h>
 
-#include "ops/rows_impl.hpp"
+#include "kernels/approx_impl.hpp"
 
-namespace autograd::rows {
+namespace autograd::approx {
 namespace {
 
 // 8 floats; min and max as std::min and std::max (the first argument when either is NaN), as
@@ -68,5 +68,5 @@ void exp_slopes_avx2(float* p, float* g, std::int64_t n, float m, float c) {
   exp_slopes_run<F256>(p, g, n, m, c);
 }
 
-}  // namespace autograd::rows
+}  // namespace autograd::approx
 #endif

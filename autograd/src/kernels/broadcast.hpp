@@ -27,9 +27,9 @@
 
 #include "autograd/shape.hpp"
 #include "autograd/tensor.hpp"
-#include "ops/common.hpp"
+#include "kernels/eigen_views.hpp"
 
-namespace autograd::kernels {
+namespace autograd::broadcast {
 
 // The scalar type of an Eigen expression handed to a kernel lambda.
 template <class E>
@@ -202,4 +202,4 @@ Tensor map1(const Tensor& x, F&& f) {
   return map<1>(x.shape(), {x}, std::forward<F>(f));
 }
 
-}  // namespace autograd::kernels
+}  // namespace autograd::broadcast

@@ -3,9 +3,9 @@
 // installed; the public side is autograd/isa.hpp).
 //
 // Each variant lives in its own source file compiled with its own -m flags (gemm_avx512.cpp,
-// gemm_avx2.cpp, rows_avx512.cpp, rows_avx2.cpp, ew_avx512.cpp, ew_avx2.cpp). Those files
+// gemm_avx2.cpp, approx_avx512.cpp, approx_avx2.cpp, exact_avx512.cpp, exact_avx2.cpp). Those files
 // include nothing but <cstdint>, <immintrin.h>, headers of plain declarations and their loop
-// bodies (gemm_small_impl.hpp, rows_impl.hpp, ew_impl.hpp, in unnamed namespaces), and all
+// bodies (gemm_small_impl.hpp, approx_impl.hpp, exact_impl.hpp, in unnamed namespaces), and all
 // their code has internal linkage except the entry points, whose names carry the instruction set. The reason: an inline
 // function or template (Eigen's, the standard library's) instantiated in files compiled with
 // different -m flags gets one mangled name, and the linker keeps just one of the copies, so an

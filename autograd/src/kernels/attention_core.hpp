@@ -1,7 +1,7 @@
 #pragma once
 // The kernels of the fused attention op (internal, not installed): where each (batch, head)
 // slice of q, k, v and the output lives, and the forward and backward over all slices.
-// attention_kernels.cpp holds the kernels; attention.cpp the op's entry points, checks and graph
+// attention_core.cpp holds the kernels; attention.cpp the op's entry points, checks and graph
 // node.
 //
 // Shapes (per slice):  Q [T, d_k]   K [S, d_k]   V [S, d_v]
@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "autograd/shape.hpp"
-#include "ops/common.hpp"
+#include "kernels/eigen_views.hpp"
 
 namespace autograd::sdpa {
 

@@ -1,14 +1,14 @@
 // The fused attention's forward and hand-derived backward, one (batch, head) slice at a time.
 // The derivation, step by step, is in docs/attention_backward.md; each backward line below
 // quotes the forward line it differentiates.
-#include "ops/attention_kernels.hpp"
+#include "kernels/attention_core.hpp"
 
 #include <algorithm>
 #include <limits>
 #include <type_traits>
 
-#include "ops/gemm.hpp"
-#include "ops/rows.hpp"
+#include "kernels/approx.hpp"
+#include "kernels/gemm.hpp"
 
 namespace autograd::sdpa {
 
@@ -72,7 +72,7 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
   // and the exp stays vectorised (select is not).
   if constexpr (std::is_same_v<T, float>) {
     T sum{};
-    if (rows::exp_shifted(row_data, row_data, seen, row_max, sum)) {  // exp(x - max), 0 where x = -inf
+    if (approx::exp_shifted(row_data, row_data, seen, row_max, sum)) {  // exp(x - max), 0 where x = -inf
       row /= sum;
       if (seen < S) prow.tail(S - seen).setZero();
       return;
@@ -112,7 +112,7 @@ bool softmax_rows_shared_shift(T* p, std::int64_t rows, std::int64_t cols) {
     }
     if (!(hi - lo <= kSharedShift) || !(hi < std::numeric_limits<float>::infinity())) return false;  // NaN too
     float total = 0.f;
-    if (!rows::exp_shifted(p, p, rows * cols, hi, total)) return false;
+    if (!approx::exp_shifted(p, p, rows * cols, hi, total)) return false;
     MatrixView<float> weights(p, rows, cols);
     for (std::int64_t i = 0; i < rows; ++i) weights.row(i) *= 1.f / weights.row(i).sum();  // sum >= exp(lo - hi) > 0
     return true;

@@ -1,14 +1,14 @@
-// The loops of ew.hpp through the instruction set in use (ops/isa.hpp), and the tensor forms of
-// ew_ops.hpp, which walk a broadcast as kernels::map does (ops/kernels.hpp).
-#include "ops/ew.hpp"
+// The loops of exact.hpp through the instruction set in use (kernels/isa.hpp), and the tensor forms of
+// exact_ops.hpp, which walk a broadcast as broadcast::map does (kernels/broadcast.hpp).
+#include "kernels/exact.hpp"
 
 #include <array>
 
-#include "ops/ew_ops.hpp"
-#include "ops/isa.hpp"
-#include "ops/kernels.hpp"
+#include "kernels/broadcast.hpp"
+#include "kernels/exact_ops.hpp"
+#include "kernels/isa.hpp"
 
-namespace autograd::ew {
+namespace autograd::exact {
 
 bool binary(Op op, const float* a, std::int64_t sa, const float* b, std::int64_t sb, float* y, std::int64_t n) {
   switch (isa::active()) {
@@ -59,7 +59,7 @@ Tensor scalar_op(Op op, const Tensor& a, double c, bool c_first) {
   const float value = static_cast<float>(c);
   const float* pa = a.data<float>();
   float* py = out.data<float>();
-  kernels::parallel_chunks(out.numel(), [&](std::int64_t begin, std::int64_t end) {
+  broadcast::parallel_chunks(out.numel(), [&](std::int64_t begin, std::int64_t end) {
     if (c_first) binary(op, &value, 0, pa + begin, 1, py + begin, end - begin);
     else binary(op, pa + begin, 1, &value, 0, py + begin, end - begin);
   });
@@ -74,16 +74,16 @@ Tensor binary(Op op, const Shape& shape, const Tensor& a, const Tensor& b) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* py = out.data<float>();
-  if (a.shape() == shape && b.shape() == shape) {  // one run, as in kernels::map
-    kernels::parallel_chunks(out.numel(), [&](std::int64_t begin, std::int64_t end) {
+  if (a.shape() == shape && b.shape() == shape) {  // one run, as in broadcast::map
+    broadcast::parallel_chunks(out.numel(), [&](std::int64_t begin, std::int64_t end) {
       binary(op, pa + begin, 1, pb + begin, 1, py + begin, end - begin);
     });
     return out;
   }
-  const kernels::BroadcastPlan<2> plan = kernels::make_plan<2>(shape, {&a.shape(), &b.shape()});
+  const broadcast::BroadcastPlan<2> plan = broadcast::make_plan<2>(shape, {&a.shape(), &b.shape()});
   const std::int64_t sa = plan.strides[0].back() == 0 ? 0 : 1, sb = plan.strides[1].back() == 0 ? 0 : 1;
-  kernels::parallel_chunks(plan.numel, [&](std::int64_t begin, std::int64_t end) {
-    kernels::for_each_run(plan, begin, end,
+  broadcast::parallel_chunks(plan.numel, [&](std::int64_t begin, std::int64_t end) {
+    broadcast::for_each_run(plan, begin, end,
                           [&](std::int64_t at, const std::array<std::int64_t, 2>& in, std::int64_t len) {
                             binary(op, pa + in[0], sa, pb + in[1], sb, py + at, len);
                           });
@@ -94,4 +94,4 @@ Tensor binary(Op op, const Shape& shape, const Tensor& a, const Tensor& b) {
 Tensor with_scalar(Op op, const Tensor& a, double c) { return scalar_op(op, a, c, false); }
 Tensor scalar_first(Op op, const Tensor& a, double c) { return scalar_op(op, a, c, true); }
 
-}  // namespace autograd::ew
+}  // namespace autograd::exact

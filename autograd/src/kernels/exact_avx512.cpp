@@ -1,4 +1,4 @@
-// The loops of ew.hpp for AVX-512 (ew_impl.hpp), compiled with AVX-512 flags whatever the
+// The loops of exact.hpp for AVX-512 (exact_impl.hpp), compiled with AVX-512 flags whatever the
 // build's own (autograd/CMakeLists.txt); run only when the CPU has AVX-512. Includes nothing
 // that defines inline code shared with other files (see isa.hpp).
 #include <cstdint>
@@ -6,9 +6,9 @@
 #if HEADGRAD_ISA_AVX512
 #include <immintrin.h>
 
-#include "ops/ew_impl.hpp"
+#include "kernels/exact_impl.hpp"
 
-namespace autograd::ew {
+namespace autograd::exact {
 namespace {
 
 // 16 floats, or 8 doubles; the first m lanes through a lane mask.
@@ -54,5 +54,5 @@ void layer_norm_backward_avx512(const float* x, const float* dy, std::int64_t n,
   layer_norm_backward_run<F512>(x, dy, n, w, stats, dx, dw, db);
 }
 
-}  // namespace autograd::ew
+}  // namespace autograd::exact
 #endif

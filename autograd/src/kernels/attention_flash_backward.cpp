@@ -16,8 +16,8 @@
 
 #include <omp.h>
 
-#include "ops/attention_flash.hpp"
-#include "ops/rows.hpp"
+#include "kernels/approx.hpp"
+#include "kernels/attention_flash.hpp"
 
 namespace autograd::sdpa {
 
@@ -70,7 +70,7 @@ void weights_row(T* row, std::int64_t cols, T lse, bool blocked) {
   }
   if constexpr (std::is_same_v<T, float>) {
     float sum = 0;  // not needed
-    if (rows::exp_shifted(row, row, cols, lse, sum)) return;
+    if (approx::exp_shifted(row, row, cols, lse, sum)) return;
   }
   if (blocked) {
     r = (r == -inf).select(T(0), (r - lse).exp());
@@ -85,7 +85,7 @@ void weights_row(T* row, std::int64_t cols, T lse, bool blocked) {
 template <class T>
 void weights_and_slopes_row(T* p, T* ds, std::int64_t cols, T lse, T Di, bool blocked) {
   if constexpr (std::is_same_v<T, float>) {
-    if (lse != std::numeric_limits<T>::infinity() && rows::exp_slopes(p, ds, cols, lse, Di)) return;
+    if (lse != std::numeric_limits<T>::infinity() && approx::exp_slopes(p, ds, cols, lse, Di)) return;
   }
   weights_row(p, cols, lse, blocked);
   for (std::int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - Di);

@@ -1,7 +1,7 @@
 // Which variant of the vector kernels runs (see isa.hpp): detected once, from the CPU's
 // features (__builtin_cpu_supports, which also checks that the OS saves the vector registers),
 // lowered by HEADGRAD_ISA or set_kernel_isa.
-#include "ops/isa.hpp"
+#include "kernels/isa.hpp"
 
 #include <atomic>
 #include <cstdlib>

@@ -9,8 +9,8 @@
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "autograd/tensor.hpp"
-#include "ops/attention_kernels.hpp"
-#include "ops/philox.hpp"
+#include "kernels/attention_core.hpp"
+#include "kernels/philox.hpp"
 
 namespace autograd::sdpa {
 
@@ -129,7 +129,7 @@ inline ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H,
 }
 
 // The dropout factors Z (0 or 1/(1-p)) of the whole (B, H, T, S), element ((b·H + h)·T + i)·S + j
-// drawn from the call's stream as ag::dropout numbers it (ops/philox.hpp), for the op `op` (which
+// drawn from the call's stream as ag::dropout numbers it (kernels/philox.hpp), for the op `op` (which
 // a shape too large to count names). attention.cpp.
 Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& stream, std::string_view op);
 

@@ -1,4 +1,4 @@
-// The loops of ew.hpp for AVX2 + FMA (ew_impl.hpp), compiled with those flags (and without
+// The loops of exact.hpp for AVX2 + FMA (exact_impl.hpp), compiled with those flags (and without
 // AVX-512) whatever the build's own (autograd/CMakeLists.txt); run only when the CPU has them.
 // Includes nothing that defines inline code shared with other files (see isa.hpp).
 #include <cstdint>
@@ -6,9 +6,9 @@
 #if HEADGRAD_ISA_AVX2
 #include <immintrin.h>
 
-#include "ops/ew_impl.hpp"
+#include "kernels/exact_impl.hpp"
 
-namespace autograd::ew {
+namespace autograd::exact {
 namespace {
 
 // 8 floats, or 4 doubles; the first m lanes through a lane mask.
@@ -63,5 +63,5 @@ void layer_norm_backward_avx2(const float* x, const float* dy, std::int64_t n, c
   layer_norm_backward_run<F256>(x, dy, n, w, stats, dx, dw, db);
 }
 
-}  // namespace autograd::ew
+}  // namespace autograd::exact
 #endif

@@ -6,7 +6,7 @@
 // Entering an OpenMP parallel region costs a futex system call (about 0.5 µs on the benchmark
 // machine) even when its `if` clause is false or one thread is allowed, and a training step of
 // a small model enters dozens. parallel_for runs the plain loop instead unless the work asked
-// for threads (`parallel`: the op's size threshold, ops/common.hpp), there is more than one, no
+// for threads (`parallel`: the op's size threshold, below), there is more than one, no
 // parallel region is already running, and the region's call site is not holding back (below).
 //
 // Holding back. The size thresholds cannot know what starting the threads costs here and now:
@@ -33,9 +33,15 @@
 
 #include <omp.h>
 
-#include "ops/isa.hpp"
+#include "kernels/isa.hpp"
 
 namespace autograd {
+
+// ---- when to use the threads ----
+// Below these sizes a loop runs on one thread: starting the threads costs more than they save.
+inline constexpr std::int64_t kParallelElementwise = 32768;  // elements computed by a map or softmax
+inline constexpr std::int64_t kParallelCopy = 1 << 16;        // elements moved by a copy or gather
+inline constexpr std::int64_t kParallelFlops = 1 << 16;       // multiply-adds of a batch of products
 
 namespace thread_policy {
 

@@ -1,5 +1,5 @@
 // Matrix products through libxsmm's JIT kernels (see gemm_xsmm.hpp).
-#include "ops/gemm_xsmm.hpp"
+#include "kernels/gemm_xsmm.hpp"
 
 #include <climits>
 #include <type_traits>

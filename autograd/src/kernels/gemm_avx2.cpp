@@ -7,7 +7,7 @@
 #if HEADGRAD_ISA_AVX2
 #include <immintrin.h>
 
-#include "ops/gemm_small_impl.hpp"
+#include "kernels/gemm_small_impl.hpp"
 
 namespace autograd::small_gemm {
 namespace {

@@ -1,7 +1,7 @@
 #pragma once
 // Elementwise float32 kernels in instruction-set variants (internal, not installed): the exact
 // gelu and its derivative, whose erf and exp cost the most of the elementwise work of a
-// transformer's MLP, and the exponentials of a softmax row. Plain declarations only: rows_avx512.cpp and rows_avx2.cpp, compiled with
+// transformer's MLP, and the exponentials of a softmax row. Plain declarations only: approx_avx512.cpp and approx_avx2.cpp, compiled with
 // their own -m flags, include this (see isa.hpp for why they share no inline code).
 //
 // erf and exp are Eigen 3.4's float approximations (the rational erf of SpecialFunctions, the
@@ -9,7 +9,7 @@
 // Eigen's vectorised code to an ulp or two, and all its lanes and tails compute alike.
 #include <cstdint>
 
-namespace autograd::rows {
+namespace autograd::approx {
 
 // y = x/2 · (1 + erf(x/√2)), n elements.
 void gelu_avx512(const float* x, float* y, std::int64_t n);
@@ -32,7 +32,7 @@ void exp_slopes_avx2(float* p, float* g, std::int64_t n, float m, float c);
 float max_avx512(const float* x, std::int64_t n);
 float max_avx2(const float* x, std::int64_t n);
 
-// Philox-4x32-10 (ops/philox.hpp, whose numbering this keeps) of the 16 counters c .. c + 15
+// Philox-4x32-10 (kernels/philox.hpp, whose numbering this keeps) of the 16 counters c .. c + 15
 // under key (k0, k1), in element order: out[4·g + lane] = word `lane` of counter c + g.
 void philox_bits_avx512(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out);
 
@@ -44,4 +44,4 @@ bool exp_slopes(float* p, float* g, std::int64_t n, float m, float c);
 bool max(const float* x, std::int64_t n, float& max);
 bool philox_bits(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out);  // AVX-512 only
 
-}  // namespace autograd::rows
+}  // namespace autograd::approx

@@ -12,7 +12,7 @@
 // products of 2^12 to 2^27 multiply-adds libxsmm's JIT kernels when the build has it
 // (HEADGRAD_LIBXSMM, gemm_xsmm.hpp; a transposed B laid out [K, N] first, times alpha); large products the BLAS found at configure time (OpenBLAS,
 // HEADGRAD_BLAS); small ones (below about 1e5 multiply-adds) a small kernel of our own (AVX-512
-// or AVX2, chosen at run time: ops/isa.hpp) when N is a whole number of 32 bytes or, for A·Bᵀ,
+// or AVX2, chosen at run time: kernels/isa.hpp) when N is a whole number of 32 bytes or, for A·Bᵀ,
 // C has fewer than 16 rows; else Eigen. Threads
 // (ag::set_num_threads, i.e. OpenMP's count): a large product is cut into pieces by its shape
 // alone (rows or columns of C, or the summed dimension K when C is small and K long, the partial

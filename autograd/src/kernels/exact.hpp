@@ -1,7 +1,7 @@
 #pragma once
 // Float32 loops in instruction-set variants (internal, not installed): the binary arithmetic of
 // elementwise ops and the rows of layer_norm, which a portable build's Eigen code would run with
-// SSE2 only. Plain declarations only: ew_avx512.cpp and ew_avx2.cpp, compiled with their own -m
+// SSE2 only. Plain declarations only: exact_avx512.cpp and exact_avx2.cpp, compiled with their own -m
 // flags (and -ffp-contract=off, so that no multiply and add are fused behind the code's back),
 // include this (see isa.hpp for why they share no inline code).
 //
@@ -10,7 +10,7 @@
 // across them); see layer_norm_forward.
 #include <cstdint>
 
-namespace autograd::ew {
+namespace autograd::exact {
 
 enum class Op : int { Add = 0, Sub = 1, Mul = 2, Div = 3 };
 
@@ -44,4 +44,4 @@ bool layer_norm_forward(const float* x, std::int64_t n, const float* w, const fl
 bool layer_norm_backward(const float* x, const float* dy, std::int64_t n, const float* w, const double* stats,
                          float* dx, float* dw, float* db);
 
-}  // namespace autograd::ew
+}  // namespace autograd::exact

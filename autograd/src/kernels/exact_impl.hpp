@@ -1,6 +1,6 @@
 #pragma once
-// The bodies of the loops of ew.hpp, written once over a vector type W and included only by
-// ew_avx512.cpp and ew_avx2.cpp. Everything here is in an unnamed namespace, so each of those
+// The bodies of the loops of exact.hpp, written once over a vector type W and included only by
+// exact_avx512.cpp and exact_avx2.cpp. Everything here is in an unnamed namespace, so each of those
 // files has its own copy compiled with its own flags (see isa.hpp). W provides R (W::n floats),
 // set1, zero, load, store, load_first / store_first (the first m lanes), first_or(a, b, m) (a's
 // first m lanes, then b's), add, sub, mul, div, sum (across the lanes), and D (W::n / 2 doubles)
@@ -8,9 +8,9 @@
 // and dsum.
 #include <cstdint>
 
-#include "ops/ew.hpp"
+#include "kernels/exact.hpp"
 
-namespace autograd::ew {
+namespace autograd::exact {
 namespace {
 
 // y = f(a, b) over n elements; A / B: a / b advance (else one value repeated).
@@ -165,4 +165,4 @@ void layer_norm_backward_run(const float* x, const float* dy, std::int64_t n, co
 }
 
 }  // namespace
-}  // namespace autograd::ew
+}  // namespace autograd::exact

@@ -1,9 +1,9 @@
-// The elementwise kernels of rows.hpp through the instruction set in use (ops/isa.hpp).
-#include "ops/rows.hpp"
+// The elementwise kernels of approx.hpp through the instruction set in use (kernels/isa.hpp).
+#include "kernels/approx.hpp"
 
-#include "ops/isa.hpp"
+#include "kernels/isa.hpp"
 
-namespace autograd::rows {
+namespace autograd::approx {
 
 bool gelu(const float* x, float* y, std::int64_t n) {
   switch (isa::active()) {
@@ -76,4 +76,4 @@ bool philox_bits(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint3
   return false;
 }
 
-}  // namespace autograd::rows
+}  // namespace autograd::approx

@@ -12,7 +12,7 @@
 // attention shapes: 32x32x16, 32x16x32 and the like).
 #include <cstdint>
 
-#include "ops/gemm_small.hpp"
+#include "kernels/gemm_small.hpp"
 
 namespace autograd::small_gemm {
 namespace {

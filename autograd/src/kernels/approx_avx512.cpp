@@ -1,4 +1,4 @@
-// The elementwise kernels of rows.hpp for AVX-512 (rows_impl.hpp), compiled with AVX-512 flags
+// The elementwise kernels of approx.hpp for AVX-512 (approx_impl.hpp), compiled with AVX-512 flags
 // whatever the build's own (autograd/CMakeLists.txt); run only when the CPU has AVX-512.
 // Includes nothing that defines inline code shared with other files (see isa.hpp).
 #include <cstdint>
@@ -6,9 +6,9 @@
 #if HEADGRAD_ISA_AVX512
 #include <immintrin.h>
 
-#include "ops/rows_impl.hpp"
+#include "kernels/approx_impl.hpp"
 
-namespace autograd::rows {
+namespace autograd::approx {
 namespace {
 
 // 16 floats; min and max as std::min and std::max (the first argument when either is NaN), as
@@ -57,7 +57,7 @@ inline void philox_round8(__m512i& x0, __m512i& x1, __m512i& x2, __m512i& x3, __
 
 }  // namespace
 
-// Philox-4x32-10 as ops/philox.hpp has it (its constants: round multipliers 0xD2511F53 and
+// Philox-4x32-10 as kernels/philox.hpp has it (its constants: round multipliers 0xD2511F53 and
 // 0xCD9E8D57, key increments 0x9E3779B9 and 0xBB67AE85): counters c .. c + 7 in the 64-bit
 // lanes of one set of four vectors, c + 8 .. c + 15 in another.
 void philox_bits_avx512(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out) {
@@ -106,5 +106,5 @@ void exp_slopes_avx512(float* p, float* g, std::int64_t n, float m, float c) {
   exp_slopes_run<F512>(p, g, n, m, c);
 }
 
-}  // namespace autograd::rows
+}  // namespace autograd::approx
 #endif

@@ -1,6 +1,6 @@
 #pragma once
-// The bodies of the elementwise kernels of rows.hpp, written once over a vector type W and
-// included only by rows_avx512.cpp and rows_avx2.cpp. Everything here is in an unnamed namespace,
+// The bodies of the elementwise kernels of approx.hpp, written once over a vector type W and
+// included only by approx_avx512.cpp and approx_avx2.cpp. Everything here is in an unnamed namespace,
 // so each of those files has its own copy compiled with its own flags (see isa.hpp). W provides
 // R, n, set1, load, store, load_first / store_first (the first m lanes), add, sub, mul, div,
 // fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m (rounded once) for y in [1/2, 2]
@@ -9,9 +9,9 @@
 // NaN), sum and hmax (across the lanes; hmax of NaN-free lanes).
 #include <cstdint>
 
-#include "ops/rows.hpp"
+#include "kernels/approx.hpp"
 
-namespace autograd::rows {
+namespace autograd::approx {
 namespace {
 
 // Eigen 3.4's generic_fast_erf_float: x clamped to [-4, 4], a 13/8-degree rational function.
@@ -168,4 +168,4 @@ float max_run(const float* x, std::int64_t n) {
 }
 
 }  // namespace
-}  // namespace autograd::rows
+}  // namespace autograd::approx

@@ -6,7 +6,7 @@
 #if HEADGRAD_ISA_AVX512
 #include <immintrin.h>
 
-#include "ops/gemm_small_impl.hpp"
+#include "kernels/gemm_small_impl.hpp"
 
 namespace autograd::small_gemm {
 namespace {
