@@ -5,7 +5,7 @@
 #   (a) every repository path that README.md or a docs/*.md page names (anywhere in it), or that a
 #       comment names (// and /* */ in C++; # in Python, shell and CMake files), exists. A path is
 #       a word starting with a top-level folder or a library's src/ or include/ and a slash
-#       (autograd/src/walk.cpp, src/kernels/gemm.cpp, nn/hooks.hpp, tests/test_*.cpp); it resolves
+#       (autograd/src/walk.cpp, src/kernels/gemm.cpp, nn/hooks.hpp, tests/*/test_*.cpp); it resolves
 #       from the root, from the library folder of the file that names it (autograd/ or nn/; files
 #       elsewhere may name either library's src/), as an include path (autograd/include/,
 #       nn/include/), from the naming file's own folder, or as an example's name without .cpp.
@@ -20,7 +20,7 @@
 #       (trimmed, blank ones skipped) are lines of FILE, in order.
 #   (e) README.md has at most 200 lines.
 #
-# tests/test_docs.cpp checks (a) and (b) for C++ // comments too, with the library built; this
+# tests/docs/test_docs.cpp checks (a) and (b) for C++ // comments too, with the library built; this
 # script needs no build and also reads /* */ comments and the comments of the scripts and CMake
 # files.
 #
@@ -40,7 +40,7 @@ README_MAX_LINES = 200
 
 # Paths that texts name as another project's, or as what a command writes.
 OTHER_PROJECTS_PATHS = {
-    "tests/kat_vectors",  # Random123's known-answer file (tests/test_philox.cpp)
+    "tests/kat_vectors",  # Random123's known-answer file (tests/kernels/test_philox.cpp)
 }
 
 # ag::/nn:: words in the docs that are not C++ identifiers of ours. Empty: add an entry only with
@@ -58,7 +58,7 @@ CPP_EXTENSIONS = (".cpp", ".hpp", ".h", ".cc")
 HASH_EXTENSIONS = (".py", ".sh", ".cmake")
 SOURCE_DIRS = ("autograd", "nn", "examples", "benchmarks", "tests", "fuzz", "scripts", "cmake")
 SKIP_FILES = {
-    "tests/test_docs.cpp",  # its negative controls name missing paths on purpose
+    "tests/docs/test_docs.cpp",  # its negative controls name missing paths on purpose
 }
 
 
@@ -339,7 +339,7 @@ def self_test(root):
     expect("paths_in", paths_in("see `autograd/src/walk.cpp`, src/kernels/gemm.cpp. And tests/data/mha_<c>.txt, nn/, "
                                 "https://x.org/nn/y, build/examples/train_heads"),
            ["autograd/src/walk.cpp", "src/kernels/gemm.cpp"])
-    text = ("The walk is in autograd/src/walk.cpp (src/walk.cpp); see tests/test_*.cpp, examples/curvature,\n"
+    text = ("The walk is in autograd/src/walk.cpp (src/walk.cpp); see tests/*/test_*.cpp, examples/curvature,\n"
             "nn/hooks.hpp and docs/design.md. Binary ops: src/ops/elementwise.cpp.\n")
     found, count = missing_paths(root, "docs/x.md", enumerate(text.split("\n"), 1))
     expect("missing paths", found, ["docs/x.md:2: names `src/ops/elementwise.cpp`, which does not exist"])

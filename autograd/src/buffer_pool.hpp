@@ -1,6 +1,6 @@
 #pragma once
 // A cache of freed tensor buffers, so that a training loop with fixed shapes stops calling the
-// system allocator once warm (internal, not installed).
+// system allocator for tensor buffers once warm (internal, not installed).
 //
 // Buffers are kept per thread, in exact-size buckets (sizes are already rounded to 64 bytes by
 // Storage): step N+1 of a fixed-shape loop asks for the sizes step N freed, so exact buckets

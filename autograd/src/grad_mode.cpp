@@ -20,7 +20,7 @@ thread_local bool grad_enabled = true;
 // LLVM's libomp for 200 ms: on a machine whose cores run other work too, those spinning threads
 // take the cores from the thread that has work, and a region then waits for a thread that is
 // not running. Sleeping costs a wake-up (a futex call) when the next region starts, which the
-// thresholds for going parallel (ops/checks.hpp) are set to pay for.
+// thresholds for going parallel (kernels/parallel.hpp) are set to pay for.
 //
 // libgomp reads the variables once, in its own initialiser, which runs before any initialiser
 // of a library that links it: hence a function in .preinit_array, which the dynamic loader runs

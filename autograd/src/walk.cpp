@@ -1,4 +1,6 @@
-// The backward walk: Kahn's algorithm on consumer counts, iterative, allocation-free once warm.
+// The backward walk: Kahn's algorithm on consumer counts, iterative. backward()'s walk is
+// allocation-free once warm; grad()'s also builds, on each call, its lists of which nodes lead to
+// the inputs (Capture, locate).
 //
 //   discover  every node reachable from the roots gets a slot and a count of its consumers
 //   seed      the roots' gradients go to the outputs of their nodes

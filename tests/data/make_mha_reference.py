@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference values for tests/test_mha_torch_parity.cpp, from torch.nn.MultiheadAttention.
+"""Reference values for tests/attention/test_mha_torch_parity.cpp, from torch.nn.MultiheadAttention.
 
 Run once (needs torch; the C++ test does not):  python3 tests/data/make_mha_reference.py
 It writes tests/data/mha_<config>.txt, one file per configuration, in float64.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference strings for tests/test_printing.cpp, from PyTorch's own tensor printer.
+"""Reference strings for tests/engine/test_printing.cpp, from PyTorch's own tensor printer.
 
 Run once (needs torch; the C++ test does not):  python3 tests/data/make_printing_reference.py
 It writes tests/data/printing_reference.txt.

@@ -1,4 +1,4 @@
-"""Writes the safetensors files that tests/test_checkpoint.cpp reads, with Python's safetensors.
+"""Writes the safetensors files that tests/nn/test_checkpoint.cpp reads, with Python's safetensors.
 
     python3 tests/data/make_safetensors.py      (needs: pip install safetensors torch)
 

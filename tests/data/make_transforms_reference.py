@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference values for tests/test_transforms.cpp, from torch.func (jvp, vjp, jacrev, jacfwd, hessian).
+"""Reference values for tests/gradients/test_transforms.cpp, from torch.func (jvp, vjp, jacrev, jacfwd, hessian).
 
 Run once (needs torch; the C++ test does not):  python3 tests/data/make_transforms_reference.py
 It writes tests/data/transforms_reference.txt in float64, in the format of the mha_*.txt files:

@@ -1,6 +1,6 @@
 #pragma once
-// The instruction set of the engine's own vector kernels (small matrix products, rows, float32
-// elementwise arithmetic, layer_norm rows): AVX-512, AVX2 + FMA and plain C++ in every x86 build,
+// The instruction set of the engine's own vector kernels (small matrix products; the float32
+// exact gelu, softmax rows and Philox bits; float32 binary arithmetic and layer_norm rows): AVX-512, AVX2 + FMA and plain C++ in every x86 build,
 // portable ones (-DHEADGRAD_NATIVE=OFF) included; the best the CPU supports is chosen at the first
 // use. libxsmm and OpenBLAS, for the larger products, choose their own ("generic" drops libxsmm).
 //

@@ -105,7 +105,7 @@ Tensor max(const Tensor& x, std::int64_t dim, bool keepdim = false);  // gradien
 // Int64 indices (as PyTorch), of the first maximum; no gradient.
 Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim = false);
 
-// ---- linear algebra — src/ops/matmul.cpp ----
+// ---- linear algebra — src/ops/matmul.cpp, src/ops/linear.cpp ----
 // 1-D·1-D, 2-D·2-D, and batched N-D with broadcast batch dims (PyTorch's torch.matmul).
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x·W + b with W of shape (in, out) (the seed's and nn::Linear's layout), x of shape (..., in),

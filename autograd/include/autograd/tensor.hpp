@@ -42,7 +42,8 @@ struct Storage {
 };
 
 // Freed buffers are kept for reuse by the thread that freed them (up to 256 MiB per thread), so
-// a fixed-shape training loop stops calling the system allocator once warm. These report and
+// a fixed-shape training loop stops calling the system allocator for tensor buffers once warm
+// (other allocations, such as matmul's batching plan, are not cached here). These report and
 // empty the calling thread's cache.
 std::size_t cached_buffer_bytes();
 void release_cached_buffers();

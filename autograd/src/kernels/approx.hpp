@@ -1,7 +1,8 @@
 #pragma once
 // Elementwise float32 kernels in instruction-set variants (internal, not installed): the exact
 // gelu and its derivative, whose erf and exp cost the most of the elementwise work of a
-// transformer's MLP, and the exponentials of a softmax row. Plain declarations only: approx_avx512.cpp and approx_avx2.cpp, compiled with
+// transformer's MLP; the exponentials, maximum and backward slopes of a softmax row; and
+// Philox bits for dropout (AVX-512 only). Plain declarations only: approx_avx512.cpp and approx_avx2.cpp, compiled with
 // their own -m flags, include this (see isa.hpp for why they share no inline code).
 //
 // erf and exp are Eigen 3.4's float approximations (the rational erf of SpecialFunctions, the

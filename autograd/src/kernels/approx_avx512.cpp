@@ -38,7 +38,7 @@ struct F512 {
   // y·2^m in one instruction (vscalefps), rounded once. Eigen's pldexp (four power-of-two
   // factors, as the AVX2 variant has it) gives the same bits for exp's y (in [1/2, 2]) and m in
   // [-128, 128]: its first three products stay normal, so only its last one rounds, denormal
-  // results included (tests/test_isa_exp.cpp runs every float through both).
+  // results included (tests/kernels/test_isa_exp.cpp runs every float through both).
   static R ldexp(R y, R m) { return _mm512_scalef_ps(y, m); }
 };
 

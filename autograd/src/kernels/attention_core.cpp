@@ -295,7 +295,7 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
   const RowBlocks blocks = row_blocks(d, causal);
   const KeyBlocks key_blocks{causal ? blocks.step : std::max<std::int64_t>(d.S, 1), causal};
   parallel_region(d.parallel(), [&] {
-    // Scratch of each thread, kept between calls (a warm training step allocates nothing); it
+    // Scratch of each thread, kept between calls (no allocation here once warm); it
     // holds the largest slice the thread has seen.
     thread_local RowMatrix<T> dropped;  // P ⊙ Z
     thread_local RowMatrix<T> dP;       // dL/dP, then dL/dS in place

@@ -25,7 +25,7 @@ void count_tiled_call() { calls.fetch_add(1, std::memory_order_relaxed); }
 
 namespace {
 
-// One thread's scratch, kept between calls (a warm step allocates nothing).
+// One thread's scratch, kept between calls (no allocation here once warm).
 template <class T>
 struct ForwardScratch {
   Scratch<T> scores;  // [block_q, block_k]

@@ -3,7 +3,8 @@
 // backward over tiles of query rows x key columns, in memory linear in T. Only the output and
 // one log-sum-exp per query row are kept for backward; the weights are recomputed tile by tile.
 // attention_flash.cpp holds the forward, attention_flash_backward.cpp the backward,
-// attention_flash_node.cpp the graph node; docs/attention_backward.md §10 derives it.
+// attention_flash_operands.cpp the per-thread operand copies (SliceOperands), and
+// ops/attention_flash_node.cpp the graph node; docs/attention_backward.md §10 derives it.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -80,7 +81,7 @@ using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
 // each [d, width] with its own width as row stride (the last one may be narrower): a tile reads
 // one contiguous panel, where rows S apart (a multiple of 4 KiB at long S) would all fall in
 // the same few cache sets.
-// Each thread has one (thread_operands), kept between calls: a warm step allocates nothing.
+// Each thread has one (thread_operands), kept between calls: no allocation here once warm.
 template <class T>
 struct SliceOperands {
   Scratch<T> q, k, kt, v, vt, dout;

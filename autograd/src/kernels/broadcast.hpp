@@ -1,5 +1,5 @@
 #pragma once
-// Kernel helpers shared by the op files (internal, not installed).
+// The loops of a broadcast, shared by the op files and the exact kernels (internal, not installed).
 //
 // map<K>(shape, {in_0, ..., in_K-1}, f): a new tensor of `shape` with
 //   out[i] = f(in_0[i'], ..., in_K-1[i'])    (each input broadcast to `shape`, NumPy rules)

@@ -1,4 +1,4 @@
-// The matrix product behind matmul and the fused attention kernels (see gemm.hpp).
+// The matrix product behind matmul, linear and the attention cores (see gemm.hpp).
 #include "gemm.hpp"
 
 #include <algorithm>

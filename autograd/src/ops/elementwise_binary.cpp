@@ -23,7 +23,7 @@ void check_defined_args(std::string_view op, const Tensor& a, const Tensor& b) {
   check_defined(op, b, "second argument");
 }
 
-// Both defined, same dtype; returns the broadcast shape (or throws naming both shapes).
+// Both defined, both floating, same dtype; returns the broadcast shape (or throws naming both shapes).
 Shape check_binary(std::string_view op, const Tensor& a, const Tensor& b) {
   check_defined_args(op, a, b);
   check_floating(op, a, "first argument");

@@ -1,6 +1,6 @@
 // linear(x, W, b) = x·W + b as one op: the leading dims of x fold into the rows of one GEMM, the
-// bias is broadcast into the output before the product is added to it, and backward is three
-// products at most. The same values as matmul + add, with one graph node instead of four
+// bias is broadcast into the output before the product is added to it, and backward is two
+// products and a column sum at most. The same values as matmul + add, with one graph node instead of four
 // (reshape, matmul, add, reshape) and no intermediate tensor.
 #include <array>
 

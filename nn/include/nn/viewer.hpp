@@ -20,7 +20,7 @@
 // tokens, series names, table cells) must be valid UTF-8, else std::invalid_argument naming the
 // function, the text and the offset of its first bad byte. Every refusal (std::invalid_argument
 // naming the function and the values at fault) comes before anything is written: a refused call
-// leaves the page as it was (tests/test_viewer_refusals.cpp).
+// leaves the page as it was (tests/study/test_viewer_refusals.cpp).
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-"""PyTorch <-> headgrad state_dict interop, checked both ways (tests/test_torch_state_dict.cpp).
+"""PyTorch <-> headgrad state_dict interop, checked both ways (tests/nn/test_torch_state_dict.cpp).
 
     python3 tests/data/torch_interop/make_fixtures.py [BUILD_DIR]     (needs: pip install torch safetensors)
 
@@ -9,7 +9,7 @@
        <case>.io.safetensors   the inputs and PyTorch's outputs          (what it compares with)
    The C++ test loads each state_dict with nn::load_torch_state_dict and matches the outputs to
    1e-10. CI has no torch: it reads these committed files only.
-2. headgrad -> PyTorch (when BUILD_DIR holds tests/test_torch_state_dict): runs that test with
+2. headgrad -> PyTorch (when BUILD_DIR holds the test binary tests/test_torch_state_dict): runs that test with
    HEADGRAD_TORCH_EXPORT_DIR set, which writes headgrad's own models of the same cases (its own
    random parameters, saved by nn::save_torch_state_dict) with headgrad's outputs on the same
    inputs; loads each into the torch module with load_state_dict(strict=True) and compares.

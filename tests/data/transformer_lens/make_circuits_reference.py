@@ -1,4 +1,4 @@
-"""Reference values for tests/test_circuits*.cpp, computed by TransformerLens 3.9 in float64.
+"""Reference values for tests/study/test_circuits*.cpp, computed by TransformerLens 3.9 in float64.
 
 A small random attention-only model (2 layers, 4 heads, d_model 16, d_head 4, LayerNorm, every
 weight and bias drawn from a normal distribution so that no bias is zero), a fixed batch of token

@@ -1,4 +1,4 @@
-"""Reference values for tests/test_transformer_lens_parity.cpp, computed by TransformerLens 3.9 in float64.
+"""Reference values for tests/study/test_transformer_lens_parity.cpp, computed by TransformerLens 3.9 in float64.
 
 Four small HookedTransformer configs (n_layers 2, d_model 16, n_heads 4, d_head 4, d_vocab 12,
 n_ctx 16, positional_embedding_type "standard", default_prepend_bos False, use_split_qkv_input and

@@ -2,7 +2,7 @@
 // (need_weights = true) and the composed route (the weights of a dropout-free call, ag::dropout
 // on them from the same generator state, times v): the same mask and results in float64, with
 // gradients; p = 1 and p = 1 - 1e-9; the same bits at 1, 2 and 3 threads; reproducible from a seed.
-#define BOOST_TEST_MODULE hostile18_dropout
+#define BOOST_TEST_MODULE dropout_hostile
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>

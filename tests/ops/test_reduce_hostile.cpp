@@ -2,7 +2,7 @@
 // kernels), rank 3 and 4, reduced groups in several places, size-one and zero-size dims, NaN,
 // infinities and denormals: each result is the float sum of its terms added in row-major order,
 // bit for bit, under every instruction-set variant and at 1, 2 and 3 threads.
-#define BOOST_TEST_MODULE hostile18_reduce
+#define BOOST_TEST_MODULE reduce_hostile
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>

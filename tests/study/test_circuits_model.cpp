@@ -1,7 +1,7 @@
 // nn::circuits on a whole TransformerLM: the residual stream's stacks (accumulated, decomposed,
 // per head), apply_ln_to_stack, the logit lens and logit attributions, path patching and resample
 // ablation, each against the model's own forward or the same quantity computed another way.
-// (TransformerLens's values for the same functions: tests/test_transformer_lens_parity.cpp.)
+// (TransformerLens's values for the same functions: tests/study/test_transformer_lens_parity.cpp.)
 #define BOOST_TEST_MODULE circuits_model
 #include <boost/test/unit_test.hpp>
 

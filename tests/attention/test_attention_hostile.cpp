@@ -3,7 +3,7 @@
 // cross-attention, masks of every broadcast shape, fully blocked rows, the three layouts;
 // the same bits at 1, 2 and 3 threads, when calls of different shapes and dtypes alternate, and
 // when two threads of the program call the core at once.
-#define BOOST_TEST_MODULE hostile18_attention
+#define BOOST_TEST_MODULE attention_hostile
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>

@@ -58,17 +58,30 @@ bool wildcard_match(std::string_view pattern, std::string_view name) {
   return !name.empty() && pattern[0] == name[0] && wildcard_match(pattern.substr(1), name.substr(1));
 }
 
+// Whether `relative` names a file or folder, `*` matching within one path component (as in
+// tests/*/test_double_backward_*.cpp).
 bool pattern_exists(const std::string& relative) {
-  const std::size_t star = relative.find('*');
-  if (star == std::string::npos) return fs::exists(kRoot / relative);
-  const std::size_t slash = relative.rfind('/');
-  if (slash != std::string::npos && slash > star) return false;  // a wildcard in a folder name: not used
-  const fs::path dir = kRoot / (slash == std::string::npos ? "." : relative.substr(0, slash));
-  if (!fs::is_directory(dir)) return false;
-  const std::string file = relative.substr(slash == std::string::npos ? 0 : slash + 1);
-  for (const auto& e : fs::directory_iterator(dir))
-    if (wildcard_match(file, e.path().filename().string())) return true;
-  return false;
+  std::vector<fs::path> here{kRoot};
+  std::size_t begin = 0;
+  while (begin < relative.size()) {
+    std::size_t end = relative.find('/', begin);
+    if (end == std::string::npos) end = relative.size();
+    const std::string part = relative.substr(begin, end - begin);
+    begin = end + 1;
+    if (part.empty()) continue;
+    std::vector<fs::path> found;
+    for (const fs::path& d : here) {
+      if (part.find('*') == std::string::npos) {
+        if (fs::exists(d / part)) found.push_back(d / part);
+      } else if (fs::is_directory(d)) {
+        for (const auto& e : fs::directory_iterator(d))
+          if (wildcard_match(part, e.path().filename().string())) found.push_back(e.path());
+      }
+    }
+    if (found.empty()) return false;
+    here = std::move(found);
+  }
+  return true;
 }
 
 // A path as docs write it: from the root (`autograd/src/walk.cpp`), from a library's folder
@@ -84,7 +97,7 @@ bool path_resolves(std::string path) {
 
 // Paths of other projects that the text names as such.
 const std::set<std::string> kOtherProjectsPaths = {
-    "tests/kat_vectors",  // Random123's known-answer file (tests/test_philox.cpp)
+    "tests/kat_vectors",  // Random123's known-answer file (tests/kernels/test_philox.cpp)
 };
 
 bool is_path_char(char c) {
@@ -402,7 +415,7 @@ BOOST_AUTO_TEST_CASE(every_path_a_code_comment_names_exists) {
       const std::string ext = e.path().extension().string();
       if (ext != ".cpp" && ext != ".hpp" && ext != ".h") continue;
       const std::string file = fs::relative(e.path(), kRoot).generic_string();
-      if (file == "tests/test_docs.cpp") continue;  // its negative controls name missing paths on purpose
+      if (file == "tests/docs/test_docs.cpp") continue;  // its negative controls name missing paths on purpose
       const std::vector<std::string> found = missing_paths(file, read(file), true);
       problems.insert(problems.end(), found.begin(), found.end());
       ++files;
@@ -424,7 +437,7 @@ BOOST_AUTO_TEST_CASE(every_file_name_the_docs_and_code_comments_mention_exists) 
       const std::string ext = e.path().extension().string();
       if (ext != ".cpp" && ext != ".hpp") continue;
       const std::string file = fs::relative(e.path(), kRoot).generic_string();
-      if (file == "tests/test_docs.cpp") continue;
+      if (file == "tests/docs/test_docs.cpp") continue;
       const std::vector<std::string> found = missing_file_names(file, read(file), true, names);
       problems.insert(problems.end(), found.begin(), found.end());
     }
@@ -553,14 +566,14 @@ BOOST_AUTO_TEST_CASE(studying_attentions_count_of_correct_positions_works_on_int
 BOOST_AUTO_TEST_CASE(a_missing_path_is_reported_with_its_file_and_line) {
   const std::string text =
       "The walk is in `autograd/src/walk.cpp` (src/walk.cpp).\n"
-      "Binary ops are in `src/ops/elementwise.cpp`, see examples/curvature and tests/test_*.cpp.\n"
+      "Binary ops are in `src/ops/elementwise.cpp`, see examples/curvature and tests/*/test_*.cpp.\n"
       "Random123's tests/kat_vectors, tests/data/mha_<config>.txt, build/examples/train_heads, nn/.\n";
   const std::vector<std::string> found = missing_paths("docs/x.md", text, false);
   BOOST_TEST_REQUIRE(found.size() == 1u, joined(found));
   BOOST_TEST(found[0] == "docs/x.md:2: names `src/ops/elementwise.cpp`, which does not exist");
   BOOST_TEST(missing_paths("a.hpp", "see src/ops/nothing.cpp\n// src/ops/none.cpp", true).size() == 1u);
   BOOST_TEST(!path_resolves("tests/test_nothing_*.cpp"));
-  BOOST_TEST(path_resolves("tests/test_double_backward_*.cpp"));
+  BOOST_TEST(path_resolves("tests/*/test_double_backward_*.cpp"));
 }
 
 BOOST_AUTO_TEST_CASE(a_missing_file_name_is_reported_with_its_file_and_line) {

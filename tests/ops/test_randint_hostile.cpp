@@ -1,6 +1,6 @@
 // randint at the edges of int64: the full range, ranges of width one and two at either end,
 // empty and negative shapes, element counts that overflow, low >= high.
-#define BOOST_TEST_MODULE hostile18_randint
+#define BOOST_TEST_MODULE randint_hostile
 #include <boost/test/unit_test.hpp>
 
 #include <cstdint>

@@ -14,7 +14,7 @@
 #include <autograd/autograd.hpp>
 #include <nn/nn.hpp>
 
-#include "../examples/hessian_power.hpp"
+#include "../../examples/hessian_power.hpp"
 #include "test_support.hpp"
 
 namespace ag = autograd;

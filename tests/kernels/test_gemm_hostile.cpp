@@ -3,7 +3,7 @@
 // one row, one column or one term, float32 and float64: the forward product and both gradients
 // against a long double reference within the rounding bound of a sum of K products, the same bits
 // at 1, 2 and 3 threads, and within the bound under every instruction-set variant.
-#define BOOST_TEST_MODULE hostile18_gemm
+#define BOOST_TEST_MODULE gemm_hostile
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>

@@ -1,7 +1,7 @@
 // nn::TransformerLM and the blocks it is made of: the forward against the same model written by
 // hand from its modules, the attention-only and normalisation-free forms, the q/k/v input,
 // result and LayerNorm hook points, partial runs, TransformerLens's state-dict layout and the
-// errors of each. (tests/test_transformer_lens_parity.cpp compares the same model with
+// errors of each. (tests/study/test_transformer_lens_parity.cpp compares the same model with
 // TransformerLens itself.)
 #define BOOST_TEST_MODULE transformer_lm
 #include <boost/test/unit_test.hpp>

@@ -3,7 +3,7 @@
 // several places, zero-size dims; NaN, infinities and denormals among the values. Every result is
 // compared bit for bit with the same float operation on scalars, under every instruction-set
 // variant this CPU supports and at 1, 2 and 3 threads.
-#define BOOST_TEST_MODULE hostile18_elementwise
+#define BOOST_TEST_MODULE elementwise_hostile
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
