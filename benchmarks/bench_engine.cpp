@@ -3,7 +3,7 @@
 //   backward    backward() on a tiny graph (sum(a * b + a), [4] leaves): build + backward minus build
 //   core        the fused attention core against the composed one (MultiHeadAttention, fwd + bwd),
 //               interleaved sample by sample, at the toy and medium shapes
-//   train       the toy example's model (examples/train_heads.cpp: embedding, one pre-LN transformer
+//   train       the toy example's model (examples/train_heads/: embedding, one pre-LN transformer
 //               block, readout, cross-entropy, AdamW, clipping) — steps per second, and heap
 //               allocations (count and bytes) per step once warm, counted by the operator new below
 //   memory      peak resident memory of one forward + backward of MultiHeadAttention at the large
@@ -146,7 +146,7 @@ void bench_core() {
   report_step_allocations("MHA fwd+bwd toy: allocations", step, "");
 }
 
-// examples/train_heads.cpp's model (heads_model.hpp) and training step, on one fixed batch.
+// examples/train_heads/'s model (heads_model.hpp) and training step, on one fixed batch.
 void bench_train() {
   const std::int64_t vocab = 8, T = 12, d_model = 32, d_ff = 128, batch = 64;
   ag::Generator gen(1);

@@ -67,14 +67,18 @@ inline ag::SdpaResult call(const Case& c, const std::vector<ag::Tensor>& in, boo
   const ag::Tensor mask = in.size() > n ? in[n] : ag::Tensor();
   switch (c.layout) {
     case Layout::HeadsFirst:
-      return ag::scaled_dot_product_attention(in[0], in[1], in[2], mask, c.causal, c.scale, 0.0, nullptr, need_weights);
+      return ag::scaled_dot_product_attention(
+          in[0], in[1], in[2],
+          {.attn_mask = mask, .is_causal = c.causal, .scale = c.scale, .need_weights = need_weights});
     case Layout::HeadsLast:
-      return ag::scaled_dot_product_attention_heads_last(in[0], in[1], in[2], c.H, mask, c.causal, c.scale, 0.0,
-                                                         nullptr, need_weights);
+      return ag::scaled_dot_product_attention_heads_last(
+          in[0], in[1], in[2], c.H,
+          {.attn_mask = mask, .is_causal = c.causal, .scale = c.scale, .need_weights = need_weights});
     case Layout::Packed:
       break;
   }
-  return ag::scaled_dot_product_attention_packed(in[0], c.H, mask, c.causal, c.scale, 0.0, nullptr, need_weights);
+  return ag::scaled_dot_product_attention_packed(
+      in[0], c.H, {.attn_mask = mask, .is_causal = c.causal, .scale = c.scale, .need_weights = need_weights});
 }
 
 struct Run {

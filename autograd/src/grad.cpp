@@ -10,6 +10,10 @@
 
 namespace autograd {
 
+// GradOptions repeats BackwardOptions' two walk options; their defaults must not drift apart.
+static_assert(GradOptions{}.retain_graph == BackwardOptions{}.retain_graph);
+static_assert(GradOptions{}.create_graph == BackwardOptions{}.create_graph);
+
 namespace {
 
 std::string tensor_label(const char* what, std::size_t i, const Tensor& t) {

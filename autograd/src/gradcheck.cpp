@@ -156,7 +156,7 @@ struct Check {
   // Analytic vector-Jacobian product vᵀJ for every checked input (zeros where unconnected).
   std::vector<std::vector<double>> vjp(const Tensor& v) const {
     for (auto i : checked) inputs[i].set_grad(Tensor());
-    if (y.requires_grad()) y.backward(v, /*retain_graph=*/true);
+    if (y.requires_grad()) y.backward(v, {.retain_graph = true});
     std::vector<std::vector<double>> out;
     for (auto i : checked) {
       Tensor g = inputs[i].grad();

@@ -120,6 +120,8 @@ Tensor Tensor::clone() const {
   return out;
 }
 
+Tensor clone(const Tensor& x) { return x.clone(); }
+
 // ---- autograd ----
 
 
@@ -154,26 +156,28 @@ std::uint32_t Tensor::output_nr() const {
   return impl_->output_nr;
 }
 
-void Tensor::backward(bool retain_graph, bool create_graph) const {
+void Tensor::backward(const BackwardOptions& options) const {
   check_defined("backward");
   if (numel() != 1)
     throw std::runtime_error(fmt::format(
         "backward: a gradient can be created implicitly only for a one-element tensor, got shape {}; "
         "pass a gradient: t.backward(grad)", shape_str(shape())));
   const Tensor seed = ones(shape(), dtype());
-  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&seed, 1), retain_graph, create_graph);
+  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&seed, 1), options.retain_graph,
+               options.create_graph);
 }
 
-void Tensor::backward(const Tensor& grad, bool retain_graph, bool create_graph) const {
+void Tensor::backward(const Tensor& grad, const BackwardOptions& options) const {
   check_defined("backward");
   if (!grad.defined()) {
-    backward(retain_graph, create_graph);
+    backward(options);
     return;
   }
   if (grad.shape() != shape() || grad.dtype() != dtype())
     fail("backward", "gradient {} {} does not match tensor {} {}", shape_str(grad.shape()),
          dtype_name(grad.dtype()), shape_str(shape()), dtype_name(dtype()));
-  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&grad, 1), retain_graph, create_graph);
+  run_backward(std::span<const Tensor>(this, 1), std::span<const Tensor>(&grad, 1), options.retain_graph,
+               options.create_graph);
 }
 
 Tensor& Tensor::retain_grad() {

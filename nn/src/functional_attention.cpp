@@ -110,18 +110,24 @@ CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::in
 // Every head at once, on the core the call asked for. The fused ops read head h from columns
 // h·d_k .. (h+1)·d_k - 1 of q, k, v in place and write the concat directly: no split into
 // (B, H, L, d_k) copies, no merge. Without need_weights the fused ops run their tiled core,
-// whose memory grows linearly in T, and return no weights.
-CoreResult attend(const Projected& p, const detail::Masks& m, const MultiHeadAttentionConfig& c, bool composed,
-                  bool need_weights, AttentionStudy* study) {
+// whose memory grows linearly in T, and return no weights. `path` receives the core that ran
+// (the fused op's own report) and why.
+CoreResult attend(const Projected& p, const detail::Masks& m, const MultiHeadAttentionConfig& c,
+                  std::string_view why_composed, bool need_weights, AttentionStudy* study, ag::SdpaPath& path) {
   ag::Generator& gen = c.dropout_generator != nullptr ? *c.dropout_generator : ag::default_generator();
   const std::int64_t H = c.num_heads;
-  if (composed) return compose_attention(p, m.additive, H, c.dropout_p, gen, Points{c.hooks}, study);
-  const ag::SdpaResult r =
-      p.qkv.defined()
-          ? ag::scaled_dot_product_attention_packed(p.qkv, H, m.additive, m.causal_flag, 0.0, c.dropout_p, &gen,
-                                                    need_weights)
-          : ag::scaled_dot_product_attention_heads_last(p.q, p.k, p.v, H, m.additive, m.causal_flag, 0.0,
-                                                        c.dropout_p, &gen, need_weights);
+  if (!why_composed.empty()) {
+    path = {ag::SdpaCore::Composed, why_composed};
+    return compose_attention(p, m.additive, H, c.dropout_p, gen, Points{c.hooks}, study);
+  }
+  const ag::SdpaOptions options{.attn_mask = m.additive,
+                                .is_causal = m.causal_flag,
+                                .dropout_p = c.dropout_p,
+                                .generator = &gen,
+                                .need_weights = need_weights};
+  const ag::SdpaResult r = p.qkv.defined() ? ag::scaled_dot_product_attention_packed(p.qkv, H, options)
+                                           : ag::scaled_dot_product_attention_heads_last(p.q, p.k, p.v, H, options);
+  path = r.path;
   return {r.output, r.weights};
 }
 
@@ -144,7 +150,24 @@ AttentionOutput shape_output(const ag::Tensor& out, const ag::Tensor& weights, b
   return result;
 }
 
+// Why a call runs the Composed core: the first of these that holds; empty for the fused core.
+std::string_view composed_reason(const MultiHeadAttentionConfig& config) {
+  if (config.core == AttentionCore::Composed) return "AttentionCore::Composed";
+  if (config.study != nullptr) return "study mode";
+  if (config.hooks != nullptr) return "hooks";
+  return {};
+}
+
 }  // namespace
+
+ag::SdpaPath attention_path(const ag::Tensor& query, const ag::Tensor& key, const ag::Tensor& value,
+                            const MultiHeadAttentionWeights& weights, const MultiHeadAttentionConfig& config,
+                            const AttentionOptions& options) {
+  const Geometry g = detail::check_arguments(query, key, value, weights, config, options);
+  const std::string_view why_composed = composed_reason(config);
+  if (!why_composed.empty()) return {ag::SdpaCore::Composed, why_composed};
+  return ag::sdpa_path(g.T, g.S_total, {.need_weights = options.need_weights});
+}
 
 AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::Tensor& key, const ag::Tensor& value,
                                              const MultiHeadAttentionWeights& weights,
@@ -158,8 +181,8 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
   const ag::Tensor value3 = g.batched ? value : ag::unsqueeze(value, 0);  // (B, S, vdim)
 
   // ---- choose the core; build the masks ----
-  const bool composed =
-      config.core == AttentionCore::Composed || config.study != nullptr || config.hooks != nullptr;
+  const std::string_view why_composed = composed_reason(config);
+  const bool composed = !why_composed.empty();
   // Self-attention (one tensor as query, key and value) on the fused core: one projection by
   // [W_Q | W_K | W_V] gives q, k, v side by side in each row, and the fused op reads them there.
   // One GEMM forward and one per operand backward instead of three each (and no sum of three dX).
@@ -171,8 +194,10 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
   // ---- project, attend, mix with W_O ----
   const Projected p = project(query3, key3, value3, weights, g, config.add_zero_attn, packed);
   AttentionStudy study;
-  const CoreResult core =
-      attend(p, masks, config, composed, options.need_weights, config.study != nullptr ? &study : nullptr);
+  ag::SdpaPath path;
+  const CoreResult core = attend(p, masks, config, why_composed, options.need_weights,
+                                 config.study != nullptr ? &study : nullptr, path);
+  if (config.path != nullptr) *config.path = path;
   ag::Tensor out = ag::linear(core.concat, weights.W_O, weights.b_O);  // (B, T, E)
   if (nn::detail::per_example_capture != nullptr) [[unlikely]]
     nn::detail::record_linear(core.concat, out, weights.W_O, weights.b_O);

@@ -254,8 +254,9 @@ TransformerBlock::Rows TransformerBlock::forward_rows(const ag::Tensor& x_rows, 
         m[static_cast<std::size_t>(i * T + j)] = -std::numeric_limits<double>::infinity();
     mask = ag::tensor(m, {queries, T}, x_rows.dtype());
   }
-  r.z = ag::scaled_dot_product_attention_heads_last(ag::linear(hq, a.W_Q(), a.b_Q()), r.keys, r.values, a.num_heads(),
-                                                    mask, queries == T && queries > 1, 0.0, 0.0, nullptr, false)
+  r.z = ag::scaled_dot_product_attention_heads_last(
+            ag::linear(hq, a.W_Q(), a.b_Q()), r.keys, r.values, a.num_heads(),
+            {.attn_mask = mask, .is_causal = queries == T && queries > 1, .need_weights = false})
             .output;
   const ag::Tensor x_q = queries == R ? x_rows : ag::narrow(x_rows, 1, R - queries, queries);
   r.output = after_attention(x_q, ag::linear(r.z, a.W_O(), a.b_O()));

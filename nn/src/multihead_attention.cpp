@@ -1,5 +1,6 @@
 #include "nn/multihead_attention.hpp"
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <mutex>
@@ -18,6 +19,18 @@ constexpr std::string_view kOp = "MultiHeadAttention";
 constexpr std::size_t kConcatPoint = 7;
 constexpr std::size_t kResultPoint = 8;
 constexpr std::size_t kOutPoint = 9;
+// What attention_path says for a hook on each point before out (which runs the Composed core).
+constexpr std::array<std::string_view, kOutPoint> kHookReasons = {
+    "hook on q", "hook on k", "hook on v", "hook on raw_scores", "hook on scores",
+    "hook on pattern", "hook on z", "hook on concat", "hook on result"};
+
+// The first hooked point among q .. concat and result (those run on the Composed core), or kOutPoint.
+std::size_t first_inner_hook(const HookPoints& points) {
+  if (!points.any()) return kOutPoint;
+  std::size_t i = 0;
+  while (i < kOutPoint && !points.hooked(i)) ++i;
+  return i;
+}
 
 // The parameter of this shape fits in memory's arithmetic: its element and byte counts are
 // 64-bit numbers (a wrapped count would make a tiny buffer for a huge shape).
@@ -112,6 +125,25 @@ functional::MultiHeadAttentionWeights MultiHeadAttention::functional_weights() c
   return {W_Q_, W_K_, W_V_, W_O_, b_Q_, b_K_, b_V_, b_O_, bias_k_, bias_v_};
 }
 
+ag::SdpaPath MultiHeadAttention::attention_path(const ag::Tensor& query, const ag::Tensor& key,
+                                                const ag::Tensor& value, const AttentionOptions& ao) const {
+  // The config forward would build, with stand-ins for the study and the hook callback (only
+  // whether they are given matters here).
+  functional::MultiHeadAttentionConfig config;
+  config.num_heads = options_.num_heads;
+  config.add_zero_attn = options_.add_zero_attn;
+  config.dropout_p = is_training() ? options_.dropout : 0.0;
+  config.core = options_.core;
+  AttentionStudy study;
+  config.study = options_.study ? &study : nullptr;
+  const std::function<ag::Tensor(const char*, const ag::Tensor&)> on_point;
+  const std::size_t hooked = first_inner_hook(hook_points());
+  if (hooked < kOutPoint) config.hooks = &on_point;
+  ag::SdpaPath path = functional::attention_path(query, key, value, functional_weights(), config, ao);
+  if (config.hooks != nullptr && path.reason == "hooks") path.reason = kHookReasons[hooked];
+  return path;
+}
+
 AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::Tensor& key,
                                             const ag::Tensor& value, const AttentionOptions& ao) {
   AttentionStudy study;
@@ -140,9 +172,7 @@ AttentionOutput MultiHeadAttention::forward(const ag::Tensor& query, const ag::T
   std::function<ag::Tensor(const char*, const ag::Tensor&)> on_point;
   ag::Tensor concat;  // the concat point's value after its hooks, when the result point needs it
   if (points.any()) {
-    bool inside = false;
-    for (std::size_t i = 0; i < kOutPoint; ++i) inside = inside || points.hooked(i);
-    if (inside) {
+    if (first_inner_hook(points) < kOutPoint) {
       on_point = [&points, &concat](const char* point, const ag::Tensor& v) {
         const std::size_t i = points.index(point);
         if (i == kOutPoint) return ag::Tensor();

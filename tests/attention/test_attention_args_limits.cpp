@@ -17,12 +17,12 @@ BOOST_AUTO_TEST_CASE(a_scale_beyond_float32_is_refused_for_float32_tensors) {
   for (bool need_weights : {false, true}) {
     const ag::Tensor q = ag::ones({1, 1, 2, 2});
     test_support::check_throws<std::invalid_argument>(
-        [&] { (void)ag::scaled_dot_product_attention(q, q, q, ag::Tensor(), false, 1e39, 0.0, nullptr, need_weights); },
+        [&] { (void)ag::scaled_dot_product_attention(q, q, q, {.scale = 1e39, .need_weights = need_weights}); },
         {"scaled_dot_product_attention", "scale", "float32"});
     // The same scale is finite in float64: accepted, and the output finite.
     const ag::Tensor q64 = ag::ones({1, 1, 2, 2}, ag::Dtype::Float64);
     const ag::Tensor out =
-        ag::scaled_dot_product_attention(q64, q64, q64, ag::Tensor(), false, 1e39, 0.0, nullptr, need_weights).output;
+        ag::scaled_dot_product_attention(q64, q64, q64, {.scale = 1e39, .need_weights = need_weights}).output;
     BOOST_TEST(test_support::all_finite(out));
   }
 }
@@ -31,7 +31,7 @@ BOOST_AUTO_TEST_CASE(a_head_count_whose_triple_overflows_is_refused_with_its_val
   const std::int64_t H = std::numeric_limits<std::int64_t>::max() / 3 + 1;
   const ag::Tensor qkv = ag::ones({1, 2, 6});
   test_support::check_throws<std::invalid_argument>(
-      [&] { (void)ag::scaled_dot_product_attention_packed(qkv, H, ag::Tensor(), false, 0.0, 0.0, nullptr, false); },
+      [&] { (void)ag::scaled_dot_product_attention_packed(qkv, H, {.need_weights = false}); },
       {"scaled_dot_product_attention_packed", "num_heads = " + std::to_string(H), "[1, 2, 6]"});
 }
 
@@ -39,7 +39,7 @@ BOOST_AUTO_TEST_CASE(empty_batches_with_huge_lengths_give_empty_outputs) {
   // T·S = 2^64 + 2^31 would wrap; the batch is empty, so nothing is computed.
   const ag::Tensor q = ag::zeros({0, 1, (std::int64_t{1} << 33) + 1, 1}), k = ag::zeros({0, 1, std::int64_t{1} << 31, 1});
   for (bool need_weights : {false}) {
-    const ag::Tensor out = ag::scaled_dot_product_attention(q, k, k, ag::Tensor(), false, 0.0, 0.0, nullptr, need_weights).output;
+    const ag::Tensor out = ag::scaled_dot_product_attention(q, k, k, {.need_weights = need_weights}).output;
     BOOST_TEST(ag::shape_str(out.shape()) == "[0, 1, 8589934593, 1]");
   }
 }

@@ -104,15 +104,15 @@ BOOST_AUTO_TEST_CASE(weights_rows_sum_to_one) {
 BOOST_AUTO_TEST_CASE(scale_zero_means_one_over_sqrt_dk) {
   Tensor q = randn64({1, 2, 3, 4}, 1), k = randn64({1, 2, 3, 4}, 2), v = randn64({1, 2, 3, 4}, 3);
   auto by_default = ag::scaled_dot_product_attention(q, k, v);
-  auto explicit_scale = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.5);
-  auto other_scale = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.25);
+  auto explicit_scale = ag::scaled_dot_product_attention(q, k, v, {.scale = 0.5});
+  auto other_scale = ag::scaled_dot_product_attention(q, k, v, {.scale = 0.25});
   BOOST_TEST(max_abs_diff(by_default.weights, explicit_scale.weights) == 0.0);
   BOOST_TEST(max_abs_diff(by_default.weights, other_scale.weights) > 1e-3);
 }
 
 BOOST_AUTO_TEST_CASE(causal_query_sees_only_earlier_keys) {
   auto r = ag::scaled_dot_product_attention(randn64({1, 2, 4, 3}, 1), randn64({1, 2, 4, 3}, 2),
-                                            randn64({1, 2, 4, 3}, 3), Tensor(), true);
+                                            randn64({1, 2, 4, 3}, 3), {.is_causal = true});
   const auto w = r.weights.to_vector();
   for (std::int64_t h = 0; h < 2; ++h)
     for (std::int64_t i = 0; i < 4; ++i)
@@ -137,9 +137,9 @@ BOOST_AUTO_TEST_CASE(no_keys_give_zero_output) {
 BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
   Tensor q = randn64({2, 2, 5, 4}, 1, false), k = randn64({2, 2, 6, 4}, 2, false), v = randn64({2, 2, 6, 3}, 3, false);
   Tensor mask = randn64({5, 6}, 4, false);
-  auto r64 = ag::scaled_dot_product_attention(q, k, v, mask);
+  auto r64 = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask});
   auto r32 = ag::scaled_dot_product_attention(q.to(ag::Dtype::Float32), k.to(ag::Dtype::Float32),
-                                              v.to(ag::Dtype::Float32), mask.to(ag::Dtype::Float32));
+                                              v.to(ag::Dtype::Float32), {.attn_mask = mask.to(ag::Dtype::Float32)});
   BOOST_TEST((r32.output.dtype() == ag::Dtype::Float32));
   BOOST_TEST(max_abs_diff(r32.output, r64.output) < 1e-5);
   BOOST_TEST(max_abs_diff(r32.weights, r64.weights) < 1e-6);
@@ -150,8 +150,8 @@ BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
   k.requires_grad_(true);
   v.requires_grad_(true);
   Tensor r1 = randn64({2, 2, 5, 3}, 5, false), r2 = randn64({2, 2, 5, 6}, 6, false);
-  const auto g64 = grads_of(ag::scaled_dot_product_attention(q, k, v, mask), r1, r2, {q, k, v});
-  const auto g32 = grads_of(ag::scaled_dot_product_attention(q32, k32, v32, mask.to(ag::Dtype::Float32)),
+  const auto g64 = grads_of(ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask}), r1, r2, {q, k, v});
+  const auto g32 = grads_of(ag::scaled_dot_product_attention(q32, k32, v32, {.attn_mask = mask.to(ag::Dtype::Float32)}),
                             r1.to(ag::Dtype::Float32), r2.to(ag::Dtype::Float32), {q32, k32, v32});
   for (std::size_t i = 0; i < 3; ++i) BOOST_TEST(max_abs_diff(g32[i], g64[i]) < 1e-5);
 }
@@ -184,7 +184,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_dv_differs_from_dk_and_t_from_s) {
   Tensor q = randn64({1, 2, 4, 2}, 21), k = randn64({1, 2, 2, 2}, 22), v = randn64({1, 2, 2, 5}, 23);
   check_gradients(
       [](const std::vector<Tensor>& x) {
-        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), false, 0.7));
+        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], {.scale = 0.7}));
       },
       {q, k, v});
 }
@@ -207,7 +207,9 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_full_mask_and_blocked_entries) {
   Tensor mask = randn64({1, 2, 3, 4}, 54, false);
   for (int i : {1, 6, 14, 19}) mask.data<double>()[i] = -kInf;
   check_gradients(
-      [mask](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], mask)); },
+      [mask](const std::vector<Tensor>& x) {
+        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = mask}));
+      },
       {q, k, v});
 }
 
@@ -222,7 +224,9 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_broadcast_masks) {
   Tensor row = randn64({1, 2, 3, 1}, 65, false);
   for (const Tensor& mask : {ts, pad, row})
     check_gradients(
-        [mask](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], mask)); },
+        [mask](const std::vector<Tensor>& x) {
+          return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = mask}));
+        },
         {q, k, v});
 }
 
@@ -230,7 +234,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_causal) {
   Tensor q = randn64({2, 2, 4, 3}, 71), k = randn64({2, 2, 4, 3}, 72), v = randn64({2, 2, 4, 2}, 73);
   check_gradients(
       [](const std::vector<Tensor>& x) {
-        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true));
+        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], {.is_causal = true}));
       },
       {q, k, v});
 }
@@ -240,7 +244,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_causal_with_mask) {
   Tensor mask = randn64({4, 4}, 84, false);
   check_gradients(
       [mask](const std::vector<Tensor>& x) {
-        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], mask, true));
+        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = mask, .is_causal = true}));
       },
       {q, k, v});
 }
@@ -253,7 +257,9 @@ BOOST_AUTO_TEST_CASE(gradcheck_mask_is_differentiable) {
   Tensor padding_bias = randn64({2, 1, 1, 4}, 96);
   for (const Tensor& bias : {full_bias, shared_bias, padding_bias})
     check_gradients(
-        [](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], x[3])); },
+        [](const std::vector<Tensor>& x) {
+          return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = x[3]}));
+        },
         {q, k, v, bias});
 }
 
@@ -302,7 +308,8 @@ BOOST_AUTO_TEST_CASE(fused_matches_composed_forward_and_backward) {
       std::vector<Tensor> inputs{q, k, v};
       if (mask.defined() && mask.requires_grad()) inputs.push_back(mask);
 
-      auto fused = ag::scaled_dot_product_attention(q, k, v, mask, c.causal, c.scale);
+      auto fused =
+          ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .is_causal = c.causal, .scale = c.scale});
       auto reference = composed(q, k, v, mask, c.causal, scale);
       BOOST_TEST(max_abs_diff(fused.output, reference.output) < 1e-12);
       BOOST_TEST(max_abs_diff(fused.weights, reference.weights) < 1e-12);
@@ -316,7 +323,7 @@ BOOST_AUTO_TEST_CASE(fused_matches_composed_forward_and_backward) {
 BOOST_AUTO_TEST_CASE(composed_comparison_detects_a_wrong_scale) {
   // Negative control for the agreement test above: a 1e-6 change of scale is seen.
   Tensor q = randn64({1, 2, 3, 4}, 1), k = randn64({1, 2, 3, 4}, 2), v = randn64({1, 2, 3, 4}, 3);
-  auto fused = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.5);
+  auto fused = ag::scaled_dot_product_attention(q, k, v, {.scale = 0.5});
   auto reference = composed(q, k, v, Tensor(), false, 0.5 + 1e-6);
   BOOST_TEST(max_abs_diff(fused.weights, reference.weights) > 1e-12);
 }
@@ -337,7 +344,7 @@ BOOST_AUTO_TEST_CASE(fully_masked_row_is_zero_not_nan) {
     }
   auto blocked = [&](std::int64_t bh, std::int64_t i) { return i == 1 || (bh >= H && i == 2); };
 
-  auto r = ag::scaled_dot_product_attention(q, k, v, mask);
+  auto r = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask});
   Tensor r1 = randn64({B, H, T, 3}, 205, false), r2 = randn64({B, H, T, S}, 206, false);
   const auto g = grads_of(r, r1, r2, {q, k, v});
   BOOST_TEST(all_finite(r.output));
@@ -362,7 +369,7 @@ BOOST_AUTO_TEST_CASE(fully_masked_row_is_zero_not_nan) {
       for (std::int64_t j = 0; j < 3; ++j) a[(bh * T + i) * 3 + j] = 0.0;
       for (std::int64_t j = 0; j < S; ++j) b[(bh * T + i) * S + j] = 0.0;
     }
-  auto r_again = ag::scaled_dot_product_attention(q, k, v, mask);
+  auto r_again = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask});
   const auto g_again = grads_of(r_again, r1, r2, {q, k, v});
   BOOST_TEST(max_abs_diff(g[1], g_again[1]) == 0.0);
   BOOST_TEST(max_abs_diff(g[2], g_again[2]) == 0.0);
@@ -372,7 +379,7 @@ BOOST_AUTO_TEST_CASE(causal_with_first_key_blocked_leaves_row_zero) {
   // Causal query 0 sees only key 0; blocking key 0 blocks its whole row.
   Tensor q = randn64({1, 1, 3, 2}, 211), k = randn64({1, 1, 3, 2}, 212), v = randn64({1, 1, 3, 2}, 213);
   Tensor mask = ag::tensor({-kInf, 0, 0}, {3}, F64);
-  auto r = ag::scaled_dot_product_attention(q, k, v, mask, true);
+  auto r = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .is_causal = true});
   const auto w = r.weights.to_vector(), o = r.output.to_vector();
   BOOST_TEST(w[0] == 0.0);
   BOOST_TEST(w[1] == 0.0);
@@ -390,7 +397,9 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_fully_masked_rows) {
   Tensor q = randn64({2, 1, 3, 2}, 221), k = randn64({2, 1, 4, 2}, 222), v = randn64({2, 1, 4, 2}, 223);
   Tensor pad = ag::tensor({-kInf, -kInf, -kInf, -kInf, 0, 0, -kInf, 0}, {2, 1, 1, 4}, F64);  // batch 0: all padding
   check_gradients(
-      [pad](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], pad)); },
+      [pad](const std::vector<Tensor>& x) {
+        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = pad}));
+      },
       {q, k, v});
 }
 
@@ -400,9 +409,9 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_fully_masked_rows) {
 BOOST_AUTO_TEST_CASE(dropout_is_deterministic_per_seed) {
   Tensor q = randn64({2, 2, 5, 3}, 301), k = randn64({2, 2, 6, 3}, 302), v = randn64({2, 2, 6, 3}, 303);
   ag::Generator g1(7), g2(7), g3(8);
-  auto a = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.0, 0.4, &g1);
-  auto b = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.0, 0.4, &g2);
-  auto c = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.0, 0.4, &g3);
+  auto a = ag::scaled_dot_product_attention(q, k, v, {.dropout_p = 0.4, .generator = &g1});
+  auto b = ag::scaled_dot_product_attention(q, k, v, {.dropout_p = 0.4, .generator = &g2});
+  auto c = ag::scaled_dot_product_attention(q, k, v, {.dropout_p = 0.4, .generator = &g3});
   auto plain = ag::scaled_dot_product_attention(q, k, v);
   BOOST_TEST(max_abs_diff(a.output, b.output) == 0.0);
   BOOST_TEST(max_abs_diff(a.output, c.output) > 1e-3);
@@ -425,7 +434,7 @@ BOOST_AUTO_TEST_CASE(dropout_zeroes_or_rescales_each_weight) {
     for (std::int64_t j = 0; j < S; ++j) eye[static_cast<std::size_t>((bh * S + j) * S + j)] = 1.0;
   Tensor v = ag::tensor(eye, {B, H, S, S}, F64);
   ag::Generator gen(5);
-  auto r = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.0, p, &gen);
+  auto r = ag::scaled_dot_product_attention(q, k, v, {.dropout_p = p, .generator = &gen});
   const auto o = r.output.to_vector(), w = r.weights.to_vector();
   std::size_t dropped = 0;
   for (std::size_t i = 0; i < o.size(); ++i) {
@@ -446,7 +455,7 @@ BOOST_AUTO_TEST_CASE(dropout_matches_composed_dropout_op) {
   Tensor q = randn64({2, 2, 4, 3}, 331), k = randn64({2, 2, 5, 3}, 332), v = randn64({2, 2, 5, 2}, 333);
   Tensor r1 = randn64({2, 2, 4, 2}, 334, false), r2 = randn64({2, 2, 4, 5}, 335, false);
   ag::Generator g_fused(12), g_composed(12);
-  auto fused = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.0, 0.25, &g_fused);
+  auto fused = ag::scaled_dot_product_attention(q, k, v, {.dropout_p = 0.25, .generator = &g_fused});
   auto plain = composed(q, k, v, Tensor(), false, 1.0 / std::sqrt(3.0));
   ag::SdpaResult reference{ag::matmul(ag::dropout(plain.weights, 0.25, true, g_composed), v), plain.weights};
   BOOST_TEST(max_abs_diff(fused.output, reference.output) < 1e-12);
@@ -458,7 +467,7 @@ BOOST_AUTO_TEST_CASE(dropout_matches_composed_dropout_op) {
 BOOST_AUTO_TEST_CASE(dropout_p_one_drops_everything) {
   ag::Generator gen(1);
   auto r = ag::scaled_dot_product_attention(randn64({1, 1, 2, 2}, 1), randn64({1, 1, 2, 2}, 2),
-                                            randn64({1, 1, 2, 2}, 3), Tensor(), false, 0.0, 1.0, &gen);
+                                            randn64({1, 1, 2, 2}, 3), {.dropout_p = 1.0, .generator = &gen});
   BOOST_TEST(all_zero(r.output));
   BOOST_TEST(!all_zero(r.weights));
 }
@@ -470,7 +479,8 @@ BOOST_AUTO_TEST_CASE(gradcheck_with_dropout_and_fixed_generator) {
   check_gradients(
       [gen, mask](const std::vector<Tensor>& x) {
         gen->manual_seed(99);  // the same dropout mask at every evaluation
-        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2], mask, false, 0.0, 0.5, gen.get()));
+        return both(ag::scaled_dot_product_attention(x[0], x[1], x[2],
+                                                     {.attn_mask = mask, .dropout_p = 0.5, .generator = gen.get()}));
       },
       {q, k, v});
 }
@@ -484,7 +494,7 @@ BOOST_AUTO_TEST_CASE(results_do_not_depend_on_thread_count) {
     ag::set_num_threads(n);
     Tensor q = randn64({3, 4, 33, 16}, 401), k = randn64({3, 4, 40, 16}, 402), v = randn64({3, 4, 40, 8}, 403);
     Tensor mask = randn64({33, 40}, 404, false);
-    auto r = ag::scaled_dot_product_attention(q, k, v, mask);
+    auto r = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask});
     auto g = grads_of(r, randn64({3, 4, 33, 8}, 405, false), randn64({3, 4, 33, 40}, 406, false), {q, k, v});
     g.push_back(r.output);
     g.push_back(r.weights);
@@ -535,28 +545,34 @@ BOOST_AUTO_TEST_CASE(dtype_mismatch_is_rejected) {
   BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention(q, k32, q); }) ==
              "scaled_dot_product_attention: dtypes differ: q Float64, k Float32, v Float64");
   Tensor mask32 = ag::zeros({2, 2}, ag::Dtype::Float32);
-  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention(q, q, q, mask32); }) ==
-             "scaled_dot_product_attention: attn_mask dtype Float32 differs from q's Float64");
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention(q, q, q, {.attn_mask = mask32}); }) ==
+             "scaled_dot_product_attention: attn_mask dtype Float32 "
+             "differs from q's Float64");
 }
 
 BOOST_AUTO_TEST_CASE(mask_that_does_not_broadcast_is_rejected) {
   Tensor q = ag::zeros({2, 3, 4, 2}, F64), k = ag::zeros({2, 3, 5, 2}, F64);
-  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention(q, k, k, ag::zeros({5, 4}, F64)); }) ==
-             "scaled_dot_product_attention: attn_mask of shape [5, 4] does not broadcast to (B, H, T, S) = "
+  BOOST_TEST(error_of([&] {
+               ag::scaled_dot_product_attention(q, k, k, {.attn_mask = ag::zeros({5, 4}, F64)});
+             }) ==
+             "scaled_dot_product_attention: attn_mask of shape [5, 4] "
+             "does not broadcast to (B, H, T, S) = "
              "[2, 3, 4, 5]");
-  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, k, k, ag::zeros({3, 1, 1, 5}, F64)), std::invalid_argument);
-  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, k, k, ag::zeros({1, 2, 3, 4, 5}, F64)),
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, k, k, {.attn_mask = ag::zeros({3, 1, 1, 5}, F64)}),
+                    std::invalid_argument);
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, k, k, {.attn_mask = ag::zeros({1, 2, 3, 4, 5}, F64)}),
                     std::invalid_argument);
   // These do broadcast.
-  BOOST_CHECK_NO_THROW(ag::scaled_dot_product_attention(q, k, k, ag::zeros({5}, F64)));
-  BOOST_CHECK_NO_THROW(ag::scaled_dot_product_attention(q, k, k, ag::zeros({2, 1, 1, 5}, F64)));
-  BOOST_CHECK_NO_THROW(ag::scaled_dot_product_attention(q, k, k, ag::zeros({3, 4, 1}, F64)));
+  BOOST_CHECK_NO_THROW(ag::scaled_dot_product_attention(q, k, k, {.attn_mask = ag::zeros({5}, F64)}));
+  BOOST_CHECK_NO_THROW(ag::scaled_dot_product_attention(q, k, k, {.attn_mask = ag::zeros({2, 1, 1, 5}, F64)}));
+  BOOST_CHECK_NO_THROW(ag::scaled_dot_product_attention(q, k, k, {.attn_mask = ag::zeros({3, 4, 1}, F64)}));
 }
 
 BOOST_AUTO_TEST_CASE(causal_needs_square_scores) {
   Tensor q = ag::zeros({1, 1, 3, 2}, F64), k = ag::zeros({1, 1, 4, 2}, F64);
-  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention(q, k, k, Tensor(), true); }) ==
-             "scaled_dot_product_attention: is_causal needs as many queries as keys (T == S); got q [1, 1, 3, 2] "
+  BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention(q, k, k, {.is_causal = true}); }) ==
+             "scaled_dot_product_attention: is_causal needs as many "
+             "queries as keys (T == S); got q [1, 1, 3, 2] "
              "and k [1, 1, 4, 2]");
 }
 
@@ -567,9 +583,9 @@ BOOST_AUTO_TEST_CASE(other_shape_and_argument_errors) {
   BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention(q, ag::zeros({2, 2, 3, 2}, F64), q); }) ==
              "scaled_dot_product_attention: batch and head dims differ: q [1, 2, 3, 2], k [2, 2, 3, 2], v [1, 2, 3, 2]");
   BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, Tensor(), q), std::invalid_argument);
-  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, q, q, Tensor(), false, 0.0, 1.5), std::invalid_argument);
-  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, q, q, Tensor(), false, 0.0, -0.1), std::invalid_argument);
-  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, q, q, Tensor(), false, kInf), std::invalid_argument);
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, q, q, {.dropout_p = 1.5}), std::invalid_argument);
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, q, q, {.dropout_p = -0.1}), std::invalid_argument);
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention(q, q, q, {.scale = kInf}), std::invalid_argument);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -617,9 +633,11 @@ BOOST_AUTO_TEST_CASE(heads_last_matches_split_heads_forward_and_backward) {
       };
       ag::Generator gen_last(seed), gen_first(seed);
       ++seed;
-      auto last = ag::scaled_dot_product_attention_heads_last(q, k, v, c.H, mask, c.causal, 0.0, c.dropout, &gen_last);
-      auto first = ag::scaled_dot_product_attention(split_heads(q, c.H), split_heads(k, c.H), split_heads(v, c.H), mask,
-                                                    c.causal, 0.0, c.dropout, &gen_first);
+      auto last = ag::scaled_dot_product_attention_heads_last(
+          q, k, v, c.H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = &gen_last});
+      auto first = ag::scaled_dot_product_attention(
+          split_heads(q, c.H), split_heads(k, c.H), split_heads(v, c.H),
+          {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = &gen_first});
       BOOST_TEST(last.output.shape() == (ag::Shape{c.B, c.T, c.H * c.d_v}));
       BOOST_TEST(max_abs_diff(last.output, merge_heads(first.output)) < 1e-12);
       BOOST_TEST(max_abs_diff(last.weights, first.weights) < 1e-12);
@@ -635,7 +653,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_heads_last) {
   Tensor mask = randn64({3, 5}, 804, false);
   check_gradients(
       [mask](const std::vector<Tensor>& x) {
-        return both(ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2, mask));
+        return both(ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2, {.attn_mask = mask}));
       },
       {q, k, v});
 }
@@ -652,10 +670,10 @@ BOOST_AUTO_TEST_CASE(heads_last_argument_errors_name_the_op_and_shapes) {
              "scaled_dot_product_attention_heads_last: num_heads must be positive, got 0");
   const std::string causal = error_of([&] {
     ag::scaled_dot_product_attention_heads_last(q, ag::zeros({1, 5, 4}, F64), ag::zeros({1, 5, 4}, F64), 2,
-                                                Tensor(), true);
+                                                {.is_causal = true});
   });
   BOOST_TEST(causal.find("scaled_dot_product_attention_heads_last: is_causal needs as many queries as keys") == 0);
-  BOOST_CHECK_THROW(ag::scaled_dot_product_attention_heads_last(q, q, q, 2, ag::zeros({2, 3}, F64)),
+  BOOST_CHECK_THROW(ag::scaled_dot_product_attention_heads_last(q, q, q, 2, {.attn_mask = ag::zeros({2, 3}, F64)}),
                     std::invalid_argument);
   BOOST_CHECK_THROW(ag::scaled_dot_product_attention_heads_last(q, Tensor(), q, 2), std::invalid_argument);
 }
@@ -688,8 +706,10 @@ BOOST_AUTO_TEST_CASE(packed_matches_heads_last_forward_and_backward) {
       Tensor v = ag::narrow(qkv, 2, 2 * E, E).detach().clone().requires_grad_(true);
       ag::Generator gen_packed(seed), gen_last(seed);
       ++seed;
-      auto packed = ag::scaled_dot_product_attention_packed(qkv, c.H, mask, c.causal, 0.0, c.dropout, &gen_packed);
-      auto last = ag::scaled_dot_product_attention_heads_last(q, k, v, c.H, mask, c.causal, 0.0, c.dropout, &gen_last);
+      auto packed = ag::scaled_dot_product_attention_packed(
+          qkv, c.H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = &gen_packed});
+      auto last = ag::scaled_dot_product_attention_heads_last(
+          q, k, v, c.H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = &gen_last});
       BOOST_TEST(packed.output.shape() == (ag::Shape{c.B, c.T, E}));
       BOOST_TEST(max_abs_diff(packed.output, last.output) < 1e-12);
       BOOST_TEST(max_abs_diff(packed.weights, last.weights) < 1e-12);
@@ -716,7 +736,9 @@ BOOST_AUTO_TEST_CASE(gradcheck_packed) {
   Tensor qkv = randn64({2, 3, 12}, 951);
   Tensor mask = randn64({3, 3}, 952, false);
   check_gradients(
-      [mask](const std::vector<Tensor>& x) { return both(ag::scaled_dot_product_attention_packed(x[0], 2, mask)); },
+      [mask](const std::vector<Tensor>& x) {
+        return both(ag::scaled_dot_product_attention_packed(x[0], 2, {.attn_mask = mask}));
+      },
       {qkv});
 }
 
@@ -724,7 +746,7 @@ BOOST_AUTO_TEST_CASE(gradcheck_packed_causal_and_mask) {
   Tensor qkv = randn64({1, 4, 6}, 953), mask = randn64({1, 1, 4, 4}, 954);
   check_gradients(
       [](const std::vector<Tensor>& x) {
-        return both(ag::scaled_dot_product_attention_packed(x[0], 1, x[1], /*is_causal=*/true));
+        return both(ag::scaled_dot_product_attention_packed(x[0], 1, {.attn_mask = x[1], .is_causal = true}));
       },
       {qkv, mask});
 }
@@ -738,6 +760,7 @@ BOOST_AUTO_TEST_CASE(packed_argument_errors_name_the_op_and_shapes) {
              "scaled_dot_product_attention_packed: num_heads must be positive, got 0");
   BOOST_TEST(error_of([&] { ag::scaled_dot_product_attention_packed(Tensor(), 1); }) ==
              "scaled_dot_product_attention_packed: qkv is an undefined tensor (default-constructed: no value)");
-  BOOST_CHECK_THROW(ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 6}, F64), 1, ag::zeros({2, 3}, F64)),
-                    std::invalid_argument);
+  BOOST_CHECK_THROW(
+      ag::scaled_dot_product_attention_packed(ag::zeros({1, 3, 6}, F64), 1, {.attn_mask = ag::zeros({2, 3}, F64)}),
+      std::invalid_argument);
 }

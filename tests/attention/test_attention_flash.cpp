@@ -202,16 +202,16 @@ BOOST_AUTO_TEST_CASE(errors_are_those_of_the_untiled_op) {
     BOOST_TEST(with != "none");
     BOOST_TEST(with == without);
   };
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, bad_k, v, {}, false, 0, 0, nullptr, w); });
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, bad_mask, false, 0, 0, nullptr, w); });
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {}, true, 0, 0, nullptr, w); });
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {}, false, NAN, 0, nullptr, w); });
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {}, false, 0, 1.5, nullptr, w); });
-  const Tensor qkv = ag::zeros({1, 3, 10}, F64);
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention_packed(qkv, 2, {}, false, 0, 0, nullptr, w); });
-  const Tensor ql = ag::zeros({1, 3, 4}, F64), kl = ag::zeros({1, 5, 6}, F64);
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, bad_k, v, {.need_weights = w}); });
   both_fail_alike(
-      [&](bool w) { ag::scaled_dot_product_attention_heads_last(ql, kl, kl, 2, {}, false, 0, 0, nullptr, w); });
+      [&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.attn_mask = bad_mask, .need_weights = w}); });
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.is_causal = true, .need_weights = w}); });
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.scale = NAN, .need_weights = w}); });
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.dropout_p = 1.5, .need_weights = w}); });
+  const Tensor qkv = ag::zeros({1, 3, 10}, F64);
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention_packed(qkv, 2, {.need_weights = w}); });
+  const Tensor ql = ag::zeros({1, 3, 4}, F64), kl = ag::zeros({1, 5, 6}, F64);
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention_heads_last(ql, kl, kl, 2, {.need_weights = w}); });
 }
 
 BOOST_AUTO_TEST_CASE(multihead_attention_without_weights_runs_tiled) {

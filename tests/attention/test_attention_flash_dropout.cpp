@@ -33,14 +33,31 @@ ag::SdpaResult call_drop(const Case& c, const std::vector<Tensor>& in, bool need
   const Tensor mask = in.size() > n ? in[n] : Tensor();
   switch (c.layout) {
     case Layout::HeadsFirst:
-      return ag::scaled_dot_product_attention(in[0], in[1], in[2], mask, c.causal, c.scale, p, &gen, need_weights);
+      return ag::scaled_dot_product_attention(in[0], in[1], in[2],
+                                              {.attn_mask = mask,
+                                               .is_causal = c.causal,
+                                               .scale = c.scale,
+                                               .dropout_p = p,
+                                               .generator = &gen,
+                                               .need_weights = need_weights});
     case Layout::HeadsLast:
-      return ag::scaled_dot_product_attention_heads_last(in[0], in[1], in[2], c.H, mask, c.causal, c.scale, p, &gen,
-                                                         need_weights);
+      return ag::scaled_dot_product_attention_heads_last(in[0], in[1], in[2], c.H,
+                                                         {.attn_mask = mask,
+                                                          .is_causal = c.causal,
+                                                          .scale = c.scale,
+                                                          .dropout_p = p,
+                                                          .generator = &gen,
+                                                          .need_weights = need_weights});
     case Layout::Packed:
       break;
   }
-  return ag::scaled_dot_product_attention_packed(in[0], c.H, mask, c.causal, c.scale, p, &gen, need_weights);
+  return ag::scaled_dot_product_attention_packed(in[0], c.H,
+                                                 {.attn_mask = mask,
+                                                  .is_causal = c.causal,
+                                                  .scale = c.scale,
+                                                  .dropout_p = p,
+                                                  .generator = &gen,
+                                                  .need_weights = need_weights});
 }
 
 // (B, H, L, d) of an operand laid out as the case's layout (packed: `which` of q, k, v).
@@ -183,7 +200,8 @@ BOOST_AUTO_TEST_CASE(the_mask_is_the_stream_at_any_tile_size_and_thread_count) {
       test_support::ThreadCount tc(threads);
       ag::Generator gen(33);
       const std::int64_t before = ag::sdpa::tiled_calls();
-      const Tensor o = ag::scaled_dot_product_attention(q, k, v, Tensor(), false, 0.0, p, &gen, false).output;
+      const Tensor o =
+          ag::scaled_dot_product_attention(q, k, v, {.dropout_p = p, .generator = &gen, .need_weights = false}).output;
       BOOST_TEST(ag::sdpa::tiled_calls() == before + 1);
       BOOST_TEST(gen.state() == seed_gen.state());  // one draw for the whole call
       const std::vector<double> ov = o.to_vector();

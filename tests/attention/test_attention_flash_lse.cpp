@@ -33,7 +33,8 @@ Result attend(ag::Dtype dtype, double offset, bool need_weights) {
   std::vector<double> m = ag::randn({B, 1, 1, T}, ag::Dtype::Float64, g).to_vector();
   std::fill(m.begin() + T, m.end(), offset);
   ag::Tensor mask = ag::tensor(m, {B, 1, 1, T}, dtype).requires_grad_();
-  const ag::Tensor out = ag::scaled_dot_product_attention(q, k, v, mask, false, 0.0, 0.0, nullptr, need_weights).output;
+  const ag::Tensor out =
+      ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .need_weights = need_weights}).output;
   ag::Generator gw(6);
   const ag::Tensor dout = ag::randn(out.shape(), dtype, gw);
   ag::sum(out * dout).backward();

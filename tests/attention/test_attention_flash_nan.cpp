@@ -39,7 +39,7 @@ Outcome attend(Where where, ag::Dtype dtype, bool need_weights) {
   ag::Tensor q = ag::tensor(qv, {1, 1, 1024, 4}, dtype).requires_grad_();
   const ag::Tensor k = ag::tensor(kv, {1, 1, 1024, 4}, dtype);
   const ag::Tensor out =
-      ag::scaled_dot_product_attention(q, k, x, m, false, 0.0, 0.0, nullptr, need_weights).output;
+      ag::scaled_dot_product_attention(q, k, x, {.attn_mask = m, .need_weights = need_weights}).output;
   ag::sum(out).backward();
   return {out.to_vector(), q.grad().to_vector()};
 }
@@ -87,7 +87,7 @@ BOOST_AUTO_TEST_CASE(finite_inputs_give_no_nan_on_the_tiled_core) {
   // Control: the NaN above comes from the bad value, not from the tiled core itself.
   ag::Generator g(3);
   const ag::Tensor x = ag::randn({1, 1, 1024, 4}, ag::Dtype::Float64, g);
-  const ag::Tensor out = ag::scaled_dot_product_attention(x, x, x, ag::Tensor(), false, 0.0, 0.0, nullptr, false).output;
+  const ag::Tensor out = ag::scaled_dot_product_attention(x, x, x, {.need_weights = false}).output;
   BOOST_TEST(nans(out.to_vector()) == 0u);
 }
 
@@ -104,29 +104,33 @@ BOOST_AUTO_TEST_CASE(a_mask_holding_nan_or_plus_inf_is_refused_on_both_cores_nam
       const ag::Tensor m = ag::tensor(mv, {1024, 1024}, dtype);
       const std::string what = std::isnan(bad) ? "NaN" : "+inf";
       for (bool need_weights : {true, false}) {  // the untiled and the tiled core
-        const std::string msg = test_message([&] {
-          ag::scaled_dot_product_attention(x, x, x, m, false, 0.0, 0.0, nullptr, need_weights);
-        });
+        const std::string msg = test_message(
+            [&] { ag::scaled_dot_product_attention(x, x, x, {.attn_mask = m, .need_weights = need_weights}); });
         BOOST_TEST(msg == "scaled_dot_product_attention: attn_mask of shape [1024, 1024] holds " + what +
                               " at index [3, 5]; it may hold finite numbers and -inf (blocked)");
       }
       // a (B, H, T, S) mask names its 4-D index; the heads-last and packed entry points check alike
       const ag::Tensor m4 = ag::reshape(m, {1, 1, 1024, 1024});
-      BOOST_TEST(test_message([&] { ag::scaled_dot_product_attention(x, x, x, m4, false, 0.0, 0.0, nullptr, false); })
-                     .find("[1, 1, 1024, 1024] holds " + what + " at index [0, 0, 3, 5]") != std::string::npos);
+      BOOST_TEST(test_message([&] {
+                   ag::scaled_dot_product_attention(x, x, x, {.attn_mask = m4, .need_weights = false});
+                 }).find("[1, 1, 1024, 1024] holds " + what + " at index [0, 0, 3, 5]") != std::string::npos);
       const ag::Tensor rows = ag::reshape(x, {1, 1024, 4});
-      BOOST_TEST(test_message([&] { ag::scaled_dot_product_attention_heads_last(rows, rows, rows, 2, m); })
-                     .find("scaled_dot_product_attention_heads_last: attn_mask of shape [1024, 1024] holds " + what) !=
-                 std::string::npos);
+      BOOST_TEST(
+          test_message([&] { ag::scaled_dot_product_attention_heads_last(rows, rows, rows, 2, {.attn_mask = m}); })
+              .find("scaled_dot_product_attention_heads_last: attn_mask "
+                    "of shape [1024, 1024] holds " +
+                    what) != std::string::npos);
       const ag::Tensor qkv = ag::cat({rows, rows, rows}, 2);
-      BOOST_TEST(test_message([&] { ag::scaled_dot_product_attention_packed(qkv, 2, m); })
-                     .find("scaled_dot_product_attention_packed: attn_mask of shape [1024, 1024] holds " + what) !=
-                 std::string::npos);
+      BOOST_TEST(test_message([&] { ag::scaled_dot_product_attention_packed(qkv, 2, {.attn_mask = m}); })
+                     .find("scaled_dot_product_attention_packed: attn_mask of "
+                           "shape [1024, 1024] holds " +
+                           what) != std::string::npos);
     }
     // a mask of finite values and -inf passes (control)
     std::vector<double> ok(1024 * 1024, 0.5);
     ok[5] = -inf;
-    const ag::Tensor out = ag::scaled_dot_product_attention(x, x, x, ag::tensor(ok, {1024, 1024}, dtype)).output;
+    const ag::Tensor out =
+        ag::scaled_dot_product_attention(x, x, x, {.attn_mask = ag::tensor(ok, {1024, 1024}, dtype)}).output;
     BOOST_TEST(nans(out.to_vector()) == 0u);
   }
 }
@@ -142,7 +146,7 @@ BOOST_AUTO_TEST_CASE(the_mask_check_finds_a_bad_entry_anywhere_in_the_mask) {
       mv[static_cast<std::size_t>(at)] = std::numeric_limits<double>::infinity();
       const ag::Tensor m = ag::tensor(mv, shape, ag::Dtype::Float64);
       const std::string index = fmt::format("[{}, {}, {}, {}]", at / (H * T * S), at / (T * S) % H, at / S % T, at % S);
-      const std::string msg = test_message([&] { ag::scaled_dot_product_attention(q, k, k, m); });
+      const std::string msg = test_message([&] { ag::scaled_dot_product_attention(q, k, k, {.attn_mask = m}); });
       BOOST_REQUIRE_MESSAGE(msg.find("holds +inf at index " + index) != std::string::npos, at << ": " << msg);
     }
   }

@@ -27,7 +27,7 @@ void step(std::int64_t T, std::int64_t S) {
   ag::Generator g(1);
   ag::Tensor q = ag::randn({1, 1, T, 64}, ag::Dtype::Float32, g).requires_grad_();
   const ag::Tensor k = ag::randn({1, 1, S, 64}, ag::Dtype::Float32, g);
-  const ag::Tensor out = ag::scaled_dot_product_attention(q, k, k, ag::Tensor(), false, 0.0, 0.0, nullptr, false).output;
+  const ag::Tensor out = ag::scaled_dot_product_attention(q, k, k, {.need_weights = false}).output;
   ag::sum(out).backward();
 }
 

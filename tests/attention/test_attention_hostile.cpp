@@ -56,7 +56,9 @@ Result run(const Case& c, ag::Dtype dt, bool need_weights, int layout, std::uint
   if (c.has_mask) m = make_mask(c.mask, dt, seed + 1).requires_grad_();
   ag::Tensor out;
   if (layout == 0) {
-    out = ag::scaled_dot_product_attention(q, k, v, m, c.causal, scale, 0.0, nullptr, need_weights).output;
+    out = ag::scaled_dot_product_attention(
+              q, k, v, {.attn_mask = m, .is_causal = c.causal, .scale = scale, .need_weights = need_weights})
+              .output;
   } else {
     // heads last: (B, L, H·d) from (B, H, L, d)
     auto hl = [&](const ag::Tensor& x) {
@@ -64,13 +66,15 @@ Result run(const Case& c, ag::Dtype dt, bool need_weights, int layout, std::uint
     };
     ag::Tensor o;
     if (layout == 1) {
-      o = ag::scaled_dot_product_attention_heads_last(hl(q), hl(k), hl(v), c.H, m, c.causal, scale, 0.0, nullptr,
-                                                      need_weights)
+      o = ag::scaled_dot_product_attention_heads_last(
+              hl(q), hl(k), hl(v), c.H,
+              {.attn_mask = m, .is_causal = c.causal, .scale = scale, .need_weights = need_weights})
               .output;
     } else {
       const ag::TensorList parts = {hl(q), hl(k), hl(v)};
-      o = ag::scaled_dot_product_attention_packed(ag::cat(parts, 2), c.H, m, c.causal, scale, 0.0, nullptr,
-                                                  need_weights)
+      o = ag::scaled_dot_product_attention_packed(
+              ag::cat(parts, 2), c.H,
+              {.attn_mask = m, .is_causal = c.causal, .scale = scale, .need_weights = need_weights})
               .output;
     }
     out = ag::permute(ag::reshape(o, {c.B, c.T, c.H, c.d}), {0, 2, 1, 3});

@@ -78,7 +78,8 @@ std::vector<double> weights(const Case& c, const Inputs& in, ag::Dtype dtype) {
   const ag::Tensor q = make(in.q, {c.B, c.H, c.T, c.d}, dtype), k = make(in.k, {c.B, c.H, c.S, c.d}, dtype);
   const ag::Tensor v = make(in.v, {c.B, c.H, c.S, c.d}, dtype);
   const ag::Tensor mask = in.mask.empty() ? ag::Tensor() : make(in.mask, {c.T, c.S}, dtype);
-  const ag::Tensor w = ag::scaled_dot_product_attention(q, k, v, mask, c.causal).weights.to(ag::Dtype::Float64);
+  const ag::Tensor w = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .is_causal = c.causal})
+                           .weights.to(ag::Dtype::Float64);
   const double* p = w.data<double>();
   return {p, p + w.numel()};
 }
@@ -153,7 +154,8 @@ BOOST_AUTO_TEST_CASE(float32_output_and_gradients_follow_float64) {
       ag::Tensor k = make(in.k, {c.B, c.H, c.S, c.d}, dt).requires_grad_();
       ag::Tensor v = make(in.v, {c.B, c.H, c.S, c.d}, dt).requires_grad_();
       const ag::Tensor mask = in.mask.empty() ? ag::Tensor() : make(in.mask, {c.T, c.S}, dt);
-      const ag::Tensor out = ag::scaled_dot_product_attention(q, k, v, mask, c.causal).output;
+      const ag::Tensor out =
+          ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .is_causal = c.causal}).output;
       ag::sum(out * out).backward();
       for (const ag::Tensor& x : {out, q.grad(), k.grad(), v.grad()}) {
         const ag::Tensor x64 = x.to(ag::Dtype::Float64);
@@ -179,8 +181,8 @@ BOOST_AUTO_TEST_CASE(a_causal_float_mask_gives_the_bits_of_is_causal) {
   std::vector<double> mask(static_cast<std::size_t>(c.T * c.S), 0.0);
   for (std::int64_t i = 0; i < c.T; ++i)
     for (std::int64_t j = i + 1; j < c.S; ++j) mask[i * c.S + j] = -std::numeric_limits<double>::infinity();
-  const ag::SdpaResult flag = ag::scaled_dot_product_attention(q, k, v, ag::Tensor(), true);
-  const ag::SdpaResult masked = ag::scaled_dot_product_attention(q, k, v, ag::tensor(mask, {c.T, c.S}), false);
+  const ag::SdpaResult flag = ag::scaled_dot_product_attention(q, k, v, {.is_causal = true});
+  const ag::SdpaResult masked = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = ag::tensor(mask, {c.T, c.S})});
   BOOST_TEST(ag::max(ag::abs(flag.output - masked.output)).item<float>() == 0.f);
   BOOST_TEST(ag::max(ag::abs(flag.weights - masked.weights)).item<float>() == 0.f);
 }

@@ -141,11 +141,14 @@ ag::SdpaResult run_op(const Case& c, const TensorList& x, const Tensor& fixed_ma
   const Tensor mask = learned(c.mask) ? x[packed ? 1 : 3] : fixed_mask;
   switch (c.layout) {
     case Layout::HeadsFirst:
-      return ag::scaled_dot_product_attention(x[0], x[1], x[2], mask, c.causal, 0.0, c.dropout, gen);
+      return ag::scaled_dot_product_attention(
+          x[0], x[1], x[2], {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = gen});
     case Layout::HeadsLast:
-      return ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], H, mask, c.causal, 0.0, c.dropout, gen);
+      return ag::scaled_dot_product_attention_heads_last(
+          x[0], x[1], x[2], H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = gen});
     case Layout::Packed:
-      return ag::scaled_dot_product_attention_packed(x[0], H, mask, c.causal, 0.0, c.dropout, gen);
+      return ag::scaled_dot_product_attention_packed(
+          x[0], H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = gen});
   }
   throw std::logic_error("layout");
 }
@@ -300,7 +303,7 @@ BOOST_AUTO_TEST_CASE(t_differs_from_s_and_d_v_from_d_k) {
   Tensor bias = randn64({1, 2, 1, 5}, 44);
   const auto r = ag::gradgradcheck(
       [](const TensorList& x) {
-        const auto a = ag::scaled_dot_product_attention(x[0], x[1], x[2], x[3], false, 0.7);
+        const auto a = ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = x[3], .scale = 0.7});
         return ag::cat({flat(a.output), flat(a.weights)}, 0);
       },
       {q, k, v, bias});

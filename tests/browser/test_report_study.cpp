@@ -1,4 +1,4 @@
-// train_heads' measurements for its report (examples/report_study), each against a second route:
+// train_heads' measurements for its report (examples/train_heads/report_study), each against a second route:
 // zero ablation of a head against the same model with that head's rows of W_O set to 0, mean
 // ablation on identical sequences (no change), dL/dA against study mode, patching against the
 // metrics computed directly, per position against per head, and with one head against the whole

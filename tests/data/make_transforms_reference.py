@@ -12,7 +12,7 @@ Cases (each function written here as the C++ test writes it with ag ops):
     softmax    f(x, W) = (softmax(x @ W, -1),)
     layer_norm f(x, w, b) = (layer_norm(x, [D], w, b, eps=1e-5),)  (composed from ops in torch: see below)
     attention  f(q, k, v) = (softmax(q kᵀ / sqrt(d) with the causal mask) v,)  (B, H, T, d)
-               (headgrad's ag::scaled_dot_product_attention(q, k, v, {}, is_causal=True))
+               (headgrad's ag::scaled_dot_product_attention(q, k, v, {.is_causal = true}))
 For each case, with inputs x_i, tangents t_i and cotangents u_j drawn from a seeded generator:
     <case>.input.<i>, <case>.tangent.<i>, <case>.cotangent.<j>
     <case>.output.<j>        f(x)

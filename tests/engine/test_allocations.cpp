@@ -80,7 +80,7 @@ std::uint64_t allocations_of(F&& f, int warmup = 3, int calls = 10) {
   return g_allocations.load() - before;
 }
 
-// The toy example's model (examples/train_heads.cpp): embeddings, one pre-LN transformer block,
+// The toy example's model (examples/train_heads/): embeddings, one pre-LN transformer block,
 // a final LayerNorm and a readout.
 struct ToyModel : nn::Module {
   std::shared_ptr<nn::Embedding> tok, pos;

@@ -57,7 +57,7 @@ BOOST_AUTO_TEST_CASE(walks_on_two_threads_reaching_one_interior_node_are_exact_o
     for (int i = 0; i < kIterations; ++i) {
       Tensor loss = ag::sum(shared * 1.0);
       try {
-        loss.backward(/*retain_graph=*/true);
+        loss.backward({.retain_graph = true});
         ++ran;
       } catch (const std::runtime_error& e) {
         const std::string what = e.what();
@@ -82,8 +82,8 @@ BOOST_AUTO_TEST_CASE(walks_on_two_threads_reaching_one_interior_node_are_exact_o
   BOOST_CHECK_CLOSE_FRACTION(g[1], ran.load() * std::exp(-0.25), 1e-12);
   // Walked one after the other, the shared node is no problem.
   x.set_grad(Tensor());
-  ag::sum(shared * 1.0).backward(true);
-  std::thread([&] { ag::sum(shared * 2.0).backward(true); }).join();
+  ag::sum(shared * 1.0).backward({.retain_graph = true});
+  std::thread([&] { ag::sum(shared * 2.0).backward({.retain_graph = true}); }).join();
   BOOST_CHECK_CLOSE_FRACTION(x.grad().to_vector()[0], 3.0 * std::exp(0.5), 1e-12);
 }
 

@@ -219,12 +219,12 @@ BOOST_AUTO_TEST_CASE(attention_core) {
     Tensor q = leaf({4, 4, 96, 32}, gen), k = leaf({4, 4, 96, 32}, gen), v = leaf({4, 4, 96, 32}, gen);
     Tensor mask = leaf({96, 96}, gen);
     ag::Generator drop(11);
-    auto r1 = ag::scaled_dot_product_attention(q, k, v, mask, false, 0.0, 0.1, &drop);
-    auto r2 = ag::scaled_dot_product_attention(q, k, v, Tensor(), true);
+    auto r1 = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .dropout_p = 0.1, .generator = &drop});
+    auto r2 = ag::scaled_dot_product_attention(q, k, v, {.is_causal = true});
     Tensor ql = leaf({4, 96, 128}, gen), kl = leaf({4, 96, 128}, gen), vl = leaf({4, 96, 128}, gen);
-    auto r3 = ag::scaled_dot_product_attention_heads_last(ql, kl, vl, 4, Tensor(), true);
+    auto r3 = ag::scaled_dot_product_attention_heads_last(ql, kl, vl, 4, {.is_causal = true});
     Tensor qkv = leaf({4, 96, 384}, gen);
-    auto r4 = ag::scaled_dot_product_attention_packed(qkv, 4, mask);
+    auto r4 = ag::scaled_dot_product_attention_packed(qkv, 4, {.attn_mask = mask});
     return with_grads({r1.output, r1.weights, r2.output, r3.output, r4.output}, {q, k, v, mask, ql, kl, vl, qkv}, gen);
   });
 }

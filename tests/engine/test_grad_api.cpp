@@ -198,7 +198,7 @@ BOOST_AUTO_TEST_CASE(derivatives_to_any_order) {
 BOOST_AUTO_TEST_CASE(backward_with_create_graph_leaves_a_differentiable_grad) {
   Tensor x = vec({1.0, -2.0});
   Tensor y = ag::sum(x * x * x);
-  y.backward(/*retain_graph=*/false, /*create_graph=*/true);
+  y.backward({.create_graph = true});
   const Tensor g = x.grad();  // 3x², part of a graph
   check_values(g, {2}, {3.0, 12.0});
   BOOST_TEST(g.requires_grad());

@@ -185,7 +185,7 @@ BOOST_AUTO_TEST_CASE(in_place_change_of_a_saved_non_leaf) {
 BOOST_AUTO_TEST_CASE(in_place_change_of_a_leaf_like_an_optimizer_step) {
   Tensor x = vec({1.0, 2.0});
   Tensor y = ag::sum(x * x * x);
-  y.backward(false, true);
+  y.backward({.create_graph = true});
   const Tensor g = x.grad();
   {
     ag::NoGradGuard off;
@@ -213,7 +213,7 @@ BOOST_AUTO_TEST_CASE(set_data_on_a_leaf_between_backwards) {
 BOOST_AUTO_TEST_CASE(first_order_backward_into_a_create_graph_grad) {
   // .grad from a create_graph backward, then a first-order one adds into it.
   Tensor x = vec({1.0, 2.0});
-  ag::sum(x * x * x).backward(false, true);
+  ag::sum(x * x * x).backward({.create_graph = true});
   const Tensor first = x.grad();  // 3x², with a graph
   const Tensor penalty = ag::sum(first * first);  // saves `first`
   ag::sum(x * x).backward();  // adds 2x
@@ -231,7 +231,7 @@ BOOST_AUTO_TEST_CASE(first_order_backward_into_a_create_graph_grad) {
 BOOST_AUTO_TEST_CASE(create_graph_backward_onto_a_first_order_grad) {
   Tensor x = vec({1.0, 2.0});
   ag::sum(x * x).backward();  // .grad = 2x, no graph
-  ag::sum(x * x * x).backward(false, true);  // + 3x², with a graph
+  ag::sum(x * x * x).backward({.create_graph = true});  // + 3x², with a graph
   const Tensor g = x.grad();
   check_values(g, {2}, {2.0 + 3.0, 4.0 + 12.0});
   BOOST_TEST(g.requires_grad());
@@ -340,7 +340,7 @@ BOOST_AUTO_TEST_CASE(dropped_create_graph_results_free_their_graphs) {
   BOOST_TEST(forward_node.expired());
   BOOST_TEST(backward_node.expired());
   {
-    ag::sum(x * x * x).backward(false, true);  // .grad holds the graph of the backward ...
+    ag::sum(x * x * x).backward({.create_graph = true});  // .grad holds the graph of the backward ...
     backward_node = x.grad().grad_fn();
   }
   BOOST_TEST(!backward_node.expired());
@@ -491,7 +491,7 @@ BOOST_AUTO_TEST_CASE(retain_grad_under_create_graph) {
   Tensor x = vec({1.0, 2.0});
   Tensor h = x * x;
   h.retain_grad();
-  ag::sum(h * h * x).backward(false, true);  // dL/dh = 2 h x = 2x³
+  ag::sum(h * h * x).backward({.create_graph = true});  // dL/dh = 2 h x = 2x³
   check_values(h.grad(), {2}, {2.0, 16.0});
   BOOST_TEST(h.grad().requires_grad());
   const Tensor d = ag::grad({ag::sum(h.grad())}, {x})[0];  // d(Σ 2x³)/dx = 6x²

@@ -55,7 +55,7 @@ BOOST_AUTO_TEST_CASE(second_backward_over_freed_graph_throws) {
 BOOST_AUTO_TEST_CASE(retain_graph_allows_a_second_walk) {
   Tensor x = leaf({1.0, 2.0}, {2});
   Tensor z = ag::sum(x * x);
-  z.backward(/*retain_graph=*/true);
+  z.backward({.retain_graph = true});
   z.backward();
   check_values(x.grad(), {4.0, 8.0});
 }
@@ -248,7 +248,7 @@ BOOST_AUTO_TEST_CASE(to_dot_names_ops_and_leaves) {
   Tensor x = leaf({1.0, 2.0}, {2});
   x.set_name("x");
   Tensor z = ag::sum(ag::exp(x) * x);
-  z.backward(true);
+  z.backward({.retain_graph = true});
   const std::string dot = ag::to_dot(z);
   BOOST_CHECK(dot.find("digraph") != std::string::npos);
   BOOST_CHECK(dot.find("exp") != std::string::npos);

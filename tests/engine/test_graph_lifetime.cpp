@@ -90,8 +90,8 @@ BOOST_AUTO_TEST_CASE(a_million_node_chain_kept_by_retain_graph_is_walked_twice_a
   on_small_stack([] {
     Tensor x = leaf(1.0);
     Tensor loss = long_chain(x);
-    loss.backward(/*retain_graph=*/true);
-    loss.backward(/*retain_graph=*/true);
+    loss.backward({.retain_graph = true});
+    loss.backward({.retain_graph = true});
     BOOST_CHECK_CLOSE_FRACTION(x.grad().item(), 2.0 * chain_gradient(), 1e-9);
     loss = Tensor();  // the retained chain is freed here
   });
@@ -118,7 +118,7 @@ BOOST_AUTO_TEST_CASE(a_wide_graph_is_dropped_too) {
       for (int k = 0; k < 100; ++k) branch = branch * 1.0;
       total = total + branch;
     }
-    total.backward(/*retain_graph=*/true);
+    total.backward({.retain_graph = true});
     BOOST_CHECK_EQUAL(x.grad().item(), 2000.0);
   });
 }

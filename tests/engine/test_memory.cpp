@@ -150,7 +150,7 @@ BOOST_AUTO_TEST_CASE(the_graph_of_a_step_dies_with_its_loss) {
     Tensor loss = ag::sum(model.forward(x, {}));
     graph = loss.grad_fn();
     BOOST_TEST(!graph.expired());
-    loss.backward(/*retain_graph=*/true);  // even a retained graph goes with its last tensor
+    loss.backward({.retain_graph = true});  // even a retained graph goes with its last tensor
   }
   BOOST_TEST(graph.expired());
 }

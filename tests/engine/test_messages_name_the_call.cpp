@@ -58,19 +58,16 @@ BOOST_AUTO_TEST_CASE(attention_refuses_weights_too_large_to_count_naming_the_att
   // (B, H, T, S) = (2^20, 2^20, 2^12, 2^12) with empty heads: the weights would have 2^64 entries.
   const Tensor q = ag::zeros({k2p20, k2p20, k2p12, 0});
   const std::string want = "shape [1048576, 1048576, 4096, 4096] has more elements than a 64-bit count can hold";
-  const std::string m = error_of([&] {
-    (void)ag::scaled_dot_product_attention(q, q, q, Tensor(), false, 0.0, 0.0, nullptr, /*need_weights=*/true);
-  });
+  const std::string m = error_of([&] { (void)ag::scaled_dot_product_attention(q, q, q, {.need_weights = true}); });
   BOOST_TEST(m == "scaled_dot_product_attention: " + want);
   ag::Generator gen(1);
   const std::string d = error_of([&] {
-    (void)ag::scaled_dot_product_attention(q, q, q, Tensor(), false, 0.0, 0.5, &gen, /*need_weights=*/true);
+    (void)ag::scaled_dot_product_attention(q, q, q, {.dropout_p = 0.5, .generator = &gen, .need_weights = true});
   });
   BOOST_TEST(d == "scaled_dot_product_attention: " + want);
   const Tensor ql = ag::zeros({k2p20, k2p12, 0});  // heads last: (B, T, H·d) with H = 2^20, d = 0
-  const std::string h = error_of([&] {
-    (void)ag::scaled_dot_product_attention_heads_last(ql, ql, ql, k2p20, Tensor(), false, 0.0, 0.0, nullptr, true);
-  });
+  const std::string h =
+      error_of([&] { (void)ag::scaled_dot_product_attention_heads_last(ql, ql, ql, k2p20, {.need_weights = true}); });
   BOOST_TEST(h == "scaled_dot_product_attention_heads_last: " + want);
 }
 

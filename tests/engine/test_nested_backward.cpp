@@ -97,7 +97,7 @@ BOOST_AUTO_TEST_CASE(nested_walks_sharing_interior_nodes_with_retain_graph) {
   Tensor inner = ag::sum(e * 5.0);
   Tensor a = e * 2.0;
   a.register_hook([&](const Tensor&) {
-    inner.backward(/*retain_graph=*/true);
+    inner.backward({.retain_graph = true});
     return Tensor();
   });
   (ag::sum(a) + ag::sum(x * 4.0)).backward();

@@ -695,7 +695,7 @@ class GraphBuilder {
                   auto q = ag::reshape(p[a], {-1, 1, T, dk});
                   auto kk = ag::expand(p[k], {q.size(0), 1, p[k].size(2), dk});
                   auto vv = ag::expand(p[v], {q.size(0), 1, p[v].size(2), p[v].size(3)});
-                  auto r2 = ag::scaled_dot_product_attention(q, kk, vv, mask, causal);
+                  auto r2 = ag::scaled_dot_product_attention(q, kk, vv, {.attn_mask = mask, .is_causal = causal});
                   return TensorList{r2.output, r2.weights};
                 }) >= 0;
   }

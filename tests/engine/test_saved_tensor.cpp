@@ -144,7 +144,7 @@ BOOST_AUTO_TEST_CASE(changing_a_tensor_saved_by_a_custom_function_names_it) {
 BOOST_AUTO_TEST_CASE(a_second_backward_after_a_change_throws_even_when_the_first_passed) {
   Tensor x = leaf({1, 2}, {2});
   Tensor loss = ag::sum(ag::exp(x) * x);
-  BOOST_CHECK_NO_THROW(loss.backward(/*retain_graph=*/true));
+  BOOST_CHECK_NO_THROW(loss.backward({.retain_graph = true}));
   bump(x, 1.0);
   BOOST_CHECK_THROW(loss.backward(), std::runtime_error);
 }

@@ -54,7 +54,7 @@ TensorList f_matmul(const TensorList& x) {
 TensorList f_softmax(const TensorList& x) { return {ag::softmax(ag::matmul(x[0], x[1]), -1)}; }
 TensorList f_layer_norm(const TensorList& x) { return {ag::layer_norm(x[0], {x[0].size(-1)}, x[1], x[2])}; }
 TensorList f_attention_causal(const TensorList& x) {
-  return {ag::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true).output};
+  return {ag::scaled_dot_product_attention(x[0], x[1], x[2], {.is_causal = true}).output};
 }
 
 // The cases of the finite-difference and dot-product checks.
@@ -66,7 +66,7 @@ std::vector<Case> cases() {
   // Both results of the attention op (output and weights), with a learned additive mask.
   c.push_back({"attention (output and weights, learned mask)",
                [](const TensorList& x) {
-                 const auto r = ag::scaled_dot_product_attention(x[0], x[1], x[2], x[3]);
+                 const auto r = ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = x[3]});
                  return TensorList{r.output, r.weights};
                },
                {randn64({2, 2, 3, 2}, 8), randn64({2, 2, 4, 2}, 9), randn64({2, 2, 4, 3}, 10), randn64({3, 4}, 11)}});
@@ -77,12 +77,13 @@ std::vector<Case> cases() {
                  return TensorList{ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2).output};
                },
                {randn64({2, 3, 4}, 15), randn64({2, 4, 4}, 16), randn64({2, 4, 6}, 17)}});
-  c.push_back({"attention packed, causal, no weights",
-               [](const TensorList& x) {
-                 return TensorList{
-                     ag::scaled_dot_product_attention_packed(x[0], 2, Tensor(), true, 0.0, 0.0, nullptr, false).output};
-               },
-               {randn64({2, 3, 12}, 18)}});
+  c.push_back(
+      {"attention packed, causal, no weights",
+       [](const TensorList& x) {
+         return TensorList{
+             ag::scaled_dot_product_attention_packed(x[0], 2, {.is_causal = true, .need_weights = false}).output};
+       },
+       {randn64({2, 3, 12}, 18)}});
   return c;
 }
 

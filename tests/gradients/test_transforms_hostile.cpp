@@ -119,7 +119,7 @@ BOOST_AUTO_TEST_CASE(pruned_grad_matches_backward_through_multi_input_ops) {
   check_pruned_against_backward(
       "attention with mask",
       [](const TensorList& x) {
-        const auto r = ag::scaled_dot_product_attention(x[0], x[1], x[2], x[3]);
+        const auto r = ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = x[3]});
         return ag::add(ag::sum(r.output), ag::sum(ag::mul(r.weights, r.weights)));
       },
       {randn64({1, 2, 3, 2}, 18), randn64({1, 2, 4, 2}, 19), randn64({1, 2, 4, 3}, 20), randn64({3, 4}, 21)});
@@ -134,26 +134,26 @@ BOOST_AUTO_TEST_CASE(pruned_grad_matches_backward_through_multi_input_ops) {
   check_pruned_against_backward(
       "flash attention with mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention(x[0], x[1], x[2], x[3], false, 0.0, 0.0, nullptr, false).output;
+        return ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = x[3], .need_weights = false}).output;
       },
       {randn64({1, 2, 64, 4}, 32), randn64({1, 2, 64, 4}, 33), randn64({1, 2, 64, 3}, 34), randn64({64, 64}, 35)});
-  check_pruned_against_backward(
-      "packed attention with mask",
-      [](const TensorList& x) {
-        const auto r = ag::scaled_dot_product_attention_packed(x[0], 2, x[1]);
-        return ag::add(ag::sum(r.output), ag::sum(ag::square(r.weights)));
-      },
-      {randn64({1, 5, 12}, 36), randn64({5, 5}, 37)});
-  check_pruned_against_backward(
-      "packed flash attention with mask",
-      [](const TensorList& x) {
-        return ag::scaled_dot_product_attention_packed(x[0], 2, x[1], true, 0.0, 0.0, nullptr, false).output;
-      },
-      {randn64({1, 64, 12}, 38), randn64({64, 64}, 39)});
+  check_pruned_against_backward("packed attention with mask",
+                                [](const TensorList& x) {
+                                  const auto r = ag::scaled_dot_product_attention_packed(x[0], 2, {.attn_mask = x[1]});
+                                  return ag::add(ag::sum(r.output), ag::sum(ag::square(r.weights)));
+                                },
+                                {randn64({1, 5, 12}, 36), randn64({5, 5}, 37)});
+  check_pruned_against_backward("packed flash attention with mask",
+                                [](const TensorList& x) {
+                                  return ag::scaled_dot_product_attention_packed(
+                                             x[0], 2, {.attn_mask = x[1], .is_causal = true, .need_weights = false})
+                                      .output;
+                                },
+                                {randn64({1, 64, 12}, 38), randn64({64, 64}, 39)});
   check_pruned_against_backward(
       "heads-last attention with mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2, x[3]).output;
+        return ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2, {.attn_mask = x[3]}).output;
       },
       {randn64({1, 3, 4}, 40), randn64({1, 4, 4}, 41), randn64({1, 4, 6}, 42), randn64({3, 4}, 43)});
   check_pruned_against_backward(
@@ -181,10 +181,11 @@ BOOST_AUTO_TEST_CASE(pruned_grad_matches_backward_through_multi_input_ops) {
         return ag::linear_cat(x[0], ws);
       },
       {randn64({2, 3}, 55), randn64({3, 2}, 56), randn64({3, 1}, 57), randn64({3, 3}, 58)});
-  check_pruned_against_backward(
-      "attention causal",
-      [](const TensorList& x) { return ag::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true).output; },
-      {randn64({1, 2, 3, 2}, 22), randn64({1, 2, 3, 2}, 23), randn64({1, 2, 3, 2}, 24)});
+  check_pruned_against_backward("attention causal",
+                                [](const TensorList& x) {
+                                  return ag::scaled_dot_product_attention(x[0], x[1], x[2], {.is_causal = true}).output;
+                                },
+                                {randn64({1, 2, 3, 2}, 22), randn64({1, 2, 3, 2}, 23), randn64({1, 2, 3, 2}, 24)});
 }
 
 // The gradient reaches x only through nodes whose other inputs (w, c, b) require grad but are not
@@ -527,7 +528,7 @@ BOOST_AUTO_TEST_CASE(mixed_dtypes) {
 BOOST_AUTO_TEST_CASE(transforms_agree_with_central_differences_under_pruning) {
   const auto f = [](const TensorList& a) {
     const Tensor n = ag::layer_norm(a[0], {2}, a[3], Tensor());
-    const auto r = ag::scaled_dot_product_attention(n, a[1], a[2], Tensor(), true);
+    const auto r = ag::scaled_dot_product_attention(n, a[1], a[2], {.is_causal = true});
     return ag::sum(ag::mul(r.output, r.output));
   };
   const TensorList vals{randn64({1, 1, 3, 2}, 1), randn64({1, 1, 3, 2}, 2), randn64({1, 1, 3, 2}, 3), randn64({2}, 4)};
@@ -905,25 +906,28 @@ BOOST_AUTO_TEST_CASE(pruned_grad_through_tiled_attention) {
   check_pruned_against_backward(
       "tiled attention with mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention(x[0], x[1], x[2], x[3], false, 0.0, 0.0, nullptr, false).output;
+        return ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = x[3], .need_weights = false}).output;
       },
       {randn64({1, 2, 5, 4}, 60), randn64({1, 2, 7, 4}, 61), randn64({1, 2, 7, 3}, 62), randn64({5, 7}, 63)});
   check_pruned_against_backward(
       "tiled causal attention with broadcast mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention(x[0], x[1], x[2], x[3], true, 0.0, 0.0, nullptr, false).output;
+        return ag::scaled_dot_product_attention(x[0], x[1], x[2],
+                                                {.attn_mask = x[3], .is_causal = true, .need_weights = false})
+            .output;
       },
       {randn64({2, 1, 6, 2}, 64), randn64({2, 1, 6, 2}, 65), randn64({2, 1, 6, 2}, 66), randn64({1, 6}, 67)});
   check_pruned_against_backward(
       "tiled packed attention with mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention_packed(x[0], 2, x[1], false, 0.0, 0.0, nullptr, false).output;
+        return ag::scaled_dot_product_attention_packed(x[0], 2, {.attn_mask = x[1], .need_weights = false}).output;
       },
       {randn64({1, 7, 12}, 68), randn64({7, 7}, 69)});
   check_pruned_against_backward(
       "tiled heads-last attention with mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2, x[3], false, 0.0, 0.0, nullptr, false)
+        return ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2,
+                                                           {.attn_mask = x[3], .need_weights = false})
             .output;
       },
       {randn64({1, 5, 4}, 70), randn64({1, 7, 4}, 71), randn64({1, 7, 6}, 72), randn64({5, 7}, 73)});

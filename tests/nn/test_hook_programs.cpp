@@ -143,9 +143,9 @@ void run_program(std::uint64_t seed) {
         if (hook.kind == HookKind::nested) {
           if (hook.inside) {
             ag::EnableGradGuard grad_on;
-            aux_of(hook.over_p ? p : x, hook.weight).backward(/*retain_graph=*/hook.over_p);
+            aux_of(hook.over_p ? p : x, hook.weight).backward({.retain_graph = hook.over_p});
           } else {
-            prebuilt[i].backward(/*retain_graph=*/hook.over_p);
+            prebuilt[i].backward({.retain_graph = hook.over_p});
           }
         }
         return Tensor();

@@ -42,10 +42,12 @@ Result run(int route, double p, bool masked, std::uint64_t seed) {
   ag::Generator gen(seed);
   ag::Tensor out;
   if (route == 2) {
-    const ag::Tensor w = ag::scaled_dot_product_attention(q, k, v, m, false, 0.0, 0.0, nullptr, true).weights;
+    const ag::Tensor w = ag::scaled_dot_product_attention(q, k, v, {.attn_mask = m}).weights;
     out = ag::matmul(ag::dropout(w, p, true, gen), v);
   } else {
-    out = ag::scaled_dot_product_attention(q, k, v, m, false, 0.0, p, &gen, route == 1).output;
+    out = ag::scaled_dot_product_attention(
+              q, k, v, {.attn_mask = m, .dropout_p = p, .generator = &gen, .need_weights = route == 1})
+              .output;
   }
   ag::sum(ag::mul(out, g)).backward();
   return {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector(), gen.state()};

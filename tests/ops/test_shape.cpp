@@ -199,6 +199,43 @@ BOOST_AUTO_TEST_CASE(expand_errors_name_both_shapes) {
   BOOST_TEST(error_of([&] { ag::expand(x, {-1, 3, 2}); }).find("expand: cannot expand [3, 2] to [-1, 3, 2]") == 0);
 }
 
+// ---- clone ----
+
+BOOST_AUTO_TEST_CASE(clone_copies_values_shape_and_dtype_into_new_storage) {
+  Tensor x = f64({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor y = ag::clone(x);
+  check_values(y, {2, 3}, {1, 2, 3, 4, 5, 6});
+  BOOST_TEST((y.dtype() == Dtype::Float64));
+  BOOST_TEST(y.raw_data() != x.raw_data());
+  y.data<double>()[4] = 50.0;  // a write into either leaves the other as it was
+  BOOST_TEST(x.to_vector()[4] == 5.0);
+  x.fill_(-1.0);
+  check_values(y, {2, 3}, {1, 2, 3, 4, 50, 6});
+  check_values(ag::clone(ag::tensor({1.5, -2.0}, {2}, Dtype::Float32)), {2}, {1.5, -2.0});
+  BOOST_TEST((ag::clone(ag::tensor({1.5, -2.0}, {2}, Dtype::Float32)).dtype() == Dtype::Float32));
+  check_values(ag::clone(ag::tensor({7, -3}, {2}, Dtype::Int64)), {2}, {7, -3});
+  BOOST_TEST(!ag::clone(x).requires_grad());  // a clone of a tensor outside the graph stays outside
+}
+
+BOOST_AUTO_TEST_CASE(clone_passes_the_gradient_through_unchanged) {
+  Tensor x = input({2, 3}, 8);
+  Tensor w = f64({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor y = ag::clone(x);
+  BOOST_TEST(y.requires_grad());
+  BOOST_TEST(!y.is_leaf());
+  BOOST_TEST(y.grad_fn()->name() == "clone");
+  ag::sum(y * w).backward();
+  check_values(x.grad(), {2, 3}, {1, 2, 3, 4, 5, 6});
+  check_gradients([](const TensorList& in) { return ag::clone(in[0]); }, {x});
+  // Differentiable again: d/dz sum(z·z·z) = 3z², and d/dz sum(3z²) = 6z.
+  Tensor z = input({3}, 9);
+  ag::sum(ag::clone(z) * ag::clone(z) * z).backward({.create_graph = true});
+  const std::vector<double> zv = z.to_vector();
+  check_values(z.grad(), {3}, {3 * zv[0] * zv[0], 3 * zv[1] * zv[1], 3 * zv[2] * zv[2]});
+  const TensorList g2 = ag::grad({ag::sum(z.grad())}, {z});
+  check_values(g2[0], {3}, {6 * zv[0], 6 * zv[1], 6 * zv[2]});
+}
+
 // ---- narrow, slice ----
 
 BOOST_AUTO_TEST_CASE(narrow_takes_length_elements_from_start) {

@@ -9,17 +9,59 @@
 // Forward and backward are hand-written kernels: each slice's products go through the engine's
 // gemm (a small kernel of its own, libxsmm, OpenBLAS or Eigen, by shape), the slices run in
 // parallel with OpenMP, each on one thread alone, so results do not depend on the thread count.
+#include <cstdint>
+#include <string_view>
+
 #include "autograd/random.hpp"
 #include "autograd/tensor.hpp"
 
 namespace autograd {
 
+// The core an attention call ran on.
+enum class SdpaCore {
+  Fused,     // the untiled kernel: each slice's (T, S) weights formed, kept for backward
+  Tiled,     // the tiled core (FlashAttention-2 style): memory linear in T, no weights formed
+  Composed,  // separate autograd ops: nn::MultiHeadAttention's Composed core (never an ag op's)
+};
+
+// "fused", "tiled" or "composed".
+std::string_view core_name(SdpaCore core);
+
+// Which core a call ran on, and why when it is not the op's own choice for the shapes.
+//   Tiled: need_weights = false and T·S >= the tiling threshold (2^20 scores, min_tiled_scores in
+//     src/kernels/attention_flash_tiles.hpp); reason empty.
+//   Fused: T·S below the threshold (the untiled kernel is measured faster there): reason empty;
+//     or T·S at or above it with the weights asked for: reason "need_weights".
+//   Composed (nn::MultiHeadAttention only): reason "AttentionCore::Composed", "study mode",
+//     "hooks" or, from MultiHeadAttention::attention_path, "hook on <point>".
+// reason points to a string literal (no allocation).
+struct SdpaPath {
+  SdpaCore core = SdpaCore::Fused;
+  std::string_view reason;  // empty: the core is the one the op picks for these shapes
+};
+
 struct SdpaResult {
   Tensor output;   // (B, H, T, d_v)
   Tensor weights;  // (B, H, T, S): the softmax weights after masking (before dropout)
+  SdpaPath path = {};  // the core that ran, and why
 };
 
-// q (B, H, T, d_k), k (B, H, S, d_k), v (B, H, S, d_v), all one dtype.
+// The settings of one call, every one optional: ag::scaled_dot_product_attention(q, k, v,
+// {.attn_mask = m, .is_causal = true, .need_weights = false}).
+struct SdpaOptions {
+  Tensor attn_mask = {};  // undefined: no mask
+  bool is_causal = false;
+  double scale = 0.0;  // 0 means 1/sqrt(d_k)
+  double dropout_p = 0.0;
+  Generator* generator = nullptr;  // for dropout; null: default_generator()
+  bool need_weights = true;
+};
+
+// The path a call with T queries, S keys and these options takes (SdpaResult::path), without
+// running it: the rule the three ops follow.
+SdpaPath sdpa_path(std::int64_t T, std::int64_t S, const SdpaOptions& options = {});
+
+// q (B, H, T, d_k), k (B, H, S, d_k), v (B, H, S, d_v), all one dtype. The options:
 // attn_mask: undefined, or an additive float mask of the same dtype that broadcasts to
 //   (B, H, T, S) (e.g. (T, S), (B, 1, 1, S), (B, H, T, S)); -inf blocks. It is differentiable
 //   (a learned score bias works): its gradient is dL/dS summed back to the mask's shape.
@@ -28,7 +70,7 @@ struct SdpaResult {
 // A query row whose keys are all blocked gets zero weights, zero output and zero gradients
 // (to q, k, v and the mask) — never NaN.
 // dropout_p in [0, 1]: > 0 drops weights (scaling the kept ones by 1/(1-p)). The call draws
-//   one 64-bit seed from gen (the default generator when null), whatever the sizes; weight
+//   one 64-bit seed from generator (the default generator when null), whatever the sizes; weight
 //   (b, h, i, j) is dropped when the counter-based (Philox-4x32-10) uniform of that seed and
 //   of its flat index ((b·H + h)·T + i)·S + j is < p: the rule of ag::dropout, so
 //   ag::dropout on the (B, H, T, S) weights from the same generator state drops the same
@@ -51,9 +93,7 @@ struct SdpaResult {
 // dtype mismatch; B/H, sequence-length or head-dim disagreement; a mask that does not
 // broadcast; is_causal with T != S; a non-finite scale; dropout_p outside [0, 1].
 SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const Tensor& attn_mask = Tensor(), bool is_causal = false,
-                                        double scale = 0.0, double dropout_p = 0.0,
-                                        Generator* gen = nullptr, bool need_weights = true);
+                                        const SdpaOptions& options = {});
 
 // The same op on heads-last storage, the layout of a multi-head layer's projections: q
 // (B, T, H·d_k), k (B, S, H·d_k), v (B, S, H·d_v), head h in columns h·d .. (h+1)·d − 1 of each
@@ -61,10 +101,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
 // (B, H, L, d) copies or merge after; weights are (B, H, T, S) as above, and so are the mask,
 // the dropout draws and the results (the output is the other op's, heads side by side).
 SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                   std::int64_t num_heads, const Tensor& attn_mask = Tensor(),
-                                                   bool is_causal = false, double scale = 0.0,
-                                                   double dropout_p = 0.0, Generator* gen = nullptr,
-                                                   bool need_weights = true);
+                                                   std::int64_t num_heads, const SdpaOptions& options = {});
 
 // Self-attention on one packed projection: qkv (B, T, 3·H·d), each row [q | k | v] with head h
 // of each in its columns h·d .. (h+1)·d − 1 (the output of one linear by [W_Q | W_K | W_V]).
@@ -72,8 +109,6 @@ SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor
 // output (B, T, H·d), weights, mask, dropout draws and results; the gradient is one (B, T, 3·H·d)
 // tensor [dq | dk | dv].
 SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t num_heads,
-                                               const Tensor& attn_mask = Tensor(), bool is_causal = false,
-                                               double scale = 0.0, double dropout_p = 0.0,
-                                               Generator* gen = nullptr, bool need_weights = true);
+                                               const SdpaOptions& options = {});
 
 }  // namespace autograd

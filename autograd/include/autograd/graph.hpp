@@ -257,6 +257,8 @@ void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grads, 
                   bool create_graph = false);
 
 // ---- the functional gradient (torch.autograd.grad) ----
+// retain_graph and create_graph are Tensor::backward's BackwardOptions (tensor.hpp): the same
+// names, defaults and meaning (src/grad.cpp checks the defaults agree at compile time).
 struct GradOptions {
   // One per output (each of its output's shape and dtype); empty, or an undefined entry, means
   // ones for a one-element output.

@@ -127,6 +127,8 @@ Tensor squeeze(const Tensor& x);  // all size-1 dims
 Tensor squeeze(const Tensor& x, std::int64_t dim);
 Tensor unsqueeze(const Tensor& x, std::int64_t dim);
 Tensor expand(const Tensor& x, const Shape& shape);  // broadcast to shape (copies)
+// x.clone() (src/tensor.cpp): the same values in new storage; the gradient passes through unchanged.
+Tensor clone(const Tensor& x);
 Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t length);
 Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t end, std::int64_t step = 1);
 Tensor cat(const TensorList& xs, std::int64_t dim = 0);

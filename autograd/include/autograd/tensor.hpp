@@ -27,6 +27,16 @@ namespace autograd {
 class Node;
 class Tensor;
 
+// The options of Tensor::backward. ag::grad's GradOptions (graph.hpp) has these two fields too,
+// with the same names, defaults and meaning; keep the two structs in step.
+struct BackwardOptions {
+  // Keep the graph walked (its saved tensors), so that it can be walked again.
+  bool retain_graph = false;
+  // The gradients (and the .grad they leave) are part of a graph, so they can be differentiated
+  // again; implies retain_graph.
+  bool create_graph = false;
+};
+
 // A contiguous, 64-byte aligned buffer. `version` counts in-place writes, so that a backward
 // rule can tell that a tensor it saved was changed after it was saved.
 struct Storage {
@@ -142,10 +152,11 @@ class Tensor {
   }
   std::uint32_t output_nr() const;
 
-  // create_graph: the gradients (and the .grad they leave) are part of a graph, so they can be
-  // differentiated again; the graph walked is kept (retain_graph is implied).
-  void backward(bool retain_graph = false, bool create_graph = false) const;  // one-element tensors
-  void backward(const Tensor& grad, bool retain_graph = false, bool create_graph = false) const;
+  // Adds d(this)/d(leaf) into each leaf's .grad: t.backward(), t.backward(grad),
+  // t.backward({.create_graph = true}), t.backward(grad, {.retain_graph = true}). Without a
+  // gradient (or with an undefined one) the tensor must have one element and the seed is 1.
+  void backward(const BackwardOptions& options = {}) const;
+  void backward(const Tensor& grad, const BackwardOptions& options = {}) const;
   Tensor& retain_grad();  // keep .grad on a non-leaf
   // The hook sees the gradient arriving at this tensor; returning a defined tensor replaces it.
   void register_hook(TensorHook hook);

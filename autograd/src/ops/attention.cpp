@@ -1,7 +1,8 @@
 // Fused scaled dot-product attention: the three entry points (heads-first, heads-last, packed),
-// their argument checks, the choice of core (the tiled one of attention_flash*.cpp when the
-// weights are not asked for), and the graph node whose backward runs the hand-derived kernels of
-// attention_core.cpp (derived step by step in docs/attention_backward.md).
+// their argument checks, the choice of core and its reason (sdpa_path: the tiled one of
+// attention_flash*.cpp when the weights are not asked for and T·S is large), and the graph node
+// whose backward runs the hand-derived kernels of attention_core.cpp (derived step by step in
+// docs/attention_backward.md).
 #include "autograd/attention.hpp"
 
 #include <algorithm>
@@ -117,7 +118,10 @@ void check_mask(std::string_view op, const Tensor& mask, const Shape& target, Dt
 
 // The checks on the logical (B, H, L, d) shapes qs, ks, vs, for every entry point.
 void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const Shape& vs, Dtype dtype,
-                   const Tensor& mask, bool is_causal, double scale, double dropout_p) {
+                   const SdpaOptions& options) {
+  const Tensor& mask = options.attn_mask;
+  const bool is_causal = options.is_causal;
+  const double scale = options.scale, dropout_p = options.dropout_p;
   if (qs[0] != ks[0] || qs[1] != ks[1] || qs[0] != vs[0] || qs[1] != vs[1])
     fail(op, "batch and head dims differ: q {}, k {}, v {}", shape_str(qs), shape_str(ks), shape_str(vs));
   if (qs[3] != ks[3]) fail(op, "q and k head dims differ: {} and {}", shape_str(qs), shape_str(ks));
@@ -150,14 +154,7 @@ struct AttentionBackward {
     const Tensor qt = q.get(op), kt = packed ? qt : k.get(op), vt = packed ? qt : v.get(op), pt = weights.get(op);
     const Tensor zt = keep.defined() ? keep.get(op) : Tensor();
     const Dtype dtype = qt.dtype();
-    Tensor dq, dk, dv;
-    if (packed) {  // one gradient; the layouts put dq, dk and dv in their own columns of it
-      if (node.needs_input_grad(0)) dq = dk = dv = Tensor::empty(qt.shape(), dtype);
-    } else {
-      if (node.needs_input_grad(0)) dq = Tensor::empty(qt.shape(), dtype);
-      if (node.needs_input_grad(1)) dk = Tensor::empty(kt.shape(), dtype);
-      if (node.needs_input_grad(2)) dv = Tensor::empty(vt.shape(), dtype);
-    }
+    const sdpa::KernelGrads dg = sdpa::kernel_grads(qt, kt, vt, packed, node);
     const std::size_t mask_input = packed ? 1 : 3;  // the mask's place among the node's inputs
     Tensor dscores;  // dL/dS, summed to the mask's shape below
     if (has_mask && node.needs_input_grad(mask_input)) dscores = Tensor::empty(pt.shape(), dtype);
@@ -165,11 +162,11 @@ struct AttentionBackward {
       using T = decltype(zero);
       auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
       const sdpa::BackwardData<T> data{qt.data<T>(), kt.data<T>(), vt.data<T>(), pt.data<T>(),
-                                       ptr(zt),      ptr(g[0]),    ptr(g[1]),    ptr(dq),
-                                       ptr(dk),      ptr(dv),      ptr(dscores)};
+                                       ptr(zt),      ptr(g[0]),    ptr(g[1]),    ptr(dg.dq),
+                                       ptr(dg.dk),   ptr(dg.dv),   ptr(dscores)};
       sdpa::backward<T>(d, data, static_cast<T>(scale), causal);
     });
-    GradList grads = packed ? GradList{dq} : GradList{dq, dk, dv};
+    GradList grads = sdpa::kernel_input_grads(dg, packed);
     if (has_mask) grads.push_back(dscores.defined() ? sum_to(dscores, mask_shape) : Tensor());
     return grads;
   }
@@ -184,42 +181,55 @@ struct AttentionBackward {
         sdpa::take_operands(in, qt, packed ? Tensor() : k.get(op), packed ? Tensor() : v.get(op), d.H * d.d_k, node);
     const bool want_dv = want.dv, want_dqk = want.dqk;
     const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
-    GradList grads;
-    if (packed) {
-      if (c.dq.defined() || c.dv.defined()) {  // one gradient [dq | dk | dv]; an absent part is zero
-        auto part = [&](const Tensor& t, const Tensor& like) { return t.defined() ? t : zeros_like(like); };
-        grads.push_back(cat({part(c.dq, in.q), part(c.dk, in.k), part(c.dv, in.v)}, 2));
-      } else {
-        grads.push_back(Tensor());
-      }
-    } else {
-      grads = {node.needs_input_grad(0) ? c.dq : Tensor(), node.needs_input_grad(1) ? c.dk : Tensor(), c.dv};
-    }
+    GradList grads = sdpa::composed_input_grads(c, in, packed, c.dq.defined() || c.dv.defined(), node);
     if (has_mask) grads.push_back(want_mask && c.dscores.defined() ? sum_to(c.dscores, mask_shape) : Tensor());
     return grads;
   }
 };
 
-// Every entry point, once the arguments are checked: d says where each slice lives, out_shape is
-// the output's shape (its layout is d.out).
-// Without weights, the tiled core takes every call (dropout included: it regenerates each tile's
-// mask from the call's stream) but those too small for tiling to pay (sdpa::FlashTiles).
-bool use_tiled(const sdpa::Dims& d, bool need_weights) {
-  // (T·S formed without overflow: an empty slice with huge T and S does not wrap.)
-  const std::int64_t min_scores = sdpa::flash_tiles().min_tiled_scores;
-  if (need_weights) return false;
-  if (min_scores <= 0) return true;
-  return d.T > 0 && d.S >= (min_scores + d.T - 1) / d.T;
+}  // namespace
+
+std::string_view core_name(SdpaCore core) {
+  switch (core) {
+    case SdpaCore::Fused: return "fused";
+    case SdpaCore::Tiled: return "tiled";
+    case SdpaCore::Composed: return "composed";
+  }
+  return "unknown";
 }
 
+// Without weights, the tiled core takes every call (dropout included: it regenerates each tile's
+// mask from the call's stream) but those too small for tiling to pay (sdpa::FlashTiles). With
+// them, the untiled kernel, which forms them; at a size the tiled core would take, that is what
+// the reason says.
+SdpaPath sdpa_path(std::int64_t T, std::int64_t S, const SdpaOptions& options) {
+  // (T·S formed without overflow: an empty slice with huge T and S does not wrap.)
+  const std::int64_t min_scores = sdpa::flash_tiles().min_tiled_scores;
+  const bool large = min_scores <= 0 || (T > 0 && S >= (min_scores + T - 1) / T);
+  if (!large) return {SdpaCore::Fused, {}};
+  if (options.need_weights) return {SdpaCore::Fused, "need_weights"};
+  return {SdpaCore::Tiled, {}};
+}
+
+namespace {
+
+// Every entry point, once the arguments are checked: d says where each slice lives, out_shape is
+// the output's shape (its layout is d.out).
 SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_shape, const Operands& in,
-                  bool is_causal, double scale, double dropout_p, Generator* gen, bool need_weights) {
+                  const SdpaOptions& options) {
+  const bool is_causal = options.is_causal, need_weights = options.need_weights;
+  const double dropout_p = options.dropout_p;
   // scale 0 means 1/sqrt(d_k); with d_k = 0 every product is 0 and the scale does not matter.
+  double scale = options.scale;
   if (scale == 0.0) scale = d.d_k > 0 ? 1.0 / std::sqrt(static_cast<double>(d.d_k)) : 1.0;
   // The call's one draw: the dropout mask is a function of this seed (kernels/philox.hpp).
   philox::DropoutStream stream;
-  if (dropout_p > 0.0) stream = philox::DropoutStream((gen != nullptr ? *gen : default_generator()).next_u64(), dropout_p);
-  if (use_tiled(d, need_weights)) return sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale, stream);
+  if (dropout_p > 0.0) {
+    Generator& gen = options.generator != nullptr ? *options.generator : default_generator();
+    stream = philox::DropoutStream(gen.next_u64(), dropout_p);
+  }
+  const SdpaPath path = sdpa_path(d.T, d.S, options);
+  if (path.core == SdpaCore::Tiled) return sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale, stream);
   const Dtype dtype = in.q.dtype();
   const Tensor& k = in.packed() ? in.q : in.k;
   const Tensor& v = in.packed() ? in.q : in.v;
@@ -239,7 +249,7 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
 
   GradList inputs = node_inputs(in);
   const std::span<const Tensor> input_span(inputs.begin(), inputs.size());
-  if (!needs_grad(input_span)) return {output, need_weights ? weights : Tensor()};
+  if (!needs_grad(input_span)) return {output, need_weights ? weights : Tensor(), path};
   const std::array<Tensor, 2> outputs{output, weights};
   record(op, input_span, outputs,
          AttentionBackward{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(weights),
@@ -248,26 +258,22 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
   // An output nobody used (usually `weights`) reaches the rule undefined, read as zero: no
   // [B, H, T, S] tensor of zeros is made and added.
   output.grad_fn()->materialize_grads = false;
-  return {output, need_weights ? weights : Tensor()};
+  return {output, need_weights ? weights : Tensor(), path};
 }
 
 }  // namespace
 
-SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                        bool is_causal, double scale, double dropout_p, Generator* gen,
-                                        bool need_weights) {
+SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& options) {
   check_qkv(kOp, q, k, v, 4, "(B, H, seq, head_dim)");
-  check_logical(kOp, q.shape(), k.shape(), v.shape(), q.dtype(), attn_mask, is_causal, scale, dropout_p);
+  check_logical(kOp, q.shape(), k.shape(), v.shape(), q.dtype(), options);
   const std::int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2), d_k = q.size(3), d_v = v.size(3);
   const sdpa::Dims d{B, H, T, S, d_k, d_v, sdpa::heads_first(H, T, d_k), sdpa::heads_first(H, S, d_k),
                      sdpa::heads_first(H, S, d_v), sdpa::heads_first(H, T, d_v)};
-  return attend(kOp, d, {B, H, T, d_v}, {q, k, v, attn_mask}, is_causal, scale, dropout_p, gen, need_weights);
+  return attend(kOp, d, {B, H, T, d_v}, {q, k, v, options.attn_mask}, options);
 }
 
 SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                   std::int64_t num_heads, const Tensor& attn_mask, bool is_causal,
-                                                   double scale, double dropout_p, Generator* gen,
-                                                   bool need_weights) {
+                                                   std::int64_t num_heads, const SdpaOptions& options) {
   constexpr std::string_view op = "scaled_dot_product_attention_heads_last";
   check_qkv(op, q, k, v, 3, "(B, seq, heads * head_dim)");
   const std::int64_t H = num_heads;
@@ -279,15 +285,14 @@ SdpaResult scaled_dot_product_attention_heads_last(const Tensor& q, const Tensor
   const std::int64_t B = q.size(0), T = q.size(1), S = k.size(1), d_k = q.size(2) / H, d_v = v.size(2) / H;
   // The same checks as the (B, H, L, d) op, on the shapes the heads-last tensors stand for.
   check_logical(op, {B, H, T, d_k}, {k.size(0), H, S, k.size(2) / H}, {v.size(0), H, v.size(1), d_v}, q.dtype(),
-                attn_mask, is_causal, scale, dropout_p);
+                options);
   const sdpa::Dims d{B, H, T, S, d_k, d_v, sdpa::heads_last(H, T, d_k), sdpa::heads_last(H, S, d_k),
                      sdpa::heads_last(H, S, d_v), sdpa::heads_last(H, T, d_v)};
-  return attend(op, d, {B, T, H * d_v}, {q, k, v, attn_mask}, is_causal, scale, dropout_p, gen, need_weights);
+  return attend(op, d, {B, T, H * d_v}, {q, k, v, options.attn_mask}, options);
 }
 
-SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t num_heads, const Tensor& attn_mask,
-                                               bool is_causal, double scale, double dropout_p, Generator* gen,
-                                               bool need_weights) {
+SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t num_heads,
+                                               const SdpaOptions& options) {
   constexpr std::string_view op = "scaled_dot_product_attention_packed";
   check_defined(op, qkv, "qkv");
   check_floating(op, qkv, "qkv");
@@ -299,12 +304,10 @@ SdpaResult scaled_dot_product_attention_packed(const Tensor& qkv, std::int64_t n
   if (qkv.size(2) % (3 * H) != 0)
     fail(op, "the last dim of qkv {} must be divisible by 3 * num_heads = {}", shape_str(qkv.shape()), 3 * H);
   const std::int64_t B = qkv.size(0), T = qkv.size(1), dh = qkv.size(2) / (3 * H);
-  check_logical(op, {B, H, T, dh}, {B, H, T, dh}, {B, H, T, dh}, qkv.dtype(), attn_mask, is_causal, scale,
-                dropout_p);
+  check_logical(op, {B, H, T, dh}, {B, H, T, dh}, {B, H, T, dh}, qkv.dtype(), options);
   const sdpa::Dims d{B, H, T, T, dh, dh, sdpa::packed(H, T, dh, 0), sdpa::packed(H, T, dh, 1),
                      sdpa::packed(H, T, dh, 2), sdpa::heads_last(H, T, dh)};
-  return attend(op, d, {B, T, H * dh}, {qkv, Tensor(), Tensor(), attn_mask}, is_causal, scale, dropout_p, gen,
-                need_weights);
+  return attend(op, d, {B, T, H * dh}, {qkv, Tensor(), Tensor(), options.attn_mask}, options);
 }
 
 }  // namespace autograd

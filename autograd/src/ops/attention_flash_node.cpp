@@ -43,14 +43,8 @@ struct FlashBackward {
     const Tensor qt = q.get(op), kt = packed ? qt : k.get(op), vt = packed ? qt : v.get(op);
     const Tensor mt = mask.defined() ? mask.get(op) : Tensor(), ot = out.get(op), lt = lse.get(op);
     const Dtype dtype = qt.dtype();
-    Tensor dq, dk, dv, dmask;
-    if (packed) {  // one gradient; the layouts put dq, dk and dv in their own columns of it
-      if (node.needs_input_grad(0)) dq = dk = dv = Tensor::empty(qt.shape(), dtype);
-    } else {
-      if (node.needs_input_grad(0)) dq = Tensor::empty(qt.shape(), dtype);
-      if (node.needs_input_grad(1)) dk = Tensor::empty(kt.shape(), dtype);
-      if (node.needs_input_grad(2)) dv = Tensor::empty(vt.shape(), dtype);
-    }
+    const KernelGrads dg = kernel_grads(qt, kt, vt, packed, node);
+    Tensor dmask;
     if (mt.defined() && node.needs_input_grad(mask_input())) dmask = zeros(mt.shape(), dtype);
     const MaskStrides ms = mt.defined() ? mask_strides(mt.shape()) : MaskStrides{};
     const Tensor dout = g[0].defined() ? g[0] : zeros_like(ot);
@@ -58,11 +52,11 @@ struct FlashBackward {
       using T = decltype(zero);
       auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
       const FlashBackwardData<T> data{qt.data<T>(),   kt.data<T>(), vt.data<T>(), ptr(mt),   ot.data<T>(),
-                                      lt.data<T>(),   dout.data<T>(), ptr(dq),    ptr(dk),   ptr(dv),
+                                      lt.data<T>(),   dout.data<T>(), ptr(dg.dq), ptr(dg.dk), ptr(dg.dv),
                                       ptr(dmask),     dropout.active() ? &dropout : nullptr};
       flash_backward<T>(d, data, ms, static_cast<T>(scale), causal);
     });
-    GradList grads = packed ? GradList{dq} : GradList{dq, dk, dv};
+    GradList grads = kernel_input_grads(dg, packed);
     if (mt.defined()) grads.push_back(dmask);
     return grads;
   }
@@ -84,13 +78,7 @@ struct FlashBackward {
     in.p = softmax(scores, -1);
     if (dropout.active()) in.z = dropout_factors(d, qt.dtype(), dropout, op);  // the forward's mask, regenerated
     const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
-    GradList grads;
-    if (packed) {
-      auto part = [&](const Tensor& t, const Tensor& like) { return t.defined() ? t : zeros_like(like); };
-      grads.push_back(want_dv ? cat({part(c.dq, in.q), part(c.dk, in.k), part(c.dv, in.v)}, 2) : Tensor());
-    } else {
-      grads = {node.needs_input_grad(0) ? c.dq : Tensor(), node.needs_input_grad(1) ? c.dk : Tensor(), c.dv};
-    }
+    GradList grads = composed_input_grads(c, in, packed, want_dv, node);
     if (mask.defined()) grads.push_back(want_mask ? sum_to(c.dscores, mask.get(op).shape()) : Tensor());
     return grads;
   }
@@ -117,12 +105,13 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
   });
   GradList inputs = node_inputs(in);
   const std::span<const Tensor> input_span(inputs.begin(), inputs.size());
-  if (!needs_grad(input_span)) return {output, Tensor()};
+  const SdpaPath path{SdpaCore::Tiled, {}};
+  if (!needs_grad(input_span)) return {output, Tensor(), path};
   const std::array<Tensor, 1> outputs{output};
   record(op, input_span, outputs,
          FlashBackward{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(in.mask),
                        SavedTensor(output), SavedTensor(lse), in.packed(), d, scale, is_causal, dropout});
-  return {output, Tensor()};
+  return {output, Tensor(), path};
 }
 
 }  // namespace autograd::sdpa

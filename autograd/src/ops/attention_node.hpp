@@ -128,13 +128,49 @@ inline ComposedGrads composed_backward(const ComposedInputs& in, std::int64_t H,
   return out;
 }
 
+// The gradient assembly both nodes share. The kernels' buffers for the inputs that ask for a
+// gradient (undefined for the others); packed: one tensor of qkv's shape, which dq, dk and dv all
+// name (the layouts put each in its own columns of it).
+struct KernelGrads {
+  Tensor dq, dk, dv;
+};
+
+inline KernelGrads kernel_grads(const Tensor& q, const Tensor& k, const Tensor& v, bool packed, const Node& node) {
+  const Dtype dtype = q.dtype();
+  KernelGrads g;
+  if (packed) {
+    if (node.needs_input_grad(0)) g.dq = g.dk = g.dv = Tensor::empty(q.shape(), dtype);
+  } else {
+    if (node.needs_input_grad(0)) g.dq = Tensor::empty(q.shape(), dtype);
+    if (node.needs_input_grad(1)) g.dk = Tensor::empty(k.shape(), dtype);
+    if (node.needs_input_grad(2)) g.dv = Tensor::empty(v.shape(), dtype);
+  }
+  return g;
+}
+
+// The kernels' gradients in the order of the node's inputs (the mask's, if any, goes after).
+inline GradList kernel_input_grads(const KernelGrads& g, bool packed) {
+  return packed ? GradList{g.dq} : GradList{g.dq, g.dk, g.dv};
+}
+
+// The composed backward's gradients in the order of the node's inputs (the mask's, if any, goes
+// after): packed, the one gradient [dq | dk | dv] (an absent part zero) when `packed_wanted`;
+// otherwise dq, dk, dv for the inputs that ask for them.
+inline GradList composed_input_grads(const ComposedGrads& c, const ComposedInputs& in, bool packed,
+                                     bool packed_wanted, const Node& node) {
+  if (!packed) return {node.needs_input_grad(0) ? c.dq : Tensor(), node.needs_input_grad(1) ? c.dk : Tensor(), c.dv};
+  if (!packed_wanted) return {Tensor()};
+  auto part = [](const Tensor& t, const Tensor& like) { return t.defined() ? t : zeros_like(like); };
+  return {cat({part(c.dq, in.q), part(c.dk, in.k), part(c.dv, in.v)}, 2)};
+}
+
 // The dropout factors Z (0 or 1/(1-p)) of the whole (B, H, T, S), element ((b·H + h)·T + i)·S + j
 // drawn from the call's stream as ag::dropout numbers it (kernels/philox.hpp), for the op `op` (which
 // a shape too large to count names). attention.cpp.
 Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& stream, std::string_view op);
 
 // The op on the tiled core (need_weights = false; arguments checked, scale resolved; dropout
-// from the call's stream, inactive for p = 0): the output, weights undefined.
+// from the call's stream, inactive for p = 0): the output, weights undefined, path Tiled.
 // attention_flash_node.cpp.
 SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_shape, const Operands& in,
                         bool is_causal, double scale, const philox::DropoutStream& dropout);

@@ -1,9 +1,10 @@
 #pragma once
 // The argument checks the op files share (internal, not installed): that an argument is defined,
-// and that it holds floating-point values. Includes the Eigen views of kernels/eigen_views.hpp,
-// which every op file computes through.
+// and that it holds floating-point values; and grad_if, for rules with several inputs. Includes
+// the Eigen views of kernels/eigen_views.hpp, which every op file computes through.
 #include <string_view>
 
+#include "autograd/graph.hpp"
 #include "autograd/shape.hpp"
 #include "autograd/tensor.hpp"
 #include "kernels/eigen_views.hpp"
@@ -30,6 +31,20 @@ inline void check_floating(std::string_view op, const Tensor& t, std::string_vie
     fail(op, "{} needs a Float32 or Float64 tensor, got {} (shape {}); convert with .to(Dtype::Float32)", what,
          dtype_name(t.dtype()), shape_str(t.shape()));
   }
+}
+
+// x is defined and holds floats: the one-tensor form of both checks. `what` names x in the dtype
+// message: empty for a one-input op, "argument" beside a scalar (add(x, 2.0)).
+inline void check_defined_arg(std::string_view op, const Tensor& x, std::string_view what = {}) {
+  check_defined(op, x, "argument");
+  check_floating(op, x, what);
+}
+
+// ---- backward rules ----
+// The gradient of input i, or an undefined tensor (no gradient) when nobody needs it.
+template <class F>
+Tensor grad_if(const Node& node, std::size_t i, F&& f) {
+  return node.needs_input_grad(i) ? f() : Tensor();
 }
 
 }  // namespace autograd

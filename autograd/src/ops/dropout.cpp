@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/parallel.hpp"
@@ -14,21 +13,6 @@
 #include "ops/checks.hpp"
 
 namespace autograd {
-
-namespace {
-
-// out = a * mask elementwise (same shape and dtype).
-Tensor times_mask(const Tensor& a, const Tensor& mask) {
-  Tensor out = Tensor::empty(a.shape(), a.dtype());
-  dispatch(a.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    ArrayView<T>(out.data<T>(), out.numel()) =
-        ConstArrayView<T>(a.data<T>(), a.numel()) * ConstArrayView<T>(mask.data<T>(), mask.numel());
-  });
-  return out;
-}
-
-}  // namespace
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   check_defined("dropout", x);
@@ -61,9 +45,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   if (keep_mask) {
     // y = x · mask  =>  dx = dy · mask  (the same mask: it is kept, not redrawn)
     return record("dropout", {x}, y, [mask = SavedTensor(mask)](const TensorList& g, const Node&) {
-      // create_graph: the same product from a differentiable op (the mask is a constant)
-      if (is_grad_enabled()) return GradList{mul(g[0], mask.get("dropout"))};
-      return GradList{times_mask(g[0], mask.get("dropout"))};
+      return GradList{mul(g[0], mask.get("dropout"))};
     });
   }
   return y;

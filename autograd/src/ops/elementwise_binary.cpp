@@ -2,10 +2,11 @@
 // selections by mask (masked_fill, where). Gradients of broadcast inputs are summed back to
 // each input's shape with sum_to. Float32 +, −, ·, / run instruction-set kernels (kernels/exact_ops.hpp)
 // unless the generic variant is in use, with the same results (one IEEE operation an element).
+// Every rule here is written with these differentiable ops, once: a first-order backward runs
+// it without recording, a create_graph backward records it.
 #include <cmath>
 #include <string_view>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/broadcast.hpp"
@@ -31,17 +32,6 @@ Shape check_binary(std::string_view op, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype()) fail(op, "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
   if (a.shape() == b.shape()) return a.shape();  // the common case: nothing to broadcast
   return broadcast_shapes(op, a.shape(), b.shape());
-}
-
-void check_defined_arg(std::string_view op, const Tensor& x) {
-  check_defined(op, x, "argument");
-  check_floating(op, x, "argument");
-}
-
-// The gradient of input i, or an undefined tensor when nobody needs it.
-template <class F>
-Tensor grad_if(const Node& node, std::size_t i, F&& f) {
-  return node.needs_input_grad(i) ? f() : Tensor();
 }
 
 // A mask or condition (any dtype: an Int64 one from a comparison, or 0/1 floats) in the dtype
@@ -109,19 +99,15 @@ Tensor div(const Tensor& a, const Tensor& b) {
     return GradList{
         grad_if(n, 0, [&] { return sum_to(div(g[0], bv), n.input_meta[0].shape); }),
         grad_if(n, 1, [&] {
-          const Tensor av = saved_a.get("div");
-          if (is_grad_enabled()) return sum_to(div(mul(neg(g[0]), av), square(bv)), n.input_meta[1].shape);
-          return sum_to(broadcast::map<3>(g[0].shape(), {g[0], av, bv},
-                                        [](const auto& dy, const auto& x, const auto& z) { return -dy * x / (z * z); }),
-                        n.input_meta[1].shape);
+          return sum_to(div(mul(neg(g[0]), saved_a.get("div")), square(bv)), n.input_meta[1].shape);
         })};
   });
 }
 
 namespace {
 
-// The backward of pow(a, b) from differentiable ops (create_graph), with the same conventions.
-GradList pow_composed(const Tensor& dy, const Tensor& a, const Tensor& b, const SavedTensor& saved_y, const Node& n) {
+// The backward of pow(a, b), from differentiable ops.
+GradList pow_rule(const Tensor& dy, const Tensor& a, const Tensor& b, const SavedTensor& saved_y, const Node& n) {
   return GradList{
       grad_if(n, 0, [&] {
         const Tensor b_zero =
@@ -147,26 +133,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   // (PyTorch's conventions: da = 0 where b == 0, db = 0 where a == 0 and b >= 0.)
   SavedTensor saved_a(a), saved_b(b), saved_y(b.requires_grad() ? y : Tensor());
   return record("pow", {a, b}, y, [saved_a, saved_b, saved_y](const TensorList& g, const Node& n) {
-    const Tensor av = saved_a.get("pow"), bv = saved_b.get("pow");
-    if (is_grad_enabled()) return pow_composed(g[0], av, bv, saved_y, n);
-    return GradList{
-        grad_if(n, 0, [&] {
-          return sum_to(broadcast::map<3>(g[0].shape(), {g[0], av, bv},
-                                        [](const auto& dy, const auto& x, const auto& z) {
-                                          using T = scalar_t<decltype(dy)>;
-                                          return (z == T(0)).select(T(0), dy * z * x.pow(z - T(1)));
-                                        }),
-                        n.input_meta[0].shape);
-        }),
-        grad_if(n, 1, [&] {
-          const Tensor yv = saved_y.get("pow");
-          return sum_to(broadcast::map<4>(g[0].shape(), {g[0], yv, av, bv},
-                                        [](const auto& dy, const auto& out, const auto& x, const auto& z) {
-                                          using T = scalar_t<decltype(dy)>;
-                                          return (x == T(0) && z >= T(0)).select(T(0), dy * out * x.log());
-                                        }),
-                        n.input_meta[1].shape);
-        })};
+    return pow_rule(g[0], saved_a.get("pow"), saved_b.get("pow"), saved_y, n);
   });
 }
 
@@ -190,30 +157,20 @@ Tensor extremum(std::string_view op, const Tensor& a, const Tensor& b) {
   SavedTensor saved_a(a), saved_b(b);
   return record(std::string(op), {a, b}, y, [saved_a, saved_b, op](const TensorList& g, const Node& n) {
     const Tensor av = saved_a.get(op), bv = saved_b.get(op);
+    // dy times a constant weight 1, 1/2 or 0 (piecewise linear: no second derivative); exactly 0
+    // where the input lost, whatever dy holds
     auto share = [&](const Tensor& self, const Tensor& other, std::size_t i) {
-      if (is_grad_enabled()) {  // dy times a constant weight 1, 1/2 or 0 (piecewise linear: no second derivative)
-        auto wins = [](const auto& s, const auto& o) {
-          if constexpr (IsMax) return s > o;
-          else return s < o;
-        };
-        const Tensor weight = broadcast::map<2>(g[0].shape(), {self, other}, [wins](const auto& s, const auto& o) {
-          using T = scalar_t<decltype(s)>;
-          return wins(s, o).template cast<T>() + (s == o).template cast<T>() * T(0.5);
-        });
-        const Tensor loses = mask_of(g[0].shape(), self, other,
-                                     [wins](const auto& s, const auto& o) { return !(wins(s, o) || s == o); });
-        return sum_to(masked_fill(mul(g[0], weight), loses, 0.0), n.input_meta[i].shape);
-      }
-      return sum_to(broadcast::map<3>(g[0].shape(), {g[0], self, other},
-                                    [](const auto& dy, const auto& s, const auto& o) {
-                                      using T = scalar_t<decltype(dy)>;
-                                      if constexpr (IsMax) {
-                                        return (s > o).select(dy, (s == o).select(dy * T(0.5), T(0)));
-                                      } else {
-                                        return (s < o).select(dy, (s == o).select(dy * T(0.5), T(0)));
-                                      }
-                                    }),
-                    n.input_meta[i].shape);
+      auto wins = [](const auto& s, const auto& o) {
+        if constexpr (IsMax) return s > o;
+        else return s < o;
+      };
+      const Tensor weight = broadcast::map<2>(g[0].shape(), {self, other}, [wins](const auto& s, const auto& o) {
+        using T = scalar_t<decltype(s)>;
+        return wins(s, o).template cast<T>() + (s == o).template cast<T>() * T(0.5);
+      });
+      const Tensor loses = mask_of(g[0].shape(), self, other,
+                                   [wins](const auto& s, const auto& o) { return !(wins(s, o) || s == o); });
+      return sum_to(masked_fill(mul(g[0], weight), loses, 0.0), n.input_meta[i].shape);
     };
     return GradList{grad_if(n, 0, [&] { return share(av, bv, 0); }), grad_if(n, 1, [&] { return share(bv, av, 1); })};
   });
@@ -227,7 +184,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return extremum<false>("minim
 // ---- tensor ∘ scalar ----
 
 Tensor add(const Tensor& a, double b) {
-  check_defined_arg("add", a);
+  check_defined_arg("add", a, "argument");
   Tensor y = exact::with_scalar(exact::Op::Add, a, b);
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x + scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
@@ -236,7 +193,7 @@ Tensor add(const Tensor& a, double b) {
 }
 
 Tensor sub(const Tensor& a, double b) {
-  check_defined_arg("sub", a);
+  check_defined_arg("sub", a, "argument");
   Tensor y = exact::with_scalar(exact::Op::Sub, a, b);
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x - scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
@@ -245,7 +202,7 @@ Tensor sub(const Tensor& a, double b) {
 }
 
 Tensor rsub(const Tensor& a, double b) {
-  check_defined_arg("rsub", a);
+  check_defined_arg("rsub", a, "argument");
   Tensor y = exact::scalar_first(exact::Op::Sub, a, b);
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) - x; });
   if (!needs_grad(a)) return y;
@@ -254,7 +211,7 @@ Tensor rsub(const Tensor& a, double b) {
 }
 
 Tensor mul(const Tensor& a, double b) {
-  check_defined_arg("mul", a);
+  check_defined_arg("mul", a, "argument");
   Tensor y = exact::with_scalar(exact::Op::Mul, a, b);
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x * scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
@@ -263,7 +220,7 @@ Tensor mul(const Tensor& a, double b) {
 }
 
 Tensor div(const Tensor& a, double b) {
-  check_defined_arg("div", a);
+  check_defined_arg("div", a, "argument");
   Tensor y = exact::with_scalar(exact::Op::Div, a, b);
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x / scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
@@ -272,21 +229,19 @@ Tensor div(const Tensor& a, double b) {
 }
 
 Tensor rdiv(const Tensor& a, double b) {
-  check_defined_arg("rdiv", a);
+  check_defined_arg("rdiv", a, "argument");
   Tensor y = exact::scalar_first(exact::Op::Div, a, b);
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) / x; });
   if (!needs_grad(a)) return y;
   // y = c / a  =>  da = -dy·c / a² = -dy·y / a
   SavedTensor saved_a(a), saved_y(y);
   return record("rdiv", {a}, y, [saved_a, saved_y](const TensorList& g, const Node&) {
-    if (is_grad_enabled()) return GradList{div(mul(neg(g[0]), saved_y.get("rdiv")), saved_a.get("rdiv"))};
-    return GradList{broadcast::map<3>(g[0].shape(), {g[0], saved_y.get("rdiv"), saved_a.get("rdiv")},
-                                      [](const auto& dy, const auto& out, const auto& x) { return -dy * out / x; })};
+    return GradList{div(mul(neg(g[0]), saved_y.get("rdiv")), saved_a.get("rdiv"))};
   });
 }
 
 Tensor pow(const Tensor& a, double exponent) {
-  check_defined_arg("pow", a);
+  check_defined_arg("pow", a, "argument");
   Tensor y;
   if (exponent == 2.0) {
     y = broadcast::map1(a, [](const auto& x) { return x.square(); });
@@ -303,21 +258,9 @@ Tensor pow(const Tensor& a, double exponent) {
   // y = a^e  =>  da = dy·e·a^(e-1)   (0 when e == 0)
   SavedTensor saved_a(a);
   return record("pow", {a}, y, [saved_a, exponent](const TensorList& g, const Node&) {
-    if (exponent == 0.0) {
-      if (!is_grad_enabled()) return GradList{zeros_like(g[0])};
-      return GradList{masked_fill(g[0], ones({}, g[0].dtype()), 0.0)};  // zeros that belong to the graph
-    }
+    if (exponent == 0.0) return GradList{masked_fill(g[0], ones({}, g[0].dtype()), 0.0)};  // zeros, of the graph
     const Tensor av = saved_a.get("pow");
-    if (is_grad_enabled())
-      return GradList{exponent == 2.0 ? mul(mul(g[0], av), 2.0) : mul(mul(g[0], exponent), pow(av, exponent - 1.0))};
-    if (exponent == 2.0)
-      return GradList{broadcast::map<2>(g[0].shape(), {g[0], av}, [](const auto& dy, const auto& x) {
-        return dy * x * scalar_t<decltype(dy)>(2);
-      })};
-    return GradList{broadcast::map<2>(g[0].shape(), {g[0], av}, [exponent](const auto& dy, const auto& x) {
-      using T = scalar_t<decltype(dy)>;
-      return dy * T(exponent) * x.pow(T(exponent - 1.0));
-    })};
+    return GradList{exponent == 2.0 ? mul(mul(g[0], av), 2.0) : mul(mul(g[0], exponent), pow(av, exponent - 1.0))};
   });
 }
 
@@ -379,12 +322,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   // y = mask ? c : x  =>  dx = mask ? 0 : dy
   SavedTensor saved_mask(m);
   return record("masked_fill", {x}, y, [saved_mask](const TensorList& g, const Node&) {
-    if (is_grad_enabled()) return GradList{masked_fill(g[0], saved_mask.get("masked_fill"), 0.0)};
-    return GradList{broadcast::map<2>(g[0].shape(), {g[0], saved_mask.get("masked_fill")},
-                                      [](const auto& dy, const auto& keep_out) {
-                                        using T = scalar_t<decltype(dy)>;
-                                        return (keep_out != T(0)).select(T(0), dy);
-                                      })};
+    return GradList{masked_fill(g[0], saved_mask.get("masked_fill"), 0.0)};
   });
 }
 
@@ -410,27 +348,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   SavedTensor saved_cond(c);
   return record("where", {a, b}, y, [saved_cond](const TensorList& g, const Node& n) {
     const Tensor cv = saved_cond.get("where");
-    if (is_grad_enabled()) {
-      const Tensor zero = zeros({}, g[0].dtype());
-      return GradList{grad_if(n, 0, [&] { return sum_to(where(cv, g[0], zero), n.input_meta[0].shape); }),
-                      grad_if(n, 1, [&] { return sum_to(where(cv, zero, g[0]), n.input_meta[1].shape); })};
-    }
-    return GradList{grad_if(n, 0, [&] {
-                        return sum_to(broadcast::map<2>(g[0].shape(), {g[0], cv},
-                                                      [](const auto& dy, const auto& take_a) {
-                                                        using T = scalar_t<decltype(dy)>;
-                                                        return (take_a != T(0)).select(dy, T(0));
-                                                      }),
-                                      n.input_meta[0].shape);
-                      }),
-                      grad_if(n, 1, [&] {
-                        return sum_to(broadcast::map<2>(g[0].shape(), {g[0], cv},
-                                                      [](const auto& dy, const auto& take_a) {
-                                                        using T = scalar_t<decltype(dy)>;
-                                                        return (take_a != T(0)).select(T(0), dy);
-                                                      }),
-                                      n.input_meta[1].shape);
-                      })};
+    const Tensor zero = zeros({}, g[0].dtype());
+    return GradList{grad_if(n, 0, [&] { return sum_to(where(cv, g[0], zero), n.input_meta[0].shape); }),
+                    grad_if(n, 1, [&] { return sum_to(where(cv, zero, g[0]), n.input_meta[1].shape); })};
   });
 }
 

@@ -1,14 +1,15 @@
 // Unary elementwise ops. Each forward is one vectorised Eigen array expression over the whole
-// buffer (split across threads when large); each backward is one more. The exact gelu of float32
+// buffer (split across threads when large); each backward is one more, recorded as an op of its
+// own (unary_backward) so that its derivative too is stated once. The exact gelu of float32
 // tensors runs instruction-set kernels instead (kernels/approx.hpp), unless the generic variant is in
 // use: its erf and exp are most of a transformer MLP's elementwise work, and a portable build's
 // Eigen code has only SSE2.
 #include <cmath>
 #include <string_view>
+#include <type_traits>
 
 #include <unsupported/Eigen/SpecialFunctions>  // erf, for the exact gelu
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/approx.hpp"
@@ -22,31 +23,45 @@ using broadcast::scalar_t;
 
 namespace {
 
-// x is defined and holds floats: every op here computes with the values.
-void check_defined_arg(std::string_view op, const Tensor& x) {
-  check_defined(op, x, "argument");
-  check_floating(op, x);
+// The backward of a one-input op is a recorded op of its own, `<op>_backward`, as in PyTorch:
+// dx = slope(dy, s) = dy·f'(s), one fused pass (s the saved input or output). Each derivative is
+// written once. A first-order backward runs that pass alone (grad mode is off, nothing records);
+// when a graph of the backward is built (create_graph), the op records a node whose rule is
+//   d/d(dy) = the same op on the incoming gradient gg (dx is linear in dy),
+//   d/ds    = curvature(gg, dy, s) = gg·dy·(d/ds of f'(s)), from differentiable ops,
+// so it is differentiable to any order. `nullptr` as the curvature: f' is piecewise constant.
+template <class Slope, class Curvature>
+Tensor unary_backward(std::string_view name, const Tensor& dy, const Tensor& s, Slope slope, Curvature curvature) {
+  Tensor dx = slope(dy, s);
+  if (!needs_grad(dy, s)) return dx;
+  return record(name, {dy, s}, dx,
+                [name, slope, curvature, saved_dy = SavedTensor(dy), saved_s = SavedTensor(s)](const TensorList& g,
+                                                                                               const Node& n) {
+                  const Tensor sv = saved_s.get(name);
+                  return GradList{grad_if(n, 0, [&] { return unary_backward(name, g[0], sv, slope, curvature); }),
+                                  grad_if(n, 1, [&] {
+                                    if constexpr (std::is_null_pointer_v<Curvature>) return Tensor();
+                                    else return curvature(g[0], saved_dy.get(name), sv);
+                                  })};
+                });
 }
 
-// dx = f(dy, saved) elementwise, as the whole backward of a one-input op. While a graph of the
-// backward is being built (create_graph), dx = composed(dy, saved) instead: the same gradient
-// written with differentiable ops, so it can be differentiated again.
-template <class F, class C>
-auto backward_with(std::string_view op, const Tensor& saved, F f, C composed) {
-  return [op, saved_t = SavedTensor(saved), f, composed](const TensorList& g, const Node&) {
-    if (is_grad_enabled()) return GradList{composed(g[0], saved_t.get(op))};
-    return GradList{broadcast::map<2>(g[0].shape(), {g[0], saved_t.get(op)}, f)};
+// The rule of a one-input op whose backward is unary_backward on the saved tensor s.
+template <class Slope, class Curvature>
+auto rule_of(std::string_view name, const Tensor& s, Slope slope, Curvature curvature) {
+  return [name, slope, curvature, saved_s = SavedTensor(s)](const TensorList& g, const Node& n) {
+    return GradList{unary_backward(name, g[0], saved_s.get(n.name()), slope, curvature)};
   };
 }
 
-// 1 where keep(x) is false, 0 where it is true: a constant mask (no graph) for masked_fill.
-template <class Keep>
-Tensor drop_mask(const Tensor& x, Keep keep) {
-  return broadcast::map1(x, [keep](const auto& v) {
-    using T = scalar_t<decltype(v)>;
-    return T(1) - keep(v).template cast<T>();
-  });
+// An Eigen expression f(dy, s) as a slope: one pass over the buffer.
+template <class F>
+auto pointwise(F f) {
+  return [f](const Tensor& dy, const Tensor& s) { return broadcast::map<2>(dy.shape(), {dy, s}, f); };
 }
+
+// gg·dy, the common factor of every curvature.
+Tensor gg_dy(const Tensor& gg, const Tensor& dy) { return mul(gg, dy); }
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;     // 1/√2
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/√(2π)
@@ -55,28 +70,6 @@ constexpr double kGeluCubic = 0.044715;
 
 // φ(x) = e^(-x²/2) / √(2π), from differentiable ops.
 Tensor normal_pdf(const Tensor& x) { return mul(exp(mul(square(x), -0.5)), kInvSqrt2Pi); }
-
-// Φ(x) = (1 + erf(x/√2)) / 2 as a recorded op of its own (dΦ/dx = φ(x), composed), for the
-// differentiable backward of the exact gelu.
-Tensor normal_cdf(const Tensor& x) {
-  Tensor y = broadcast::map1(x, [](const auto& v) {
-    using T = scalar_t<decltype(v)>;
-    return T(0.5) * (T(1) + (v * T(kSqrt1_2)).erf());
-  });
-  if (!needs_grad(x)) return y;
-  return record("normal_cdf", {x}, y, [saved_x = SavedTensor(x)](const TensorList& g, const Node&) {
-    return GradList{mul(g[0], normal_pdf(saved_x.get("normal_cdf")))};
-  });
-}
-
-// d/dx of the tanh-approximated gelu, from differentiable ops:
-// (1 + t)/2 + x/2 · (1 - t²) · √(2/π)·(1 + 3·0.044715·x²),  t = tanh(√(2/π)·(x + 0.044715·x³))
-Tensor gelu_tanh_slope(const Tensor& x) {
-  const Tensor x2 = square(x);
-  const Tensor t = tanh(mul(add(x, mul(mul(x2, x), kGeluCubic)), kSqrt2OverPi));
-  const Tensor du = mul(add(mul(x2, 3 * kGeluCubic), 1.0), kSqrt2OverPi);
-  return add(mul(add(t, 1.0), 0.5), mul(mul(mul(x, 0.5), rsub(square(t), 1.0)), du));
-}
 
 // The exact gelu and its derivative (dx = dy·(Φ(x) + x·φ(x))) of float32 tensors through the
 // instruction-set kernels (kernels/approx.hpp), the same expressions as the Eigen ones below: an
@@ -117,96 +110,90 @@ Tensor exp(const Tensor& x) {
   check_defined_arg("exp", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.exp(); });
   if (!needs_grad(x)) return y;
-  // y = eˣ  =>  dx = dy·y
-  return record("exp", {x}, y, backward_with(
-                  "exp", y, [](const auto& dy, const auto& out) { return dy * out; },
-                  [](const Tensor& dy, const Tensor& out) { return mul(dy, out); }));
+  // y = eˣ  =>  dx = dy·y;  d/dy of that: dy
+  return record("exp", {x}, y, rule_of("exp_backward", y,
+      pointwise([](const auto& dy, const auto& out) { return dy * out; }),
+      [](const Tensor& gg, const Tensor& dy, const Tensor&) { return gg_dy(gg, dy); }));
 }
 
 Tensor log(const Tensor& x) {
   check_defined_arg("log", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.log(); });
   if (!needs_grad(x)) return y;
-  // y = ln x  =>  dx = dy / x
-  return record("log", {x}, y, backward_with(
-                  "log", x, [](const auto& dy, const auto& v) { return dy / v; },
-                  [](const Tensor& dy, const Tensor& v) { return div(dy, v); }));
+  // y = ln x  =>  dx = dy / x;  d/dx of that: -dy / x²
+  return record("log", {x}, y, rule_of("log_backward", x,
+      pointwise([](const auto& dy, const auto& v) { return dy / v; }),
+      [](const Tensor& gg, const Tensor& dy, const Tensor& v) { return neg(div(gg_dy(gg, dy), square(v))); }));
 }
 
 Tensor sqrt(const Tensor& x) {
   check_defined_arg("sqrt", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.sqrt(); });
   if (!needs_grad(x)) return y;
-  // y = √x  =>  dx = dy / (2y)
-  return record("sqrt", {x}, y, backward_with("sqrt", y, [](const auto& dy, const auto& out) {
-                  return dy * scalar_t<decltype(dy)>(0.5) / out;
-                }, [](const Tensor& dy, const Tensor& out) { return div(mul(dy, 0.5), out); }));
+  // y = √x  =>  dx = dy / (2y);  d/dy of that: -dy / (2y²)
+  return record("sqrt", {x}, y, rule_of("sqrt_backward", y,
+      pointwise([](const auto& dy, const auto& out) { return dy * scalar_t<decltype(dy)>(0.5) / out; }),
+      [](const Tensor& gg, const Tensor& dy, const Tensor& out) { return div(mul(gg_dy(gg, dy), -0.5), square(out)); }));
 }
 
 Tensor rsqrt(const Tensor& x) {
   check_defined_arg("rsqrt", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.rsqrt(); });
   if (!needs_grad(x)) return y;
-  // y = x^(-1/2)  =>  dx = -dy·y³/2
-  return record("rsqrt", {x}, y, backward_with("rsqrt", y, [](const auto& dy, const auto& out) {
-                  return dy * scalar_t<decltype(dy)>(-0.5) * out.cube();
-                }, [](const Tensor& dy, const Tensor& out) { return mul(mul(dy, -0.5), mul(square(out), out)); }));
+  // y = x^(-1/2)  =>  dx = -dy·y³/2;  d/dy of that: -3·dy·y²/2
+  return record("rsqrt", {x}, y, rule_of("rsqrt_backward", y,
+      pointwise([](const auto& dy, const auto& out) { return dy * scalar_t<decltype(dy)>(-0.5) * out.cube(); }),
+      [](const Tensor& gg, const Tensor& dy, const Tensor& out) { return mul(gg_dy(gg, dy), mul(square(out), -1.5)); }));
 }
 
 Tensor square(const Tensor& x) {
   check_defined_arg("square", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.square(); });
   if (!needs_grad(x)) return y;
-  // y = x²  =>  dx = 2x·dy
-  return record("square", {x}, y, backward_with("square", x, [](const auto& dy, const auto& v) {
-                  return dy * v * scalar_t<decltype(dy)>(2);
-                }, [](const Tensor& dy, const Tensor& v) { return mul(mul(dy, v), 2.0); }));
+  // y = x²  =>  dx = 2x·dy;  d/dx of that: 2·dy
+  return record("square", {x}, y, rule_of("square_backward", x,
+      pointwise([](const auto& dy, const auto& v) { return dy * v * scalar_t<decltype(dy)>(2); }),
+      [](const Tensor& gg, const Tensor& dy, const Tensor&) { return mul(gg_dy(gg, dy), 2.0); }));
 }
 
 Tensor abs(const Tensor& x) {
   check_defined_arg("abs", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.abs(); });
   if (!needs_grad(x)) return y;
-  // y = |x|  =>  dx = dy·sign(x)   (sign(0) = 0)
-  return record("abs", {x}, y, backward_with(
-                  "abs", x, [](const auto& dy, const auto& v) { return dy * v.sign(); },
-                  // sign(x) is piecewise constant: no second derivative
-                  [](const Tensor& dy, const Tensor& v) {
-                    return mul(dy, broadcast::map1(v, [](const auto& e) { return e.sign(); }));
-                  }));
+  // y = |x|  =>  dx = dy·sign(x)   (sign(0) = 0; piecewise constant: no curvature)
+  return record("abs", {x}, y, rule_of("abs_backward", x,
+      pointwise([](const auto& dy, const auto& v) { return dy * v.sign(); }), nullptr));
 }
 
 Tensor tanh(const Tensor& x) {
   check_defined_arg("tanh", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.tanh(); });
   if (!needs_grad(x)) return y;
-  // y = tanh x  =>  dx = dy·(1 - y²)
-  return record("tanh", {x}, y, backward_with("tanh", y, [](const auto& dy, const auto& out) {
-                  return dy * (scalar_t<decltype(dy)>(1) - out.square());
-                }, [](const Tensor& dy, const Tensor& out) { return mul(dy, rsub(square(out), 1.0)); }));
+  // y = tanh x  =>  dx = dy·(1 - y²);  d/dy of that: -2·dy·y
+  return record("tanh", {x}, y, rule_of("tanh_backward", y,
+      pointwise([](const auto& dy, const auto& out) { return dy * (scalar_t<decltype(dy)>(1) - out.square()); }),
+      [](const Tensor& gg, const Tensor& dy, const Tensor& out) { return mul(gg_dy(gg, dy), mul(out, -2.0)); }));
 }
 
 Tensor sigmoid(const Tensor& x) {
   check_defined_arg("sigmoid", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.logistic(); });
   if (!needs_grad(x)) return y;
-  // y = 1 / (1 + e⁻ˣ)  =>  dx = dy·y·(1 - y)
-  return record("sigmoid", {x}, y, backward_with("sigmoid", y, [](const auto& dy, const auto& out) {
-                  return dy * out * (scalar_t<decltype(dy)>(1) - out);
-                }, [](const Tensor& dy, const Tensor& out) { return mul(mul(dy, out), rsub(out, 1.0)); }));
+  // y = 1 / (1 + e⁻ˣ)  =>  dx = dy·y·(1 - y);  d/dy of that: dy·(1 - 2y)
+  return record("sigmoid", {x}, y, rule_of("sigmoid_backward", y,
+      pointwise([](const auto& dy, const auto& out) { return dy * out * (scalar_t<decltype(dy)>(1) - out); }),
+      [](const Tensor& gg, const Tensor& dy, const Tensor& out) { return mul(gg_dy(gg, dy), rsub(mul(out, 2.0), 1.0)); }));
 }
 
 Tensor relu(const Tensor& x) {
   check_defined_arg("relu", x);
   Tensor y = broadcast::map1(x, [](const auto& v) { return v.max(scalar_t<decltype(v)>(0)); });
   if (!needs_grad(x)) return y;
-  // y = max(x, 0)  =>  dx = dy·[x > 0]
-  return record("relu", {x}, y, backward_with("relu", x, [](const auto& dy, const auto& v) {
-                  using T = scalar_t<decltype(dy)>;
-                  return (v > T(0)).select(dy, T(0));
-                }, [](const Tensor& dy, const Tensor& v) {
-                  return masked_fill(dy, drop_mask(v, [](const auto& e) { return e > scalar_t<decltype(e)>(0); }), 0.0);
-                }));
+  // y = max(x, 0)  =>  dx = dy·[x > 0]   (piecewise constant: no curvature)
+  return record("relu", {x}, y, rule_of("relu_backward", x, pointwise([](const auto& dy, const auto& v) {
+      using T = scalar_t<decltype(dy)>;
+      return (v > T(0)).select(dy, T(0));
+    }), nullptr));
 }
 
 Tensor gelu(const Tensor& x, bool tanh_approximation) {
@@ -218,13 +205,20 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
       return T(0.5) * v * (T(1) + (T(kSqrt2OverPi) * (v + T(kGeluCubic) * v.cube())).tanh());
     });
     if (!needs_grad(x)) return y;
-    // dy/dx = (1 + t)/2 + x/2 · (1 - t²) · √(2/π)·(1 + 3·0.044715·x²),  t = tanh u
-    return record("gelu", {x}, y, backward_with("gelu", x, [](const auto& dy, const auto& v) {
-                    using T = scalar_t<decltype(dy)>;
-                    const auto t = (T(kSqrt2OverPi) * (v + T(kGeluCubic) * v.cube())).tanh();
-                    const auto du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v.square());
-                    return dy * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t.square()) * du);
-                  }, [](const Tensor& dy, const Tensor& v) { return mul(dy, gelu_tanh_slope(v)); }));
+    // dx = dy·s(x),  s = (1 + t)/2 + x/2 · (1 - t²)·u',  t = tanh u,  u' = √(2/π)·(1 + 3·0.044715·x²);
+    // d/dx of that: dy·(1 - t²)·(u' + 3·√(2/π)·0.044715·x² - x·t·u'²)
+    return record("gelu", {x}, y, rule_of("gelu_backward", x, pointwise([](const auto& dy, const auto& v) {
+        using T = scalar_t<decltype(dy)>;
+        const auto t = (T(kSqrt2OverPi) * (v + T(kGeluCubic) * v.cube())).tanh();
+        const auto du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v.square());
+        return dy * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t.square()) * du);
+      }), [](const Tensor& gg, const Tensor& dy, const Tensor& v) {
+        const Tensor x2 = square(v);
+        const Tensor t = tanh(mul(add(v, mul(mul(x2, v), kGeluCubic)), kSqrt2OverPi));
+        const Tensor du = mul(add(mul(x2, 3 * kGeluCubic), 1.0), kSqrt2OverPi);
+        const Tensor inner = sub(add(du, mul(x2, 3 * kSqrt2OverPi * kGeluCubic)), mul(mul(v, t), square(du)));
+        return mul(gg_dy(gg, dy), mul(rsub(square(t), 1.0), inner));
+      }));
   }
   // y = x·Φ(x),  Φ(x) = (1 + erf(x/√2)) / 2
   Tensor y = gelu_kernel(x);
@@ -235,18 +229,17 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
     });
   }
   if (!needs_grad(x)) return y;
-  // dy/dx = Φ(x) + x·φ(x),  φ(x) = e^(-x²/2) / √(2π)
-  auto generic = backward_with("gelu", x, [](const auto& dy, const auto& v) {
-    using T = scalar_t<decltype(dy)>;
-    return dy * (T(0.5) * (T(1) + (v * T(kSqrt1_2)).erf()) + v * T(kInvSqrt2Pi) * (T(-0.5) * v.square()).exp());
-  }, [](const Tensor& dy, const Tensor& v) { return mul(dy, add(normal_cdf(v), mul(v, normal_pdf(v)))); });
-  return record("gelu", {x}, y, [saved_x = SavedTensor(x), generic](const TensorList& g, const Node& node) {
-    if (!is_grad_enabled()) {
-      Tensor dx = gelu_backward_kernel(g[0], saved_x.get("gelu"));
-      if (dx.defined()) return GradList{dx};
-    }
-    return generic(g, node);
-  });
+  // dx = dy·(Φ(x) + x·φ(x)),  φ(x) = e^(-x²/2) / √(2π);  d/dx of that: dy·φ(x)·(2 - x²)
+  return record("gelu", {x}, y, rule_of("gelu_backward", x, [](const Tensor& dy, const Tensor& v) {
+      Tensor dx = gelu_backward_kernel(dy, v);
+      if (dx.defined()) return dx;
+      return broadcast::map<2>(dy.shape(), {dy, v}, [](const auto& g, const auto& e) {
+        using T = scalar_t<decltype(g)>;
+        return g * (T(0.5) * (T(1) + (e * T(kSqrt1_2)).erf()) + e * T(kInvSqrt2Pi) * (T(-0.5) * e.square()).exp());
+      });
+    }, [](const Tensor& gg, const Tensor& dy, const Tensor& v) {
+      return mul(gg_dy(gg, dy), mul(normal_pdf(v), rsub(square(v), 2.0)));
+    }));
 }
 
 Tensor clamp(const Tensor& x, double min, double max) {
@@ -258,16 +251,11 @@ Tensor clamp(const Tensor& x, double min, double max) {
     return v.max(T(min)).min(T(max));
   });
   if (!needs_grad(x)) return y;
-  // y = min(max(x, lo), hi)  =>  dx = dy·[lo < x < hi]
-  return record("clamp", {x}, y, backward_with("clamp", x, [min, max](const auto& dy, const auto& v) {
-                  using T = scalar_t<decltype(dy)>;
-                  return (v > T(min) && v < T(max)).select(dy, T(0));
-                }, [min, max](const Tensor& dy, const Tensor& v) {
-                  return masked_fill(dy, drop_mask(v, [min, max](const auto& e) {
-                                       using T = scalar_t<decltype(e)>;
-                                       return e > T(min) && e < T(max);
-                                     }), 0.0);
-                }));
+  // y = min(max(x, lo), hi)  =>  dx = dy·[lo < x < hi]   (piecewise constant: no curvature)
+  return record("clamp", {x}, y, rule_of("clamp_backward", x, pointwise([min, max](const auto& dy, const auto& v) {
+      using T = scalar_t<decltype(dy)>;
+      return (v > T(min) && v < T(max)).select(dy, T(0));
+    }), nullptr));
 }
 
 }  // namespace autograd

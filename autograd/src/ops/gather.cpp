@@ -9,7 +9,6 @@
 #include <string>
 #include <utility>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/checks.hpp"
@@ -76,7 +75,7 @@ Tensor put_along(const Tensor& g, const Shape& x_shape, Indices offsets) {
     T* d = dx.data<T>();
     for (std::size_t j = 0; j < offsets.size(); ++j) d[offsets[j]] += s[j];  // in order: repeats add up
   });
-  if (!needs_grad(g) || !is_grad_enabled()) return dx;
+  if (!needs_grad(g)) return dx;
   // dx[off[j]] += dy[j]  =>  ddy[j] = ddx[off[j]]
   return record(std::string(kOp) + "_backward", {g}, dx,
                 [offsets = std::move(offsets), g_shape = g.shape()](const TensorList& gg, const Node&) {

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <utility>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "buffer_pool.hpp"
@@ -41,7 +40,7 @@ Tensor scatter_add_values(const Tensor& dy, const Shape& in_shape, std::int64_t 
 }
 
 Tensor scatter_add_along(std::string_view op, const Tensor& dy, const Shape& in_shape, std::int64_t d,
-                         Indices index);
+                         const Indices& index);
 
 // y = x[..., index[k], ...] along dim d, shaped out_shape (the caller's layout of
 // [outer, index.size(), inner]); recorded as `op`.
@@ -73,23 +72,22 @@ Tensor gather_along(std::string_view op, const Tensor& x, std::int64_t d, Indice
     // y[o, k, :] = x[o, index[k], :]  =>  dx[o, index[k], :] += dy[o, k, :]
     return record(op, {x}, y,
                   [in_shape = in, index = std::move(index), d, op](const TensorList& g, const Node&) {
-      // building a graph of the backward: the scatter is an op of its own, differentiable again
-      if (is_grad_enabled()) return GradList{scatter_add_along(op, g[0], in_shape, d, index.copy(op))};
-      return GradList{scatter_add_values(g[0], in_shape, d, index)};
+      return GradList{scatter_add_along(op, g[0], in_shape, d, index)};
     });
   }
   return y;
 }
 
-// dx = zeros(in_shape) with dy scatter-added at index along d: the gradient of gather_along
-// as a recorded op (named `op`_backward), whose own gradient is the gather again.
+// dx = zeros(in_shape) with dy scatter-added at index along d: the gradient of gather_along,
+// recorded as an op of its own (named `op`_backward, keeping a copy of the index) when a graph
+// of the backward is built; its own gradient is the gather again.
 Tensor scatter_add_along(std::string_view op, const Tensor& dy, const Shape& in_shape, std::int64_t d,
-                         Indices index) {
+                         const Indices& index) {
   Tensor dx = scatter_add_values(dy, in_shape, d, index);
   if (!needs_grad(dy)) return dx;
   // dx[o, index[k], :] += dy[o, k, :]  =>  ddy[o, k, :] = ddx[o, index[k], :]
   return record(std::string(op) + "_backward", {dy}, dx,
-                [index = std::move(index), d, op, dy_shape = dy.shape()](const TensorList& g, const Node&) {
+                [index = index.copy(op), d, op, dy_shape = dy.shape()](const TensorList& g, const Node&) {
                   return GradList{gather_along(op, g[0], d, index.copy(op), dy_shape)};
                 });
 }

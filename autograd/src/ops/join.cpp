@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/checks.hpp"
@@ -49,7 +48,7 @@ Tensor slice_copy(const Tensor& x, std::int64_t dim, std::int64_t start, std::in
 }
 
 // The adjoint of slice_copy: zeros of in_shape with g written at the sliced positions.
-Tensor slice_scatter(const Tensor& g, const Shape& in_shape, std::int64_t dim, std::int64_t start,
+Tensor slice_scatter_copy(const Tensor& g, const Shape& in_shape, std::int64_t dim, std::int64_t start,
                      std::int64_t step) {
   Tensor dx = zeros(in_shape, g.dtype());
   const std::int64_t count = g.shape()[static_cast<std::size_t>(dim)];
@@ -71,18 +70,17 @@ Tensor slice_scatter(const Tensor& g, const Shape& in_shape, std::int64_t dim, s
   return dx;
 }
 
-// slice_scatter as a recorded op (its gradient is the slice again), for the backward of a slice
-// while a graph of it is being built (create_graph).
-Tensor slice_scatter_op(const Tensor& g, const Shape& in_shape, std::int64_t dim, std::int64_t start,
-                        std::int64_t step) {
-  Tensor dx = slice_scatter(g, in_shape, dim, start, step);
+// The backward of a slice: slice_scatter_copy, recorded as an op of its own (its gradient is the
+// slice again) when a graph of the backward is built (create_graph).
+Tensor slice_scatter(const Tensor& g, const Shape& in_shape, std::int64_t dim, std::int64_t start,
+                     std::int64_t step) {
+  Tensor dx = slice_scatter_copy(g, in_shape, dim, start, step);
   if (!needs_grad(g)) return dx;
   // dx = zeros with g written at x[..., start : : step, ...]  =>  dg = ddx at those positions
   const std::int64_t count = g.shape()[static_cast<std::size_t>(dim)];
   const std::int64_t end = count > 0 ? start + (count - 1) * step + 1 : start;
-  return record("slice_scatter", {g}, dx, [dim, start, end, count, step](const TensorList& gg, const Node&) {
-    return GradList{is_grad_enabled() ? slice(gg[0], dim, start, end, step)
-                                      : slice_copy(gg[0], dim, start, count, step)};
+  return record("slice_scatter", {g}, dx, [dim, start, end, step](const TensorList& gg, const Node&) {
+    return GradList{slice(gg[0], dim, start, end, step)};
   });
 }
 
@@ -178,7 +176,6 @@ Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_
   if (needs_grad(x)) {
     // y = x[..., start : start + length, ...]  =>  dx = zeros with dy written at those positions
     return record("narrow", {x}, y, [in_shape = x.shape(), d, start](const TensorList& g, const Node&) {
-      if (is_grad_enabled()) return GradList{slice_scatter_op(g[0], in_shape, d, start, 1)};
       return GradList{slice_scatter(g[0], in_shape, d, start, 1)};
     });
   }
@@ -201,7 +198,6 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   if (needs_grad(x)) {
     // y = x[..., start : end : step, ...]  =>  dx = zeros with dy written at those positions
     return record("slice", {x}, y, [in_shape = x.shape(), d, start, step](const TensorList& g, const Node&) {
-      if (is_grad_enabled()) return GradList{slice_scatter_op(g[0], in_shape, d, start, step)};
       return GradList{slice_scatter(g[0], in_shape, d, start, step)};
     });
   }
@@ -240,8 +236,7 @@ Tensor cat(const TensorList& xs, std::int64_t dim) {
       TensorList dxs(sizes.size());
       std::int64_t offset = 0;
       for (std::size_t i = 0; i < sizes.size(); ++i) {
-        if (node.needs_input_grad(i))
-          dxs[i] = is_grad_enabled() ? narrow(g[0], d, offset, sizes[i]) : slice_copy(g[0], d, offset, sizes[i], 1);
+        if (node.needs_input_grad(i)) dxs[i] = narrow(g[0], d, offset, sizes[i]);
         offset += sizes[i];
       }
       return dxs;
@@ -270,9 +265,7 @@ Tensor stack(const TensorList& xs, std::int64_t dim) {
     return record("stack", xs, y, [shape, d](const TensorList& g, const Node& node) {
       TensorList dxs(node.next_edges.size());
       for (std::size_t i = 0; i < dxs.size(); ++i)
-        if (node.needs_input_grad(i))
-          dxs[i] = is_grad_enabled() ? reshape(narrow(g[0], d, static_cast<std::int64_t>(i), 1), shape)
-                                     : view_as_shape(slice_copy(g[0], d, static_cast<std::int64_t>(i), 1, 1), shape);
+        if (node.needs_input_grad(i)) dxs[i] = reshape(narrow(g[0], d, static_cast<std::int64_t>(i), 1), shape);
       return dxs;
     });
   }

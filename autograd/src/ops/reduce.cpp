@@ -14,7 +14,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/exact.hpp"
@@ -158,6 +157,25 @@ class ReduceWalk {
   SmallVector<std::int64_t, 6> in_stride_, out_stride_;
 };
 
+Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, bool keepdim, bool mean);
+
+// The backward of sum and mean: dx = scale · dy broadcast back over the reduced dims (the walk in
+// the other direction). Recorded as an op of its own when a graph of the backward is built
+// (create_graph); its gradient is the same sum or mean of the incoming gradient.
+Tensor broadcast_back(const Tensor& dy, const Shape& shape, const ReduceWalk& walk, const DimMask& mask, double scale,
+                      bool mean) {
+  Tensor dx = Tensor::empty(shape, dy.dtype());
+  dispatch(dx.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    walk.broadcast(dy.data<T>(), dx.data<T>(), static_cast<T>(scale));
+  });
+  if (!needs_grad(dy)) return dx;
+  const char* name = mean ? "mean_backward" : "sum_backward";
+  return record(name, {dy}, dx, [name, mask, mean, dy_shape = dy.shape()](const TensorList& g, const Node&) {
+    return GradList{reshape(scaled_sum(name, g[0], mask, /*keepdim=*/true, mean), dy_shape)};
+  });
+}
+
 // sum (scale 1) and mean (scale 1/count) share everything but the scale.
 Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, bool keepdim, bool mean) {
   std::int64_t count = 1;
@@ -178,18 +196,8 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, boo
   if (needs_grad(x)) {
     // y = s · Σ_reduced x  =>  dx = s · dy broadcast back over the reduced dims
     return record(op, {x}, y,
-                  [walk, scale, mask](const TensorList& g, const Node& n) {
-                    const Shape& shape = n.input_meta[0].shape;
-                    if (is_grad_enabled()) {  // the same broadcast, from differentiable ops
-                      const Tensor dx = expand(reshape(g[0], reduced_shape(shape, mask, true)), shape);
-                      return GradList{scale == 1.0 ? dx : mul(dx, scale)};
-                    }
-                    Tensor dx = Tensor::empty(shape, g[0].dtype());
-                    dispatch(dx.dtype(), [&](auto zero) {
-                      using T = decltype(zero);
-                      walk.broadcast(g[0].data<T>(), dx.data<T>(), static_cast<T>(scale));
-                    });
-                    return GradList{dx};
+                  [walk, scale, mask, mean](const TensorList& g, const Node& n) {
+                    return GradList{broadcast_back(g[0], n.input_meta[0].shape, walk, mask, scale, mean)};
                   });
   }
   return y;
@@ -253,19 +261,45 @@ DimMax dim_max(std::string_view op, const Tensor& x, std::int64_t dim, bool keep
   return r;
 }
 
-// The backward of max along a dim from differentiable ops: dy times a constant one-hot of the
-// first maxima, x seen as [outer, n, inner].
-Tensor dim_max_composed(const Tensor& dy, const std::vector<std::int64_t>& index, std::int64_t outer, std::int64_t n,
-                        std::int64_t inner, const Shape& shape) {
-  Tensor one_hot = zeros({outer, n, inner}, dy.dtype());
-  dispatch(dy.dtype(), [&](auto zero) {
+// The backward of max along a dim: dy written at the first maximum of each slice, zeros elsewhere
+// (x seen as [outer, n, inner]). Recorded as an op of its own when a graph of the backward is
+// built; its gradient picks those positions back out (max_pick), whose gradient is this again.
+using MaxIndex = std::shared_ptr<const std::vector<std::int64_t>>;
+Tensor max_pick(const Tensor& ddx, const MaxIndex& index, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                const Shape& dy_shape);
+
+Tensor max_scatter(const Tensor& dy, const MaxIndex& index, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                   const Shape& shape) {
+  Tensor dx = zeros(shape, dy.dtype());
+  dispatch(dx.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    T* d = one_hot.data<T>();
+    const T* g = dy.data<T>();
+    T* d = dx.data<T>();
+    const std::int64_t* idx = index->data();
     for (std::int64_t o = 0; o < outer; ++o)
-      for (std::int64_t i = 0; i < inner; ++i)
-        d[(o * n + index[static_cast<std::size_t>(o * inner + i)]) * inner + i] = T(1);
+      for (std::int64_t i = 0; i < inner; ++i) d[(o * n + idx[o * inner + i]) * inner + i] = g[o * inner + i];
   });
-  return reshape(mul(one_hot, reshape(dy, {outer, 1, inner})), shape);
+  if (!needs_grad(dy)) return dx;
+  return record("max_backward", {dy}, dx, [=, dy_shape = dy.shape()](const TensorList& g, const Node&) {
+    return GradList{max_pick(g[0], index, outer, n, inner, dy_shape)};
+  });
+}
+
+Tensor max_pick(const Tensor& ddx, const MaxIndex& index, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                const Shape& dy_shape) {
+  Tensor ddy = Tensor::empty(dy_shape, ddx.dtype());
+  dispatch(ddx.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* d = ddx.data<T>();
+    T* g = ddy.data<T>();
+    const std::int64_t* idx = index->data();
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t i = 0; i < inner; ++i) g[o * inner + i] = d[(o * n + idx[o * inner + i]) * inner + i];
+  });
+  if (!needs_grad(ddx)) return ddy;
+  return record("max_pick", {ddx}, ddy, [=, shape = ddx.shape()](const TensorList& g, const Node&) {
+    return GradList{max_scatter(g[0], index, outer, n, inner, shape)};
+  });
 }
 
 }  // namespace
@@ -337,24 +371,21 @@ Tensor max(const Tensor& x) {
   if (needs_grad(x)) {
     // y = max_i x_i  =>  dx_i = dy / k where x_i ties for the maximum (k of them), else 0
     return record("max", {x}, y, [saved_x = SavedTensor(x), m](const TensorList& g, const Node&) {
+      // dy · [x_i ties for the maximum] / k, the indicator a constant (piecewise linear: no
+      // second derivative)
       Tensor xv = saved_x.get("max");
-      Tensor dx = Tensor::empty(xv.shape(), xv.dtype());
-      const bool composed = is_grad_enabled();
-      double ties = 0;
+      Tensor ties = Tensor::empty(xv.shape(), xv.dtype());
+      double k = 0;
       dispatch(xv.dtype(), [&](auto zero) {
         using T = decltype(zero);
         const T top = static_cast<T>(m);
         ConstArrayView<T> xs(xv.data<T>(), xv.numel());
-        ArrayView<T> d(dx.data<T>(), dx.numel());
+        ArrayView<T> d(ties.data<T>(), ties.numel());
         if (std::isnan(top)) d = xs.isNaN().template cast<T>();
         else d = (xs == top).template cast<T>();
-        if (composed) ties = static_cast<double>(d.sum());
-        else d *= *g[0].data<T>() / d.sum();
+        k = static_cast<double>(d.sum());
       });
-      // create_graph: the same dy · [x_i ties for the maximum] / k from differentiable ops, the
-      // indicator a constant (piecewise linear: no second derivative)
-      if (composed) return GradList{div(mul(g[0], dx), ties)};
-      return GradList{dx};
+      return GradList{div(mul(g[0], ties), k)};
     });
   }
   return y;
@@ -367,18 +398,7 @@ Tensor max(const Tensor& x, std::int64_t dim, bool keepdim) {
     return record("max", {x}, r.values,
                   [index = r.index, outer = r.outer, n = r.n, inner = r.inner, shape = x.shape()](
                       const TensorList& g, const Node&) {
-                    if (is_grad_enabled()) return GradList{dim_max_composed(g[0], *index, outer, n, inner, shape)};
-                    Tensor dx = zeros(shape, g[0].dtype());
-                    dispatch(dx.dtype(), [&](auto zero) {
-                      using T = decltype(zero);
-                      const T* dy = g[0].data<T>();
-                      T* d = dx.data<T>();
-                      const std::int64_t* idx = index->data();
-                      for (std::int64_t o = 0; o < outer; ++o)
-                        for (std::int64_t i = 0; i < inner; ++i)
-                          d[(o * n + idx[o * inner + i]) * inner + i] = dy[o * inner + i];
-                    });
-                    return GradList{dx};
+                    return GradList{max_scatter(g[0], index, outer, n, inner, shape)};
                   });
   }
   return r.values;

@@ -132,6 +132,8 @@ struct MultiHeadAttentionConfig {
   AttentionStudy* study = nullptr;  // when given: run the Composed core and keep its intermediates here
   // When given: run the Composed core and call it at each hook point (see the top of this file).
   const std::function<ag::Tensor(const char* point, const ag::Tensor& value)>* hooks = nullptr;
+  // When given: the core the call ran on, and why (the attention_path below), is written here.
+  ag::SdpaPath* path = nullptr;
 };
 
 // query (B, T, E), key (B, S, kdim), value (B, S, vdim); or unbatched (T, E), (S, kdim),
@@ -140,6 +142,16 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
                                              const MultiHeadAttentionWeights& weights,
                                              const MultiHeadAttentionConfig& config,
                                              const AttentionOptions& options = {});
+
+// The core multi_head_attention_forward runs on for these arguments (checked as it checks them),
+// and why when it is not the fastest one for the shapes, without running it. Composed, with the
+// reason "AttentionCore::Composed" (config.core), "study mode" (config.study) or "hooks"
+// (config.hooks), the first that holds; otherwise the fused op's own path for T queries and S'
+// keys (ag::sdpa_path): Tiled without need_weights at T·S' >= 2^20, else Fused, with the reason
+// "need_weights" when the weights asked for kept a call that large off the tiled core.
+ag::SdpaPath attention_path(const ag::Tensor& query, const ag::Tensor& key, const ag::Tensor& value,
+                            const MultiHeadAttentionWeights& weights, const MultiHeadAttentionConfig& config,
+                            const AttentionOptions& options = {});
 
 }  // namespace functional
 

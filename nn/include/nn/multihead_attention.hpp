@@ -74,6 +74,15 @@ class MultiHeadAttention : public Module {
     return forward(x, x, x, options);
   }
 
+  // The core forward(query, key, value, options) runs on now, and why when it is not the fastest
+  // one for the shapes, without running it (the arguments are checked as forward checks them):
+  // functional::attention_path with this module's options, mode and hooks. Composed for
+  // AttentionCore::Composed, study mode, or a hook on q .. concat or result, whose reason names
+  // the first such point ("hook on pattern"); otherwise Tiled or Fused as ag::sdpa_path says
+  // ("need_weights" when the weights asked for keep a large call off the tiled core).
+  ag::SdpaPath attention_path(const ag::Tensor& query, const ag::Tensor& key, const ag::Tensor& value,
+                              const AttentionOptions& options = {}) const;
+
   // PyTorch's _reset_parameters, in this layout: W_Q, W_K, W_V Xavier-uniform (as one (3E x E)
   // block when kdim = vdim = E), W_O U(-1/√E, 1/√E), biases zero, bias_k and bias_v Xavier-normal.
   void reset_parameters(ag::Generator& gen);
