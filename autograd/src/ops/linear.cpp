@@ -4,11 +4,11 @@
 // (reshape, matmul, add, reshape) and no intermediate tensor.
 #include <array>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/gemm.hpp"
 #include "ops/checks.hpp"
+#include "ops/product.hpp"
 
 namespace autograd {
 namespace {
@@ -47,19 +47,6 @@ Shape output_shape(std::string_view op, const Tensor& x, std::int64_t out, const
 
 constexpr std::size_t kMaxCat = 4;  // weights of one linear_cat
 
-// linear's gradients composed of differentiable ops, for a backward that builds a graph:
-// dX = dY·Wᵀ, dW = Xᵀ·dY, db = Σ_rows dY, with X and dY seen as (rows, in) and (rows, out).
-GradList linear_composed(const Tensor& g, const Node& n, const SavedTensor& saved_x, const SavedTensor& saved_w,
-                         std::int64_t rows, std::int64_t in, std::int64_t out) {
-  GradList grads(3);
-  const Tensor dY = reshape(g, {rows, out});
-  if (n.needs_input_grad(0))
-    grads[0] = reshape(matmul(dY, transpose(saved_w.get("linear"), 0, 1)), n.input_meta[0].shape);
-  if (n.needs_input_grad(1)) grads[1] = matmul(transpose(reshape(saved_x.get("linear"), {rows, in}), 0, 1), dY);
-  if (n.needs_input_grad(2)) grads[2] = sum(dY, 0);
-  return grads;
-}
-
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -77,30 +64,14 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
             y.data<T>(), out);
   });
   if (!needs_grad(x, w) && !needs_grad(b)) return y;
-  // Y = X·W + 1·bᵀ (X the rows of x)  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,  db = Σ_rows dY
+  // Y = X·W + 1·bᵀ (X the rows of x)  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,  db = Σ_rows dY;
+  // dX and dW are the gradients of the product X·W (product.hpp), whose derivative is its own.
   SavedTensor saved_x(w.requires_grad() ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
   return record("linear", {x, w, b}, y, [saved_x, saved_w, rows, in, out](const TensorList& g, const Node& n) {
-    if (is_grad_enabled()) return linear_composed(g[0], n, saved_x, saved_w, rows, in, out);
-    GradList grads(3);
-    dispatch(g[0].dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      ConstMatrixView<T> dY(g[0].data<T>(), rows, out);
-      if (n.needs_input_grad(0)) {
-        grads[0] = Tensor::empty(n.input_meta[0].shape, g[0].dtype());
-        gemm<T>(false, true, rows, in, out, T(1), dY.data(), out, saved_w.get("linear").data<T>(), out, T(0),
-                grads[0].data<T>(), in);  // dY·Wᵀ
-      }
-      if (n.needs_input_grad(1)) {
-        grads[1] = Tensor::empty({in, out}, g[0].dtype());
-        gemm<T>(true, false, in, out, rows, T(1), saved_x.get("linear").data<T>(), in, dY.data(), out, T(0),
-                grads[1].data<T>(), out);  // Xᵀ·dY
-      }
-      if (n.needs_input_grad(2)) {
-        grads[2] = Tensor::empty({out}, g[0].dtype());
-        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(grads[2].data<T>(), out) = dY.colwise().sum();
-      }
-    });
-    return grads;
+    const MatmulPlan plan = folded_plan(n.input_meta[0].shape, in, out);
+    return GradList{grad_if(n, 0, [&] { return product(Slot::A, plan, saved_w.get("linear"), g[0]); }),
+                    grad_if(n, 1, [&] { return product(Slot::B, plan, saved_x.get("linear"), g[0]); }),
+                    grad_if(n, 2, [&] { return sum(reshape(g[0], {rows, out}), 0); })};
   });
 }
 
@@ -114,13 +85,39 @@ struct CatLayout {
   std::int64_t cols(std::size_t i) const { return offset[i + 1] - offset[i]; }
 };
 
-// y = x·[W_0 | W_1 | …] + [b_0 | b_1 | …]; w receives the packed weight (kept for dX).
+// w = [W_0 | W_1 | …], on plain tensors.
 template <class T>
-void linear_cat_forward(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases,
-                        const CatLayout& l, Tensor& y, Tensor& w) {
+void pack_weights(std::span<const Tensor> weights, const CatLayout& l, Tensor& w) {
   MatrixView<T> packed(w.data<T>(), l.in, l.out);
   for (std::size_t i = 0; i < l.n; ++i)
     packed.middleCols(l.offset[i], l.cols(i)) = ConstMatrixView<T>(weights[i].data<T>(), l.in, l.cols(i));
+}
+
+// The piece i of a gradient t of the packed weight (dim 1) or bias (dim 0): its columns of piece i.
+Tensor piece(const Tensor& t, std::int64_t dim, const CatLayout& l, std::size_t i) {
+  return l.n == 1 ? t : narrow(t, dim, l.offset[i], l.cols(i));
+}
+
+// The packed weight W = [W_0 | W_1 | …] as a differentiable op, for linear_cat's dX.
+// W = [W_0 | W_1 | …]  =>  dW_i = the columns of piece i of dW
+Tensor packed_weight(std::span<const Tensor> weights, const CatLayout& l) {
+  Tensor w = Tensor::empty({l.in, l.out}, weights[0].dtype(), "linear_cat");
+  dispatch(w.dtype(), [&](auto zero) { pack_weights<decltype(zero)>(weights, l, w); });
+  if (!needs_grad(weights)) return w;
+  record("linear_cat_pack", weights, std::span<const Tensor>(&w, 1), [l](const TensorList& g, const Node& n) {
+    GradList grads(l.n);
+    for (std::size_t i = 0; i < l.n; ++i)
+      if (n.needs_input_grad(i)) grads[i] = piece(g[0], 1, l, i);
+    return grads;
+  });
+  return w;
+}
+
+// y = x·[W_0 | W_1 | …] + [b_0 | b_1 | …]; w receives the packed weight.
+template <class T>
+void linear_cat_forward(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases,
+                        const CatLayout& l, Tensor& y, Tensor& w) {
+  pack_weights<T>(weights, l, w);
   bool any_bias = false;
   for (const auto& b : biases) any_bias = any_bias || b.defined();
   if (any_bias && l.rows > 0) {  // every row of y starts as [b_0 | b_1 | …]
@@ -139,71 +136,8 @@ void linear_cat_forward(const Tensor& x, std::span<const Tensor> weights, std::s
           y.data<T>(), l.out);
 }
 
-// Y = X·W + 1·bᵀ with W = [W_0 | W_1 | …], b = [b_0 | b_1 | …]  =>  dX = dY·Wᵀ,
-// dW = Xᵀ·dY, so dW_i = the columns of piece i of dW;  db_i = Σ_rows of dY's columns of piece i.
-// Inputs: x, then the n weights, then the n biases.
-template <class T>
-void linear_cat_backward(const Tensor& g, const Node& node, const CatLayout& l, const SavedTensor& saved_x,
-                         const SavedTensor& saved_w, InlineTensorList<1 + 2 * kMaxCat>& grads) {
-  ConstMatrixView<T> dY(g.data<T>(), l.rows, l.out);
-  if (node.needs_input_grad(0)) {
-    grads[0] = Tensor::empty(node.input_meta[0].shape, g.dtype());
-    gemm<T>(false, true, l.rows, l.in, l.out, T(1), dY.data(), l.out, saved_w.get("linear_cat").data<T>(), l.out,
-            T(0), grads[0].data<T>(), l.in);  // dY·Wᵀ
-  }
-  bool any_dw = false;
-  for (std::size_t i = 0; i < l.n; ++i) any_dw = any_dw || node.needs_input_grad(1 + i);
-  if (any_dw) {
-    Tensor dw = Tensor::empty({l.in, l.out}, g.dtype());
-    gemm<T>(true, false, l.in, l.out, l.rows, T(1), saved_x.get("linear_cat").data<T>(), l.in, dY.data(), l.out,
-            T(0), dw.data<T>(), l.out);  // Xᵀ·dY
-    ConstMatrixView<T> dws(dw.data<T>(), l.in, l.out);
-    for (std::size_t i = 0; i < l.n; ++i) {
-      if (!node.needs_input_grad(1 + i)) continue;
-      grads[1 + i] = Tensor::empty({l.in, l.cols(i)}, g.dtype());
-      MatrixView<T>(grads[1 + i].data<T>(), l.in, l.cols(i)) = dws.middleCols(l.offset[i], l.cols(i));
-    }
-  }
-  for (std::size_t i = 0; i < l.n; ++i) {
-    if (!node.needs_input_grad(1 + l.n + i)) continue;
-    grads[1 + l.n + i] = Tensor::empty({l.cols(i)}, g.dtype());
-    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(grads[1 + l.n + i].data<T>(), l.cols(i)) =
-        dY.middleCols(l.offset[i], l.cols(i)).colwise().sum();
-  }
-}
-
 using CatGrads = InlineTensorList<1 + 2 * kMaxCat>;
 using CatWeights = std::array<SavedTensor, kMaxCat>;
-
-// linear_cat's gradients composed of differentiable ops, for a backward that builds a graph:
-// with dY_i the columns of piece i, dX = Σ_i dY_i·W_iᵀ, dW_i = Xᵀ·dY_i, db_i = Σ_rows dY_i.
-// The weights come from their own saved tensors (the packed copy has no graph).
-void linear_cat_composed(const Tensor& g, const Node& node, const CatLayout& l, const SavedTensor& saved_x,
-                         const CatWeights& saved_ws, CatGrads& grads) {
-  constexpr std::string_view op = "linear_cat";
-  const Tensor dY = reshape(g, {l.rows, l.out});
-  // The pieces, cut once: one split (whose own backward is one cat), not a narrow per use.
-  std::vector<std::int64_t> sizes;
-  for (std::size_t i = 0; i < l.n; ++i) sizes.push_back(l.cols(i));
-  const TensorList pieces = l.n == 1 ? TensorList{dY} : split(dY, sizes, 1);
-  auto piece = [&](std::size_t i) -> const Tensor& { return pieces[i]; };
-  if (node.needs_input_grad(0)) {
-    Tensor dx;
-    for (std::size_t i = 0; i < l.n; ++i) {
-      const Tensor term = matmul(piece(i), transpose(saved_ws[i].get(op), 0, 1));
-      dx = dx.defined() ? add(dx, term) : term;
-    }
-    grads[0] = reshape(dx, node.input_meta[0].shape);
-  }
-  Tensor xt;  // Xᵀ, (in, rows)
-  for (std::size_t i = 0; i < l.n; ++i) {
-    if (!node.needs_input_grad(1 + i)) continue;
-    if (!xt.defined()) xt = transpose(reshape(saved_x.get(op), {l.rows, l.in}), 0, 1);
-    grads[1 + i] = matmul(xt, piece(i));
-  }
-  for (std::size_t i = 0; i < l.n; ++i)
-    if (node.needs_input_grad(1 + l.n + i)) grads[1 + l.n + i] = sum(piece(i), 0);
-}
 
 }  // namespace
 
@@ -239,19 +173,37 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
   if (!needs_grad(inputs)) return y;
   bool any_weight_grad = false;
   for (std::size_t i = 0; i < n; ++i) any_weight_grad = any_weight_grad || weights[i].requires_grad();
-  SavedTensor saved_x(any_weight_grad ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
-  CatWeights saved_ws;  // for the composed dX
+  SavedTensor saved_x(any_weight_grad ? x : Tensor());
+  CatWeights saved_ws;  // for dX
   if (x.requires_grad())
     for (std::size_t i = 0; i < n; ++i) saved_ws[i] = SavedTensor(weights[i]);
-  record(op, inputs, std::span<const Tensor>(&y, 1),
-         [saved_x, saved_w, saved_ws, l](const TensorList& g, const Node& node) {
+  // Y = X·W + 1·bᵀ with W = [W_0 | W_1 | …], b = [b_0 | b_1 | …]  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,
+  // db = Σ_rows dY, and dW_i, db_i are the columns of piece i of dW, db. dX and dW are the
+  // gradients of the product X·W (product.hpp), whose derivative is its own; W is packed again
+  // from the weights (packed_weight), so that dX depends on them. Inputs: x, the n weights, the n biases.
+  record(op, inputs, std::span<const Tensor>(&y, 1), [saved_x, saved_ws, l](const TensorList& g, const Node& node) {
     CatGrads grads(1 + 2 * l.n);
-    if (is_grad_enabled()) {
-      linear_cat_composed(g[0], node, l, saved_x, saved_ws, grads);
-      return grads;
+    const MatmulPlan plan = folded_plan(node.input_meta[0].shape, l.in, l.out);
+    if (node.needs_input_grad(0)) {
+      std::array<Tensor, kMaxCat> ws;
+      for (std::size_t i = 0; i < l.n; ++i) ws[i] = saved_ws[i].get("linear_cat");
+      grads[0] = product(Slot::A, plan, packed_weight(std::span<const Tensor>(ws.data(), l.n), l), g[0]);
     }
-    dispatch(g[0].dtype(),
-             [&](auto zero) { linear_cat_backward<decltype(zero)>(g[0], node, l, saved_x, saved_w, grads); });
+    bool any_dw = false, any_db = false;
+    for (std::size_t i = 0; i < l.n; ++i) {
+      any_dw = any_dw || node.needs_input_grad(1 + i);
+      any_db = any_db || node.needs_input_grad(1 + l.n + i);
+    }
+    if (any_dw) {
+      const Tensor dw = product(Slot::B, plan, saved_x.get("linear_cat"), g[0]);
+      for (std::size_t i = 0; i < l.n; ++i)
+        if (node.needs_input_grad(1 + i)) grads[1 + i] = piece(dw, 1, l, i);
+    }
+    if (any_db) {
+      const Tensor db = sum(reshape(g[0], {l.rows, l.out}), 0);
+      for (std::size_t i = 0; i < l.n; ++i)
+        if (node.needs_input_grad(1 + l.n + i)) grads[1 + l.n + i] = piece(db, 0, l, i);
+    }
     return grads;
   });
   return y;

@@ -6,30 +6,23 @@
 //   [...a, M, K]·[...b, K, N] -> [broadcast(...a, ...b), M, N]
 // Each batch slice is one GEMM (gemm.hpp) on the row-major storage (no copies). When B has
 // no batch dims, A's batch folds into its rows and the whole product is a single GEMM, forward
-// and backward.
+// and backward. The forward and its two gradients are one differentiable op family, product
+// (product.hpp), whose rule is written once below and is used at every order.
+#include <array>
 #include <memory>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/gemm.hpp"
 #include "ops/checks.hpp"
+#include "ops/product.hpp"
 
 namespace autograd {
 namespace {
 
-// Shapes after 1-D promotion, and which matrix of A and B each output batch slice uses.
-struct MatmulPlan {
-  Shape out_shape;
-  std::int64_t m = 0, k = 0, n = 0;
-  std::int64_t batch = 1;                // output batch slices
-  std::int64_t a_mats = 1, b_mats = 1;   // matrices stored in A and B
-  std::vector<std::int64_t> a_index, b_index;  // per output slice
+bool runs_parallel(const MatmulPlan& p) { return p.batch > 1 && p.batch * p.m * p.k * p.n >= kParallelFlops; }
 
-  // A's batch covers the output's, B has none: fold A's batch into rows.
-  bool folds() const { return b_mats == 1 && a_mats == batch; }
-  bool parallel() const { return batch > 1 && batch * m * k * n >= kParallelFlops; }
-};
+}  // namespace
 
 MatmulPlan make_plan(const Shape& a, const Shape& b) {
   if (a.empty() || b.empty())
@@ -37,6 +30,8 @@ MatmulPlan make_plan(const Shape& a, const Shape& b) {
   const Shape a2 = a.size() == 1 ? Shape{1, a[0]} : a;
   const Shape b2 = b.size() == 1 ? Shape{b[0], 1} : b;
   MatmulPlan p;
+  p.a_shape = a;
+  p.b_shape = b;
   p.m = a2[a2.size() - 2];
   p.k = a2[a2.size() - 1];
   p.n = b2[b2.size() - 1];
@@ -91,6 +86,21 @@ MatmulPlan make_plan(const Shape& a, const Shape& b) {
   return p;
 }
 
+MatmulPlan folded_plan(const Shape& x_shape, std::int64_t in, std::int64_t out) {
+  MatmulPlan p;
+  p.a_shape = x_shape;
+  p.b_shape = Shape{in, out};
+  p.out_shape = x_shape;
+  p.out_shape.back() = out;
+  p.m = 1;
+  for (std::size_t d = 0; d + 1 < x_shape.size(); ++d) p.m *= x_shape[d];
+  p.k = in;
+  p.n = out;
+  return p;
+}
+
+namespace {
+
 // C = A·B over all slices.
 template <class T>
 void forward(const MatmulPlan& p, const T* a, const T* b, T* c) {
@@ -99,7 +109,7 @@ void forward(const MatmulPlan& p, const T* a, const T* b, T* c) {
     gemm<T>(false, false, p.batch * m, n, k, T(1), a, k, b, n, T(0), c, n);
     return;
   }
-  parallel_for(p.batch, p.parallel(), [&](std::int64_t i) {
+  parallel_for(p.batch, runs_parallel(p), [&](std::int64_t i) {
     const auto s = static_cast<std::size_t>(i);
     gemm<T>(false, false, m, n, k, T(1), a + p.a_index[s] * m * k, k, b + p.b_index[s] * k * n, n, T(0),
             c + i * m * n, n);
@@ -115,7 +125,7 @@ void grad_a(const MatmulPlan& p, const T* dc, const T* b, T* da) {
     return;
   }
   if (p.a_mats == p.batch) {  // one slice per matrix of A: plain assignment, slices independent
-    parallel_for(p.batch, p.parallel(), [&](std::int64_t i) {
+    parallel_for(p.batch, runs_parallel(p), [&](std::int64_t i) {
       const auto s = static_cast<std::size_t>(i);
       gemm<T>(false, true, m, k, n, T(1), dc + i * m * n, n, b + p.b_index[s] * k * n, n, T(0),
               da + p.a_index[s] * m * k, k);
@@ -139,7 +149,7 @@ void grad_b(const MatmulPlan& p, const T* dc, const T* a, T* db) {
     return;
   }
   if (p.b_mats == p.batch) {
-    parallel_for(p.batch, p.parallel(), [&](std::int64_t i) {
+    parallel_for(p.batch, runs_parallel(p), [&](std::int64_t i) {
       const auto s = static_cast<std::size_t>(i);
       gemm<T>(true, false, k, n, m, T(1), a + p.a_index[s] * m * k, k, dc + i * m * n, n, T(0),
               db + p.b_index[s] * k * n, n);
@@ -154,32 +164,84 @@ void grad_b(const MatmulPlan& p, const T* dc, const T* a, T* db) {
   }
 }
 
-// The same gradients composed of differentiable ops, for a backward that builds a graph: a 1-D
-// operand is promoted as in the forward (and dC given the size-1 dim it lost), each gradient is
-// one matmul with the other operand transposed, summed back over the batch dims it was
-// broadcast along.
-GradList composed_grads(const Tensor& dc, const SavedTensor& saved_a, const SavedTensor& saved_b,
-                        const Shape& a_shape, const Shape& b_shape, const Node& node) {
-  GradList grads(2);
-  const bool want_a = node.needs_input_grad(0), want_b = node.needs_input_grad(1);
-  const Tensor a = want_b ? saved_a.get("matmul") : Tensor();  // dB needs A, dA needs B
-  const Tensor b = want_a ? saved_b.get("matmul") : Tensor();
-  if (a_shape.size() == 1 && b_shape.size() == 1) {  // dot product: dc is a scalar
-    if (want_a) grads[0] = mul(dc, b);
-    if (want_b) grads[1] = mul(dc, a);
-    return grads;
-  }
-  Tensor dc2 = dc;
-  if (a_shape.size() == 1) dc2 = unsqueeze(dc2, -2);
-  if (b_shape.size() == 1) dc2 = unsqueeze(dc2, -1);
-  const Shape a2_shape = a_shape.size() == 1 ? Shape{1, a_shape[0]} : a_shape;
-  const Shape b2_shape = b_shape.size() == 1 ? Shape{b_shape[0], 1} : b_shape;
-  if (want_a) grads[0] = reshape(sum_to(matmul(dc2, transpose(reshape(b, b2_shape), -1, -2)), a2_shape), a_shape);
-  if (want_b) grads[1] = reshape(sum_to(matmul(transpose(reshape(a, a2_shape), -1, -2), dc2), b2_shape), b_shape);
-  return grads;
+// T's gradient in slot s from the other two slots v (v[s] unused), on plain tensors.
+Tensor compute(Slot s, const MatmulPlan& p, const std::array<const Tensor*, 3>& v) {
+  const Shape& shape = s == Slot::A ? p.a_shape : s == Slot::B ? p.b_shape : p.out_shape;
+  const Tensor& any = s == Slot::A ? *v[1] : *v[0];
+  Tensor z = Tensor::empty(shape, any.dtype(), "matmul");
+  dispatch(any.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* a = s == Slot::A ? nullptr : v[0]->data<T>();
+    const T* b = s == Slot::B ? nullptr : v[1]->data<T>();
+    const T* c = s == Slot::C ? nullptr : v[2]->data<T>();
+    switch (s) {
+      case Slot::C: forward<T>(p, a, b, z.data<T>()); break;
+      case Slot::A: grad_a<T>(p, c, b, z.data<T>()); break;
+      case Slot::B: grad_b<T>(p, c, a, z.data<T>()); break;
+    }
+  });
+  return z;
+}
+
+constexpr std::size_t idx(Slot s) { return static_cast<std::size_t>(s); }
+
+// The two slots other than s, in the order A, B, C: where product's x and y go.
+constexpr std::array<Slot, 2> others(Slot s) {
+  return s == Slot::A ? std::array{Slot::B, Slot::C} : s == Slot::B ? std::array{Slot::A, Slot::C}
+                                                                      : std::array{Slot::A, Slot::B};
+}
+
+std::string_view node_name(Slot s) {
+  return s == Slot::C ? "matmul" : s == Slot::A ? "matmul_backward_a" : "matmul_backward_b";
+}
+
+Tensor compute(Slot s, const MatmulPlan& p, const Tensor& x, const Tensor& y) {
+  std::array<const Tensor*, 3> v{};
+  const auto [sx, sy] = others(s);
+  v[idx(sx)] = &x;
+  v[idx(sy)] = &y;
+  return compute(s, p, v);
+}
+
+// Z = T's gradient in slot s, from x and y in the slots others(s). T is linear in each slot, so
+// with dZ put in slot s, Z's derivative with respect to the input in slot t is T's gradient in
+// slot t, from dZ and the other input:
+//   Z = A·B  (s = C):  dA = dZ·Bᵀ,  dB = Aᵀ·dZ
+//   Z = C·Bᵀ (s = A):  dC = dZ·B,   dB = dZᵀ·C
+//   Z = Aᵀ·C (s = B):  dA = C·dZᵀ,  dC = A·dZ
+Tensor record_product(Slot s, std::shared_ptr<const MatmulPlan> plan, const Tensor& x, const Tensor& y, Tensor z) {
+  const std::string_view name = node_name(s);
+  // The gradient of x needs y, and that of y needs x.
+  SavedTensor saved_x(y.requires_grad() ? x : Tensor()), saved_y(x.requires_grad() ? y : Tensor());
+  return record(name, {x, y}, std::move(z),
+                [s, name, plan = std::move(plan), saved_x, saved_y](const TensorList& g, const Node& n) {
+                  const auto [sx, sy] = others(s);
+                  std::array<Tensor, 3> v;
+                  v[idx(s)] = g[0];
+                  if (n.needs_input_grad(1)) v[idx(sx)] = saved_x.get(name);
+                  if (n.needs_input_grad(0)) v[idx(sy)] = saved_y.get(name);
+                  auto slot_grad = [&](Slot t) {
+                    const auto [t0, t1] = others(t);
+                    return product(t, plan, v[idx(t0)], v[idx(t1)]);
+                  };
+                  return GradList{grad_if(n, 0, [&] { return slot_grad(sx); }),
+                                  grad_if(n, 1, [&] { return slot_grad(sy); })};
+                });
 }
 
 }  // namespace
+
+Tensor product(Slot s, const MatmulPlan& plan, const Tensor& x, const Tensor& y) {
+  Tensor z = compute(s, plan, x, y);
+  if (!needs_grad(x, y)) return z;
+  return record_product(s, std::make_shared<const MatmulPlan>(plan), x, y, std::move(z));
+}
+
+Tensor product(Slot s, const std::shared_ptr<const MatmulPlan>& plan, const Tensor& x, const Tensor& y) {
+  Tensor z = compute(s, *plan, x, y);
+  if (!needs_grad(x, y)) return z;
+  return record_product(s, plan, x, y, std::move(z));
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check_defined("matmul", a, "the first argument");
@@ -188,38 +250,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   check_floating("matmul", b, "the second argument");
   if (a.dtype() != b.dtype())
     fail("matmul", "dtypes differ: {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
-  auto plan = std::make_shared<const MatmulPlan>(make_plan(a.shape(), b.shape()));
-  Tensor c = Tensor::empty(plan->out_shape, a.dtype(), "matmul");
-  dispatch(a.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    forward<T>(*plan, a.data<T>(), b.data<T>(), c.data<T>());
-  });
-  if (needs_grad(a, b)) {
-    // C = A·B  =>  dA = dC·Bᵀ, dB = Aᵀ·dC, each summed over the batch dims it was broadcast along
-    return record("matmul", {a, b}, c,
-                  [plan, a_shape = a.shape(), b_shape = b.shape(), saved_a = SavedTensor(a), saved_b = SavedTensor(b)](
-                      const TensorList& g, const Node& node) {
-                    if (is_grad_enabled())
-                      return composed_grads(g[0], saved_a, saved_b, a_shape, b_shape, node);
-                    GradList grads(2);
-                    const Tensor& dc = g[0];
-                    dispatch(dc.dtype(), [&](auto zero) {
-                      using T = decltype(zero);
-                      if (node.needs_input_grad(0)) {
-                        const Tensor bv = saved_b.get("matmul");
-                        grads[0] = Tensor::empty(a_shape, dc.dtype());
-                        grad_a<T>(*plan, dc.data<T>(), bv.data<T>(), grads[0].data<T>());
-                      }
-                      if (node.needs_input_grad(1)) {
-                        const Tensor av = saved_a.get("matmul");
-                        grads[1] = Tensor::empty(b_shape, dc.dtype());
-                        grad_b<T>(*plan, dc.data<T>(), av.data<T>(), grads[1].data<T>());
-                      }
-                    });
-                    return grads;
-                  });
-  }
-  return c;
+  // C = A·B  =>  dA = dC·Bᵀ, dB = Aᵀ·dC, each summed over the batch dims it was broadcast along
+  // (product's rule)
+  return product(Slot::C, std::make_shared<const MatmulPlan>(make_plan(a.shape(), b.shape())), a, b);
 }
 
 }  // namespace autograd
