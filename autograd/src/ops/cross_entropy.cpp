@@ -10,7 +10,9 @@
 //
 // Backward: ∂lse_n/∂x_nc = softmax(x_n)_c = exp(x_nc − lse_n) and Σ_c q_c = 1, so
 //   dx_nc = dloss_n · (softmax(x_n)_c − q_c)
-// with dloss_n the incoming gradient (times 1/count for the mean); ignored rows get zero.
+// with dloss_n the incoming gradient (times 1/count for the mean); ignored rows get zero. That
+// backward is a recorded op of its own (cross_entropy_backward), whose own rule is written once
+// from differentiable ops, for a backward that builds a graph (create_graph).
 //
 // Masked logits (−inf, how a user blocks a class) follow PyTorch:
 //   - a −inf logit that is not the target has softmax 0: it adds nothing to the loss and gets
@@ -29,10 +31,10 @@
 #include <cmath>
 #include <limits>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "ops/checks.hpp"
+#include "ops/softmax.hpp"
 
 namespace autograd {
 namespace {
@@ -142,50 +144,60 @@ void row_grads(const Rows& rows, const T* x, const T* g, bool per_row, double sc
   });
 }
 
-struct CrossEntropyBackward {
+// What the backward needs from the forward pass, besides the logits.
+struct Grads {
   Tensor table;
-  SavedTensor logits;
   Rows rows;
   bool per_row = false;
   double scale = 1.0, eps = 0.0;
 
-  GradList operator()(const TensorList& g, const Node&) const {
-    const Tensor x = logits.get(kOp);
-    if (is_grad_enabled()) return GradList{composed(x, g[0])};
-    Tensor dx = Tensor::empty(x.shape(), x.dtype());
-    dispatch(x.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      row_grads<T>(rows, x.data<T>(), g[0].data<T>(), per_row, scale, eps, table.data<double>(), dx.data<T>());
-    });
-    return GradList{dx};
-  }
-
-  // The same gradient composed of differentiable ops, for a backward that builds a graph:
-  // dx = (softmax(x) − q) ⊙ w · g, with the constants q (each counted row's target
-  // distribution) and w (d(result)/d(loss_n), zero for ignored and fully masked rows) read from
-  // the table, and softmax recomputed from the connected logits.
-  Tensor composed(const Tensor& x, const Tensor& g) const {
-    const std::int64_t N = rows.n, C = rows.c;
-    const Tensor q = zeros({N, C}, x.dtype());
-    const Tensor w = Tensor::empty({N, 1}, x.dtype());
-    dispatch(x.dtype(), [&](auto zero) {
+  // w (N, 1): d(result)/d(loss_n), zero for ignored and fully masked rows.
+  Tensor row_weights(Dtype dtype) const {
+    const Tensor w = Tensor::empty({rows.n, 1}, dtype);
+    dispatch(dtype, [&](auto zero) {
       using T = decltype(zero);
       const double* entries = table.data<double>();
-      T* qs = q.data<T>();
       T* ws = w.data<T>();
-      for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t n = 0; n < rows.n; ++n) {
         const double* entry = entries + kColumns * n;
-        const bool live = entry[kTarget] >= 0 && entry[kLse] != -kInf;
-        ws[n] = live ? static_cast<T>(scale) : T(0);
-        if (!live) continue;
-        std::fill(qs + n * C, qs + (n + 1) * C, static_cast<T>(eps / static_cast<double>(C)));
-        qs[n * C + static_cast<std::int64_t>(entry[kTarget])] += static_cast<T>(1.0 - eps);
+        ws[n] = entry[kTarget] >= 0 && entry[kLse] != -kInf ? static_cast<T>(scale) : T(0);
       }
     });
-    const Tensor dloss = per_row ? reshape(g, {N, 1}) : g;
-    return reshape(mul(mul(sub(softmax(reshape(x, {N, C}), -1), q), w), dloss), x.shape());
+    return w;
   }
 };
+
+// dx = dloss · w ⊙ (softmax(x) − q) (row_grads), as a recorded op of its own. Its rule, when a
+// graph of the backward is built: dx is linear in dloss, so
+//   d/d(dloss) = Σ_c gg ⊙ (the same op at dloss = 1)   (summed over every row when reduced),
+// and only softmax(x) depends on x, so
+//   d/dx = softmax_backward(gg ⊙ dloss · w, softmax(x))   along the class dim.
+Tensor cross_entropy_backward(const Grads& c, const Tensor& dloss, const Tensor& x) {
+  Tensor dx = Tensor::empty(x.shape(), x.dtype());
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    row_grads<T>(c.rows, x.data<T>(), dloss.data<T>(), c.per_row, c.scale, c.eps, c.table.data<double>(), dx.data<T>());
+  });
+  if (!needs_grad(dloss, x)) return dx;
+  constexpr const char* name = "cross_entropy_backward";
+  return record(name, {dloss, x}, dx, [c, saved_dloss = SavedTensor(dloss), saved_x = SavedTensor(x)](
+                                          const TensorList& g, const Node& n) {
+    const Tensor xv = saved_x.get(name);
+    const Tensor& gg = g[0];
+    return GradList{grad_if(n, 0, [&] {
+                      const Tensor dloss_v = saved_dloss.get(name);
+                      const Tensor per_class = mul(gg, cross_entropy_backward(c, ones_like(dloss_v), xv));
+                      return c.per_row ? sum(per_class, -1) : sum(per_class);
+                    }),
+                    grad_if(n, 1, [&] {
+                      const std::int64_t N = c.rows.n, C = c.rows.c;
+                      const Tensor dloss_v = saved_dloss.get(name);
+                      const Tensor v = mul(mul(reshape(gg, {N, C}), c.row_weights(xv.dtype())),
+                                           c.per_row ? reshape(dloss_v, {N, 1}) : dloss_v);
+                      return reshape(softmax_backward(v, softmax(reshape(xv, {N, C}), -1), -1), xv.shape());
+                    })};
+  });
+}
 
 // The losses and the node, once the table holds the targets.
 Tensor cross_entropy_rows(const Tensor& logits, const Rows& rows, const Tensor& table, std::int64_t counted,
@@ -216,7 +228,10 @@ Tensor cross_entropy_rows(const Tensor& logits, const Rows& rows, const Tensor& 
   }
   if (!needs_grad(logits)) return result;
   return record(kOp, {logits}, result,
-                CrossEntropyBackward{table, SavedTensor(logits), rows, options.reduction == Reduction::None, scale, eps});
+                [c = Grads{table, rows, options.reduction == Reduction::None, scale, eps},
+                 saved = SavedTensor(logits)](const TensorList& g, const Node&) {
+                  return GradList{cross_entropy_backward(c, g[0], saved.get(kOp))};
+                });
 }
 
 }  // namespace

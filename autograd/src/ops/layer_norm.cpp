@@ -15,6 +15,11 @@
 //   and summing dx̂_i·∂x̂_i/∂x_j over i:
 //     dx = r · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))
 //
+// That backward is a recorded op of its own, layer_norm_backward(dy, x, w) -> (dx, dw, db): the
+// kernels below, and, for a backward that builds a graph (create_graph), a node whose rule (the
+// derivative of the backward, derived at LayerNormBackwardRule) is written once from
+// differentiable ops.
+//
 // Threads: rows are independent, so both passes split the rows among the threads. dw and db are
 // sums over rows: a large input's rows are cut into fixed chunks (by its shape alone), each chunk
 // sums its own part, and the parts are added in chunk order. Every element is computed the same
@@ -29,8 +34,9 @@
 // by √D. Such a row shows in its r, computed in double: r outside [2^-100, 2^100] for float32
 // ([2^-500, 2^500] for float64), or NaN. Only those rows are redone in long double, in the
 // forward and in the backward (which sees the same r, saved); every other row keeps the kernels'
-// bits. Inside the bounds nothing overflows: |x_i − μ| ≤ √(D·σ²) ≤ √D / r. The composed backward
-// (create_graph) works on such rows scaled by a power of two (row_scales).
+// bits. Inside the bounds nothing overflows: |x_i − μ| ≤ √(D·σ²) ≤ √D / r. The rule of the
+// backward op recomputes x̂ and r from differentiable ops on such rows scaled by a power of two
+// (row_scales).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -39,7 +45,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/exact.hpp"
@@ -236,10 +241,10 @@ void backward(const Rows& s, const T* xs, const T* dys, const T* w, const double
   }
 }
 
-// For the composed backward of an input with wide rows: per row (N, 1) a power of two s that
+// For x̂ and r from differentiable ops (normalized) of an input with wide rows: per row (N, 1) a power of two s that
 // brings max(|x|, √eps) of a wide row near 1 (1 for the other rows), and eps·s². x̂ of s·x with
 // eps·s² is x̂ of x, and r(x) = s·r(s·x), so the composed ops on s·x stay in range. Undefined
-// tensors when no row is wide (the composed ops then run on x itself, as they always did).
+// tensors when no row is wide (the ops then run on x itself).
 struct RowScales {
   Tensor s, eps;
 };
@@ -273,65 +278,123 @@ RowScales row_scales(const Tensor& xs, const Tensor& stats, double eps) {
   return out;
 }
 
-// The backward rule: what it saved from the forward pass, and the three gradients.
-struct LayerNormBackward {
+// What the backward needs from the forward pass, besides x and w.
+struct Saved {
   Tensor stats;  // [N, 2] float64: μ and r per row
-  SavedTensor x, weight;
   Rows rows;
-  bool has_weight = false, has_bias = false;
+  Shape param_shape;  // the weight's and bias's (normalized_shape)
   double eps = 0.0;
+};
+
+// x̂ and r (N, 1) of the rows xs (N, D), from differentiable ops (the forward recomputed).
+struct Normalized {
+  Tensor xhat, r;
+};
+
+Normalized normalized(const Saved& st, const Tensor& xs) {
+  const RowScales scales = row_scales(xs, st.stats, st.eps);
+  const bool scaled = scales.s.defined();
+  const Tensor xin = scaled ? mul(xs, scales.s) : xs;
+  const Tensor centred = sub(xin, mean(xin, 1, /*keepdim=*/true));
+  const Tensor var = mean(mul(centred, centred), 1, /*keepdim=*/true);
+  const Tensor r = rsqrt(scaled ? add(var, scales.eps) : add(var, st.eps));
+  return {mul(centred, r), scaled ? mul(r, scales.s) : r};
+}
+
+// The gradients of one backward call, undefined where not asked for.
+struct Grads {
+  Tensor dx, dw, db;
+};
+
+Grads layer_norm_backward(const Saved& st, const Tensor& dy, const Tensor& x, const Tensor& w, bool want_dx,
+                          bool want_dw, bool want_db);
+
+// The rule of layer_norm_backward, per row, with g = dy ⊙ w (dy without a weight), J = ∂x̂/∂x =
+// r·(I − 1/D − x̂ x̂ᵀ/D) (symmetric, so dx = J g), and u, gw, gb the gradients reaching dx, dw and
+// db. Writing L = ⟨u, dx⟩ + ⟨gw, dw⟩ + ⟨gb, db⟩ = r·(⟨u, g⟩ − mean(g)·Σu − ⟨g, x̂⟩⟨u, x̂⟩/D)
+// + Σ_rows ⟨gw ⊙ dy, x̂⟩ + ⟨gb, db⟩:
+//   d/d(dy) = w ⊙ J u + x̂ ⊙ gw + gb,      d/dw = Σ_rows dy ⊙ J u,
+//   d/dx    = J θ − r · mean(J u ⊙ g) · x̂,  θ = gw ⊙ dy − r · (mean(u ⊙ x̂) · g + mean(g ⊙ x̂) · u)
+// (θ is ∂L/∂x̂ at fixed r, and ∂L/∂r = ⟨u, dx⟩/r = ⟨J u, g⟩/r times ∂r/∂x = −r²·x̂/D gives the
+// second term). J v is the op itself at dy = v without a weight; x̂ and r are recomputed.
+struct LayerNormBackwardRule {
+  static constexpr const char* name = "layer_norm_backward";
+  Saved st;
+  SavedTensor dy, x, w;
+  bool want_dx = false, want_dw = false, want_db = false;
 
   GradList operator()(const TensorList& g, const Node& node) const {
-    if (is_grad_enabled()) return composed(g[0], node);
-    const Tensor xv = x.get(kOp);
-    const std::size_t bias_input = has_weight ? 2 : 1;
-    Tensor dx, dw, db;
-    if (node.needs_input_grad(0)) dx = Tensor::empty(xv.shape(), xv.dtype());
-    const Tensor wv = has_weight && dx.defined() ? weight.get(kOp) : Tensor();
-    if (has_weight && node.needs_input_grad(1)) dw = zeros(node.input_meta[1].shape, xv.dtype());
-    if (has_bias && node.needs_input_grad(bias_input)) db = zeros(node.input_meta[bias_input].shape, xv.dtype());
-    dispatch(xv.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      const T* xs = xv.data<T>();
-      const T* dys = g[0].data<T>();
-      const double* st = stats.data<double>();
-      auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-      backward<T>(rows, xs, dys, ptr(wv), st, eps, ptr(dx), ptr(dw), ptr(db));
-    });
-    GradList grads{dx};
-    if (has_weight) grads.push_back(dw);
-    if (has_bias) grads.push_back(db);
-    return grads;
-  }
-
-  // The same gradients composed of differentiable ops, for a backward that builds a graph, on
-  // the rows (N, D): x̂ and r recomputed from the connected input, then the formulas above.
-  GradList composed(const Tensor& g, const Node& node) const {
-    const std::size_t bias_input = has_weight ? 2 : 1;
-    const bool want_x = node.needs_input_grad(0), want_w = has_weight && node.needs_input_grad(1);
-    const Tensor dy = reshape(g, {rows.n, rows.d});
-    GradList grads(bias_input + (has_bias ? 1 : 0));
-    if (want_x || want_w) {
-      const Tensor xs = reshape(x.get(kOp), {rows.n, rows.d});
-      const RowScales scales = row_scales(xs, stats, eps);
-      const bool scaled = scales.s.defined();
-      const Tensor xin = scaled ? mul(xs, scales.s) : xs;
-      const Tensor centred = sub(xin, mean(xin, 1, /*keepdim=*/true));
-      const Tensor var = mean(mul(centred, centred), 1, /*keepdim=*/true);
-      const Tensor r = rsqrt(scaled ? add(var, scales.eps) : add(var, eps));
-      const Tensor xhat = mul(centred, r);
-      if (want_w) grads[1] = reshape(sum(mul(dy, xhat), 0), node.input_meta[1].shape);
-      if (want_x) {
-        const Tensor dxhat = has_weight ? mul(dy, reshape(weight.get(kOp), {1, rows.d})) : dy;
-        const Tensor inner = sub(sub(dxhat, mean(dxhat, 1, true)), mul(xhat, mean(mul(dxhat, xhat), 1, true)));
-        grads[0] = reshape(mul(scaled ? mul(r, scales.s) : r, inner), node.input_meta[0].shape);
-      }
+    const std::int64_t N = st.rows.n, D = st.rows.d;
+    std::size_t k = 0;
+    const Tensor u = want_dx ? reshape(g[k++], {N, D}) : Tensor();
+    const Tensor gw = want_dw ? reshape(g[k++], {1, D}) : Tensor();
+    const Tensor gb = want_db ? reshape(g[k++], {1, D}) : Tensor();
+    const bool has_w = w.defined();
+    const bool need_dy = node.needs_input_grad(0), need_x = node.needs_input_grad(1),
+               need_w = has_w && node.needs_input_grad(2);
+    const Tensor xv = x.get(name);
+    const Tensor dys = reshape(dy.get(name), {N, D});
+    const Tensor ws = has_w ? reshape(w.get(name), {1, D}) : Tensor();
+    auto j = [&](const Tensor& v) {  // J v, v (N, D)
+      return reshape(layer_norm_backward(st, reshape(v, xv.shape()), xv, Tensor(), true, false, false).dx, {N, D});
+    };
+    const Tensor ju = want_dx && (need_dy || need_x || need_w) ? j(u) : Tensor();
+    const Normalized z =
+        (need_dy && want_dw) || (need_x && want_dx) ? normalized(st, reshape(xv, {N, D})) : Normalized{};
+    auto plus = [](const Tensor& a, const Tensor& b) { return a.defined() ? add(a, b) : b; };
+    GradList grads(has_w ? 3 : 2);
+    if (need_dy) {
+      Tensor t;
+      if (want_dx) t = has_w ? mul(ju, ws) : ju;
+      if (want_dw) t = plus(t, mul(z.xhat, gw));
+      if (want_db) t = t.defined() ? add(t, gb) : expand(gb, {N, D});
+      grads[0] = reshape(t, node.input_meta[0].shape);
     }
-    if (has_bias && node.needs_input_grad(bias_input))
-      grads[bias_input] = reshape(sum(dy, 0), node.input_meta[bias_input].shape);
+    if (need_x && (want_dx || want_dw)) {
+      const Tensor gs = has_w ? mul(dys, ws) : dys;
+      Tensor theta;
+      if (want_dw) theta = mul(dys, gw);
+      if (want_dx) {
+        const Tensor inner = add(mul(mean(mul(u, z.xhat), 1, true), gs), mul(mean(mul(gs, z.xhat), 1, true), u));
+        theta = theta.defined() ? sub(theta, mul(z.r, inner)) : neg(mul(z.r, inner));
+      }
+      Tensor dx = j(theta);
+      if (want_dx) dx = sub(dx, mul(mul(z.r, mean(mul(ju, gs), 1, true)), z.xhat));
+      grads[1] = reshape(dx, node.input_meta[1].shape);
+    }
+    if (need_w && want_dx) grads[2] = reshape(sum(mul(dys, ju), 0), node.input_meta[2].shape);
     return grads;
   }
 };
+
+// dx (want_dx), dw (want_dw) and db (want_db) of layer_norm at x with weight w (undefined: none)
+// for the gradient dy of y, through the kernels; a recorded op of its own when its inputs need
+// grad (dy, x, w; the bias does not enter the backward).
+Grads layer_norm_backward(const Saved& st, const Tensor& dy, const Tensor& x, const Tensor& w, bool want_dx,
+                          bool want_dw, bool want_db) {
+  Grads out;
+  if (want_dx) out.dx = Tensor::empty(x.shape(), x.dtype());
+  if (want_dw) out.dw = zeros(st.param_shape, x.dtype());
+  if (want_db) out.db = zeros(st.param_shape, x.dtype());
+  if (!want_dx && !want_dw && !want_db) return out;
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+    backward<T>(st.rows, x.data<T>(), dy.data<T>(), want_dx ? ptr(w) : nullptr, st.stats.data<double>(), st.eps,
+                ptr(out.dx), ptr(out.dw), ptr(out.db));
+  });
+  const std::array<Tensor, 3> inputs{dy, x, w};
+  const std::span<const Tensor> in(inputs.data(), w.defined() ? 3 : 2);
+  if (!needs_grad(in)) return out;
+  std::array<Tensor, 3> outputs;
+  std::size_t n_out = 0;
+  for (const Tensor* t : {&out.dx, &out.dw, &out.db})
+    if (t->defined()) outputs[n_out++] = *t;
+  record(LayerNormBackwardRule::name, in, std::span<const Tensor>(outputs.data(), n_out),
+         LayerNormBackwardRule{st, SavedTensor(dy), SavedTensor(x), w.defined() ? SavedTensor(w) : SavedTensor(),
+                               want_dx, want_dw, want_db});
+  return out;  // (the outputs share their tensors with out's, which now point at the node)
+}
 
 }  // namespace
 
@@ -352,11 +415,23 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   if (bias.defined()) all_inputs[n_inputs++] = bias;
   const std::span<const Tensor> inputs(all_inputs.data(), n_inputs);
   if (!needs_grad(inputs)) return y;
-  const bool has_weight = weight.defined();
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
   // x is needed for dx and dw; w only for dx
   record(kOp, inputs, std::span<const Tensor>(&y, 1),
-         LayerNormBackward{stats, SavedTensor(x), has_weight && x.requires_grad() ? SavedTensor(weight) : SavedTensor(),
-                           rows, has_weight, bias.defined(), eps});
+         [st = Saved{stats, rows, normalized_shape, eps}, saved_x = SavedTensor(x),
+          saved_w = has_weight && x.requires_grad() ? SavedTensor(weight) : SavedTensor(), has_weight,
+          has_bias](const TensorList& g, const Node& node) {
+           const std::size_t bias_input = has_weight ? 2 : 1;
+           const bool want_dx = node.needs_input_grad(0);
+           const Tensor wv = has_weight && want_dx ? saved_w.get(kOp) : Tensor();
+           const Grads d = layer_norm_backward(st, g[0], saved_x.get(kOp), wv, want_dx,
+                                               has_weight && node.needs_input_grad(1),
+                                               has_bias && node.needs_input_grad(bias_input));
+           GradList grads{d.dx};
+           if (has_weight) grads.push_back(d.dw);
+           if (has_bias) grads.push_back(d.db);
+           return grads;
+         });
   return y;
 }
 

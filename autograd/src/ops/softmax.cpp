@@ -12,14 +12,18 @@
 //   log_softmax = all -inf,  gradient zero   (log of those zeros; -inf + ε is still -inf, so
 //                                             the output cannot move)
 // PyTorch returns NaN for both. NaN inputs propagate to their whole row, as in PyTorch.
+//
+// The backward of each is a recorded op of its own (softmax_backward, log_softmax_backward): the
+// kernel below, and, when a graph of the backward is built (create_graph), a node whose rule, the
+// derivative of the backward, is written once from differentiable ops.
 #include <cmath>
 #include <limits>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/approx.hpp"
 #include "ops/checks.hpp"
+#include "ops/softmax.hpp"
 
 namespace autograd {
 namespace {
@@ -106,7 +110,7 @@ void forward(const Layout& l, const T* x, T* y, bool log) {
 
 // y = softmax(x)  =>  dx = y ⊙ (dy − Σ_row dy ⊙ y)   (zero on fully masked rows, where y = 0)
 template <class T>
-void softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
+void softmax_backward_rows(const Layout& l, const T* y, const T* dy, T* dx) {
   const std::int64_t slab = l.n * l.inner;
   if (l.inner == 1) {
     parallel_for(l.outer, l.outer * l.n >= kParallelElementwise, [&](std::int64_t o) {
@@ -132,7 +136,7 @@ void softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
 
 // y = log_softmax(x)  =>  dx = dy − exp(y) · Σ_row dy   (zero on fully masked rows, y = -inf)
 template <class T>
-void log_softmax_backward(const Layout& l, const T* y, const T* dy, T* dx) {
+void log_softmax_backward_rows(const Layout& l, const T* y, const T* dy, T* dx) {
   const T neg_inf = static_cast<T>(kNegInf);
   const std::int64_t slab = l.n * l.inner;
   if (l.inner == 1) {
@@ -188,15 +192,43 @@ Tensor live_rows(const Layout& l, const Tensor& y, std::int64_t d) {
   return any_masked ? keep : Tensor();
 }
 
-// The backward composed of differentiable ops, for a backward that builds a graph; y is the
-// connected output. softmax: dx = y ⊙ (g − Σ g ⊙ y); log_softmax: dx = g − exp(y) · Σ g, zero on
-// fully masked rows (as the kernels define it).
-Tensor composed_backward(const Layout& l, const Tensor& y, const Tensor& g, std::int64_t d, bool log) {
-  auto row_sum = [&](const Tensor& t) { return y.dim() == 0 ? t : sum(t, d, /*keepdim=*/true); };
-  if (!log) return mul(y, sub(g, row_sum(mul(g, y))));
-  const Tensor dx = sub(g, mul(exp(y), row_sum(g)));
-  const Tensor keep = y.numel() > 0 ? live_rows(l, y, d) : Tensor();
-  return keep.defined() ? mul(dx, keep) : dx;
+// dx of softmax (log = false) or log_softmax (log = true) at the output y, through the kernels
+// above; a recorded op of its own, so that the backward is differentiable in turn. d is the dim.
+Tensor backward_op(const Layout& l, std::int64_t d, const Tensor& dy, const Tensor& y, bool log) {
+  Tensor dx = Tensor::empty(y.shape(), y.dtype());
+  if (y.numel() > 0) {
+    dispatch(y.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      if (log) log_softmax_backward_rows<T>(l, y.data<T>(), dy.data<T>(), dx.data<T>());
+      else softmax_backward_rows<T>(l, y.data<T>(), dy.data<T>(), dx.data<T>());
+    });
+  }
+  if (!needs_grad(dy, y)) return dx;
+  const char* name = log ? "log_softmax_backward" : "softmax_backward";
+  return record(name, {dy, y}, dx,
+                [l, d, log, name, saved_dy = SavedTensor(dy), saved_y = SavedTensor(y)](const TensorList& g,
+                                                                                        const Node& n) {
+    const Tensor yv = saved_y.get(name);
+    const Tensor& gg = g[0];
+    auto row_sum = [&](const Tensor& t) { return yv.dim() == 0 ? t : sum(t, d, /*keepdim=*/true); };
+    if (!log) {
+      // dx = y ⊙ (dy − Σ dy ⊙ y) = J dy with J = diag(y) − y yᵀ symmetric, so
+      //   d/d(dy) = the same op on gg,   d/dy = gg ⊙ (dy − Σ dy ⊙ y) − dy ⊙ Σ gg ⊙ y
+      return GradList{grad_if(n, 0, [&] { return backward_op(l, d, gg, yv, false); }), grad_if(n, 1, [&] {
+                        const Tensor dyv = saved_dy.get(name);
+                        return sub(mul(gg, sub(dyv, row_sum(mul(dyv, yv)))), mul(dyv, row_sum(mul(gg, yv))));
+                      })};
+    }
+    // dx = dy − e^y · Σ dy on the live rows, 0 on the fully masked ones: with gg zeroed on the
+    // masked rows (ĝ),
+    //   d/d(dy) = ĝ − Σ ĝ ⊙ e^y   (the transpose of dy ↦ dy − e^y · Σ dy),   d/dy = −ĝ ⊙ e^y · Σ dy
+    // (e^y is 0 on a masked row, so both are 0 there)
+    const Tensor keep = yv.numel() > 0 ? live_rows(l, yv, d) : Tensor();
+    const Tensor live_gg = keep.defined() ? mul(gg, keep) : gg;
+    const Tensor p = exp(yv);
+    return GradList{grad_if(n, 0, [&] { return sub(live_gg, row_sum(mul(live_gg, p))); }),
+                    grad_if(n, 1, [&] { return neg(mul(mul(live_gg, p), row_sum(saved_dy.get(name)))); })};
+  });
 }
 
 Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool log) {
@@ -211,16 +243,7 @@ Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool
   if (!needs_grad(x)) return y;
   const std::int64_t d = normalize_dim(op, dim, x.dim());
   return record(std::string(op), {x}, y, [l, log, d, saved_y = SavedTensor(y)](const TensorList& g, const Node&) {
-    const Tensor yv = saved_y.get(log ? "log_softmax" : "softmax");
-    if (is_grad_enabled()) return GradList{composed_backward(l, yv, g[0], d, log)};
-    Tensor dx = Tensor::empty(yv.shape(), yv.dtype());
-    if (yv.numel() == 0) return GradList{dx};
-    dispatch(yv.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      if (log) log_softmax_backward<T>(l, yv.data<T>(), g[0].data<T>(), dx.data<T>());
-      else softmax_backward<T>(l, yv.data<T>(), g[0].data<T>(), dx.data<T>());
-    });
-    return GradList{dx};
+    return GradList{backward_op(l, d, g[0], saved_y.get(log ? "log_softmax" : "softmax"), log)};
   });
 }
 
@@ -229,5 +252,13 @@ Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool
 Tensor softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("softmax", x, dim, false); }
 
 Tensor log_softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, std::int64_t dim) {
+  const Layout l = layout_of("softmax_backward", y, dim);
+  if (dy.shape() != y.shape() || dy.dtype() != y.dtype())
+    fail("softmax_backward", "dy {} {} does not match y {} {}", shape_str(dy.shape()), dtype_name(dy.dtype()),
+         shape_str(y.shape()), dtype_name(y.dtype()));
+  return backward_op(l, normalize_dim("softmax_backward", dim, y.dim()), dy, y, false);
+}
 
 }  // namespace autograd
