@@ -79,9 +79,9 @@ struct TensorMeta {
 };
 
 namespace detail {
-class WalkClaim;  // the backward walk's claim on a node (walk.cpp)
+class WalkClaim;  // the backward walk's claim on a node (walk_bookkeeping.hpp)
 // True while a grad() walk runs `node`'s rule and the gradient of its input i reaches none of
-// grad()'s inputs (walk.cpp).
+// grad()'s inputs (walk_bookkeeping.cpp).
 bool input_grad_unwanted(const Node& node, std::size_t i);
 }
 
