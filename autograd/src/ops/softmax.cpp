@@ -222,7 +222,7 @@ Tensor backward_op(const Layout& l, std::int64_t d, const Tensor& dy, const Tens
     // dx = dy − e^y · Σ dy on the live rows, 0 on the fully masked ones: with gg zeroed on the
     // masked rows (ĝ),
     //   d/d(dy) = ĝ − Σ ĝ ⊙ e^y   (the transpose of dy ↦ dy − e^y · Σ dy),   d/dy = −ĝ ⊙ e^y · Σ dy
-    // (e^y is 0 on a masked row, so both are 0 there)
+    // (ĝ is 0 on a masked row, so both are 0 there)
     const Tensor keep = yv.numel() > 0 ? live_rows(l, yv, d) : Tensor();
     const Tensor live_gg = keep.defined() ? mul(gg, keep) : gg;
     const Tensor p = exp(yv);
