@@ -12,33 +12,6 @@
 namespace autograd {
 namespace detail {
 
-void WalkClaim::acquire(Node& node) {
-  const std::uint64_t mine = thread_token() << kCountBits;
-  std::uint64_t held = node.walkers_.load(std::memory_order_relaxed);
-  for (;;) {
-    if (held != 0 && (held & ~kCountMask) != mine) busy_error(node);
-    if ((held & kCountMask) == kCountMask) fail("backward", "walks nested too deeply");
-    const std::uint64_t next = held == 0 ? mine | 1 : held + 1;
-    if (node.walkers_.compare_exchange_weak(held, next, std::memory_order_acquire, std::memory_order_relaxed))
-      return;
-  }
-}
-
-void WalkClaim::release(Node& node) noexcept {
-  std::uint64_t held = node.walkers_.load(std::memory_order_relaxed);
-  for (;;) {
-    const std::uint64_t next = (held & kCountMask) == 1 ? 0 : held - 1;
-    if (node.walkers_.compare_exchange_weak(held, next, std::memory_order_release, std::memory_order_relaxed))
-      return;
-  }
-}
-
-std::uint64_t WalkClaim::thread_token() {
-  static std::atomic<std::uint64_t> next{1};
-  thread_local const std::uint64_t token = next++;
-  return token;
-}
-
 void WalkClaim::busy_error(const Node& node) {
   throw std::runtime_error(fmt::format(
       "backward: the graph through '{}' is being walked by another thread right now; backward() "
@@ -198,54 +171,6 @@ void freed_graph_error(const Node& node) {
       "backward: the graph through '{}' was already freed by an earlier backward(); "
       "call the first backward with retain_graph = true to walk it twice",
       printable(node.name())));
-}
-
-void run_output_hooks(const Node& node, TensorList& grad_outputs) {
-  for (std::size_t i = 0; i < grad_outputs.size(); ++i) {
-    const TensorMeta& meta = node.output_meta[i];
-    Tensor& g = grad_outputs[i];
-    if (!g.defined()) {
-      if (!node.materialize_grads) continue;
-      g = zeros(meta.shape, meta.dtype);
-    }
-    if (i >= node.output_hooks.size()) continue;
-    for (const auto& hook : node.output_hooks[i]) {
-      Tensor replaced = hook(g);
-      if (!replaced.defined()) continue;
-      if (replaced.shape() != meta.shape || replaced.dtype() != meta.dtype)
-        throw std::runtime_error(fmt::format(
-            "backward: a hook on an output of '{}' returned a gradient {} {}, expected {} {}", printable(node.name()),
-            shape_str(replaced.shape()), dtype_name(replaced.dtype()), shape_str(meta.shape),
-            dtype_name(meta.dtype)));
-      g = std::move(replaced);
-    }
-  }
-}
-
-void check_returned(const Node& node, const TensorList& grad_outputs, const TensorList& grads) {
-  if (is_anomaly_enabled()) anomaly_check_backward(node, grads);
-  if (grads.size() != node.next_edges.size())
-    throw std::runtime_error(fmt::format(
-        "backward of '{}' returned {} gradients for {} inputs; a backward rule returns one per input "
-        "(an undefined tensor for an input that needs none)",
-        printable(node.name()), grads.size(), node.next_edges.size()));
-  for (std::size_t j = 0; j < grads.size(); ++j) {
-    const TensorMeta& meta = node.input_meta[j];
-    if (grads[j].defined() && (grads[j].shape() != meta.shape || grads[j].dtype() != meta.dtype))
-      throw std::runtime_error(fmt::format("backward of '{}' returned a gradient {} {} for input {} of shape {} {}",
-                                           printable(node.name()), shape_str(grads[j].shape()), dtype_name(grads[j].dtype()),
-                                           j, shape_str(meta.shape), dtype_name(meta.dtype)));
-  }
-  if (!is_grad_enabled() || node.accumulates_into_leaf()) return;
-  const bool graph_in = std::any_of(grad_outputs.begin(), grad_outputs.end(),
-                                    [](const Tensor& g) { return g.defined() && g.requires_grad(); });
-  for (std::size_t j = 0; graph_in && j < grads.size(); ++j)
-    if (grads[j].defined() && !grads[j].requires_grad())
-      throw std::runtime_error(fmt::format(
-          "backward of '{}' cannot be differentiated again (create_graph): its gradient for input {} was "
-          "computed outside the graph; use first-order backward through it, or write its backward with "
-          "differentiable ops",
-          printable(node.name()), j));
 }
 
 namespace {

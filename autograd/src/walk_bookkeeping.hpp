@@ -16,16 +16,23 @@
 //   Capture          grad(): where each of its inputs' gradients arrives, and which nodes lead there.
 //   run_output_hooks, check_returned, free_node   before, after and once past a node's rule.
 //   NestingDepth, WalkModes   guards of one walk: how deep walks nest, grad mode, .grad writes.
+//
+// What the walk calls once per node (the claims, the hooks, the checks) is defined inline at the
+// end of this file, so that keeping it apart costs the walk no calls.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iterator>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
+#include "autograd/anomaly.hpp"
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 
@@ -232,13 +239,13 @@ inline bool any_defined(const TensorList& grads) {
 
 // Stands in zeros for outputs that got no gradient (unless the rule reads undefined as zero) and
 // runs the hooks of each output, which may replace its gradient (same shape and dtype, or it throws).
-void run_output_hooks(const Node& node, TensorList& grad_outputs);
+inline void run_output_hooks(const Node& node, TensorList& grad_outputs);
 
 // A rule returns one gradient per input, each undefined or of that input's shape and dtype.
 // While a graph of the backward is built, a gradient that arrived as part of that graph must
 // leave as part of it: a rule that computed with raw kernels would cut the graph, and the
 // derivatives through it would silently be zero.
-void check_returned(const Node& node, const TensorList& grad_outputs, const TensorList& grad_inputs);
+inline void check_returned(const Node& node, const TensorList& grad_outputs, const TensorList& grad_inputs);
 
 // After its rule ran in a walk without retain_graph: frees the node's saved tensors and edges. A
 // leaf's AccumulateGrad stays: the leaf keeps it for later walks.
@@ -270,6 +277,87 @@ class WalkModes {
  private:
   bool grad_, accumulates_;
 };
+
+}  // namespace walking
+
+// Called once per node by the walk, so inline (see the top of this file).
+
+inline void WalkClaim::acquire(Node& node) {
+  const std::uint64_t mine = thread_token() << kCountBits;
+  std::uint64_t held = node.walkers_.load(std::memory_order_relaxed);
+  for (;;) {
+    if (held != 0 && (held & ~kCountMask) != mine) busy_error(node);
+    if ((held & kCountMask) == kCountMask) fail("backward", "walks nested too deeply");
+    const std::uint64_t next = held == 0 ? mine | 1 : held + 1;
+    if (node.walkers_.compare_exchange_weak(held, next, std::memory_order_acquire, std::memory_order_relaxed))
+      return;
+  }
+}
+
+inline void WalkClaim::release(Node& node) noexcept {
+  std::uint64_t held = node.walkers_.load(std::memory_order_relaxed);
+  for (;;) {
+    const std::uint64_t next = (held & kCountMask) == 1 ? 0 : held - 1;
+    if (node.walkers_.compare_exchange_weak(held, next, std::memory_order_release, std::memory_order_relaxed))
+      return;
+  }
+}
+
+inline std::uint64_t WalkClaim::thread_token() {
+  static std::atomic<std::uint64_t> next{1};
+  thread_local const std::uint64_t token = next++;
+  return token;
+}
+
+namespace walking {
+
+inline void run_output_hooks(const Node& node, TensorList& grad_outputs) {
+  for (std::size_t i = 0; i < grad_outputs.size(); ++i) {
+    const TensorMeta& meta = node.output_meta[i];
+    Tensor& g = grad_outputs[i];
+    if (!g.defined()) {
+      if (!node.materialize_grads) continue;
+      g = zeros(meta.shape, meta.dtype);
+    }
+    if (i >= node.output_hooks.size()) continue;
+    for (const auto& hook : node.output_hooks[i]) {
+      Tensor replaced = hook(g);
+      if (!replaced.defined()) continue;
+      if (replaced.shape() != meta.shape || replaced.dtype() != meta.dtype)
+        throw std::runtime_error(fmt::format(
+            "backward: a hook on an output of '{}' returned a gradient {} {}, expected {} {}", printable(node.name()),
+            shape_str(replaced.shape()), dtype_name(replaced.dtype()), shape_str(meta.shape),
+            dtype_name(meta.dtype)));
+      g = std::move(replaced);
+    }
+  }
+}
+
+inline void check_returned(const Node& node, const TensorList& grad_outputs, const TensorList& grads) {
+  if (is_anomaly_enabled()) anomaly_check_backward(node, grads);
+  if (grads.size() != node.next_edges.size())
+    throw std::runtime_error(fmt::format(
+        "backward of '{}' returned {} gradients for {} inputs; a backward rule returns one per input "
+        "(an undefined tensor for an input that needs none)",
+        printable(node.name()), grads.size(), node.next_edges.size()));
+  for (std::size_t j = 0; j < grads.size(); ++j) {
+    const TensorMeta& meta = node.input_meta[j];
+    if (grads[j].defined() && (grads[j].shape() != meta.shape || grads[j].dtype() != meta.dtype))
+      throw std::runtime_error(fmt::format("backward of '{}' returned a gradient {} {} for input {} of shape {} {}",
+                                           printable(node.name()), shape_str(grads[j].shape()), dtype_name(grads[j].dtype()),
+                                           j, shape_str(meta.shape), dtype_name(meta.dtype)));
+  }
+  if (!is_grad_enabled() || node.accumulates_into_leaf()) return;
+  const bool graph_in = std::any_of(grad_outputs.begin(), grad_outputs.end(),
+                                    [](const Tensor& g) { return g.defined() && g.requires_grad(); });
+  for (std::size_t j = 0; graph_in && j < grads.size(); ++j)
+    if (grads[j].defined() && !grads[j].requires_grad())
+      throw std::runtime_error(fmt::format(
+          "backward of '{}' cannot be differentiated again (create_graph): its gradient for input {} was "
+          "computed outside the graph; use first-order backward through it, or write its backward with "
+          "differentiable ops",
+          printable(node.name()), j));
+}
 
 }  // namespace walking
 }  // namespace detail

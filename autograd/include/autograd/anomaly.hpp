@@ -69,7 +69,7 @@ class AnomalyLabel {
 std::string current_anomaly_label();  // "" when none
 
 namespace detail {
-// Hooks called by the engine (forward: graph.cpp; backward: walk_bookkeeping.cpp) only while is_anomaly_enabled().
+// Hooks called by the engine (forward: graph.cpp; backward: walk_bookkeeping.hpp) only while is_anomaly_enabled().
 // A node was just connected: fills node.creation_context and checks the outputs.
 void anomaly_check_forward(Node& node, const TensorList& inputs, const TensorList& outputs);
 // node.apply returned grad_inputs: checks each defined gradient.
