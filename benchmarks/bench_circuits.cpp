@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   // TransformerLens's default hook points, in our names (docs/circuits.md maps them).
   std::vector<std::string> tl_points = {"embed_out", "pos_embed_out", "ln_final.scale", "ln_final.normalized"};
   for (int l = 0; l < 2; ++l)
-    for (const char* p : {"resid_pre", "ln_1.scale", "ln_1.normalized", "attn.q", "attn.k", "attn.v", "attn.scores",
+    for (const char* p : {"resid_pre", "ln_1.scale", "ln_1.normalized", "attn.q", "attn.k", "attn.v", "attn.attn_scores",
                           "attn.pattern", "attn.z", "attn_out", "resid_mid", "ln_2.scale", "ln_2.normalized", "mlp_pre",
                           "mlp_hidden", "mlp_out", "resid_post"})
       tl_points.push_back(fmt::format("blocks.{}.{}", l, p));

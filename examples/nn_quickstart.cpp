@@ -20,7 +20,7 @@ struct TinyModel : nn::Module {
 
   ag::Tensor forward(const ag::Tensor& x) {  // x: (B, T, 5) -> logits (B, T, 3)
     ag::Tensor h = (*in)(x);
-    return (*out)(h + attn->forward(h).output);  // forward(x) is self-attention; (*attn)(q, k, v) the general form
+    return (*out)(h + attn->forward(h));  // forward(x): self-attention, output alone; (*attn)(q, k, v): {output, weights}
   }
 };
 
@@ -47,7 +47,7 @@ int main() {
   nn::MultiHeadAttention attn(4, 2);
   attn.to(ag::Dtype::Float64);
   const ag::Tensor q = ag::randn({1, 3, 4}, ag::Dtype::Float64).requires_grad_();
-  const auto check = ag::gradcheck([&](const ag::TensorList& in) { return ag::sum(attn.forward(in[0]).output); }, {q});
+  const auto check = ag::gradcheck([&](const ag::TensorList& in) { return ag::sum(attn.forward(in[0])); }, {q});
   std::printf("%s\n", check.ok ? "gradcheck of the attention layer: ok" : "gradcheck FAILED");
 
   // Save, train on, resume: the resumed pair continues exactly like the original would.

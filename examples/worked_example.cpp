@@ -74,8 +74,8 @@ void print_split_and_attend(const S& st) {
   const double root = std::sqrt(static_cast<double>(d_k));
   for (std::int64_t h = 0; h < num_heads; ++h) {
     fmt::print("\nAttend (head {}). sqrt(d_k) = sqrt({}) = {:.3f}\n", h + 1, d_k, root);
-    const ag::Tensor raw = S::head(st.raw_scores, h), scaled = S::head(st.scores, h), w = S::head(st.weights, h);
-    const ag::Tensor v = S::head(st.v, h), ctx = S::head(st.context, h);
+    const ag::Tensor raw = S::head(st.raw_scores, h), scaled = S::head(st.attn_scores, h), w = S::head(st.pattern, h);
+    const ag::Tensor v = S::head(st.v, h), ctx = S::head(st.z, h);
     for (int t = 0; t < 2; ++t) {
       fmt::print("  {}: raw scores Q·Kᵀ {}  -> scaled (÷{:.3f}) {}  -> softmax weights {}\n", token[t],
                  vec(row(raw, t)), root, vec(row(scaled, t)), vec(row(w, t)));
@@ -114,7 +114,7 @@ double print_backward(const S& st, const nn::MultiHeadAttention& mha, ag::Tensor
   print_matrix("  ", mha.W_O().grad());
   for (std::int64_t h = 0; h < num_heads; ++h) {
     fmt::print("dL/d(scaled scores), head {}:\n", h + 1);
-    print_matrix("  ", S::head(st.scores.grad(), h));
+    print_matrix("  ", S::head(st.attn_scores.grad(), h));
   }
   fmt::print("  (head 2's scores get no gradient: its values are all equal, so moving weight between\n"
              "   keys changes nothing; in head 1, raising t1's score for K-t1 raises L)\n");

@@ -115,9 +115,9 @@ void forward_sections(html::Page& page, const WalkThrough& w) {
                                std::sqrt(static_cast<double>(d_k))));
     show(page,
          {head_matrix("raw scores Q·Kᵀ", st.raw_scores, h, Axes::Attention),
-          head_matrix("scaled scores", st.scores, h, Axes::Attention),
-          {fmt::format("weights A, head {}", h + 1), S::head(st.weights, h), Axes::Attention, 1, true},
-          head_matrix("z = A·V", st.context, h)},
+          head_matrix("scaled scores", st.attn_scores, h, Axes::Attention),
+          {fmt::format("weights A, head {}", h + 1), S::head(st.pattern, h), Axes::Attention, 1, true},
+          head_matrix("z = A·V", st.z, h)},
          w.tokens);
   }
   page.heading(2, "Concat, W_O and the output");
@@ -134,14 +134,14 @@ void backward_sections(html::Page& page, const WalkThrough& w) {
   show(page, {{"concat", rows_of(st.concat)}, {"dL/dconcat", rows_of(st.concat.grad())}}, w.tokens);
   for (std::int64_t h = 0; h < w.layer.num_heads(); ++h) {
     page.heading(3, fmt::format("Head {}", h + 1));
-    show(page, {head_matrix("z", st.context, h), head_matrix("dL/dz", st.context.grad(), h)}, w.tokens);
+    show(page, {head_matrix("z", st.z, h), head_matrix("dL/dz", st.z.grad(), h)}, w.tokens);
     show(page,
-         {{fmt::format("A, head {}", h + 1), S::head(st.weights, h), Axes::Attention, 1, true},
-          head_matrix("dL/dA", st.weights.grad(), h, Axes::Attention)},
+         {{fmt::format("A, head {}", h + 1), S::head(st.pattern, h), Axes::Attention, 1, true},
+          head_matrix("dL/dA", st.pattern.grad(), h, Axes::Attention)},
          w.tokens);
     show(page,
-         {head_matrix("scaled scores", st.scores, h, Axes::Attention),
-          head_matrix("dL/d(scaled scores)", st.scores.grad(), h, Axes::Attention)},
+         {head_matrix("scaled scores", st.attn_scores, h, Axes::Attention),
+          head_matrix("dL/d(scaled scores)", st.attn_scores.grad(), h, Axes::Attention)},
          w.tokens);
     show(page,
          {head_matrix("raw scores", st.raw_scores, h, Axes::Attention),

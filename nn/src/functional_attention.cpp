@@ -95,16 +95,16 @@ CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::in
   const ag::Tensor v = at("v", split_heads(p.v, H));  // (B, H, S', d_k)
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));  // 1/√d_k
   const ag::Tensor raw_scores = at("raw_scores", ag::matmul(q, ag::transpose(k, -2, -1)));  // (B,H,T,d_k)·(B,H,d_k,S')
-  ag::Tensor scores = raw_scores * scale;                      // (B, H, T, S')
-  if (mask.defined()) scores = scores + mask;                  // + the mask (broadcast); -inf blocks
-  scores = at("scores", scores);
+  ag::Tensor attn_scores = raw_scores * scale;                      // (B, H, T, S')
+  if (mask.defined()) attn_scores = attn_scores + mask;              // + the mask (broadcast); -inf blocks
+  attn_scores = at("attn_scores", attn_scores);
   // A row whose scores are all -inf (every key blocked) gets zero weights and zero gradients.
-  const ag::Tensor weights = at("pattern", ag::softmax(scores, -1));  // (B, H, T, S'), rows sum to 1 (or 0)
-  const ag::Tensor dropped = dropout_p > 0.0 ? ag::dropout(weights, dropout_p, true, gen) : weights;
-  const ag::Tensor context = at("z", ag::matmul(dropped, v));  // (B,H,T,S')·(B,H,S',d_k) = (B, H, T, d_k)
-  const ag::Tensor concat = at("concat", merge_heads(context));  // (B, T, E)
-  if (study) *study = AttentionStudy{q, k, v, raw_scores, scores, weights, context, concat, concat.requires_grad()};
-  return {concat, weights};
+  const ag::Tensor pattern = at("pattern", ag::softmax(attn_scores, -1));  // (B, H, T, S'), rows sum to 1 (or 0)
+  const ag::Tensor dropped = dropout_p > 0.0 ? ag::dropout(pattern, dropout_p, true, gen) : pattern;
+  const ag::Tensor z = at("z", ag::matmul(dropped, v));  // (B,H,T,S')·(B,H,S',d_k) = (B, H, T, d_k)
+  const ag::Tensor concat = at("concat", merge_heads(z));  // (B, T, E)
+  if (study) *study = AttentionStudy{q, k, v, raw_scores, attn_scores, pattern, z, concat, concat.requires_grad()};
+  return {concat, pattern};
 }
 
 // Every head at once, on the core the call asked for. The fused ops read head h from columns
@@ -133,7 +133,7 @@ CoreResult attend(const Projected& p, const detail::Masks& m, const MultiHeadAtt
 
 // Study: every intermediate keeps its gradient (when the forward recorded a graph).
 void retain_grads(AttentionStudy& s) {
-  for (ag::Tensor* t : {&s.q, &s.k, &s.v, &s.raw_scores, &s.scores, &s.weights, &s.context, &s.concat})
+  for (ag::Tensor* t : {&s.q, &s.k, &s.v, &s.raw_scores, &s.attn_scores, &s.pattern, &s.z, &s.concat})
     if (t->defined() && t->requires_grad()) t->retain_grad();
 }
 
@@ -215,7 +215,7 @@ AttentionOutput multi_head_attention_forward(const ag::Tensor& query, const ag::
 
 namespace {
 
-constexpr std::string_view kStudyFields = "q, k, v, raw_scores, scores, weights (or pattern), context (or z), concat";
+constexpr std::string_view kStudyFields = "q, k, v, raw_scores, attn_scores, pattern, z, concat";
 
 }  // namespace
 
@@ -224,9 +224,9 @@ const ag::Tensor& AttentionStudy::value(std::string_view field) const {
   if (field == "k") return k;
   if (field == "v") return v;
   if (field == "raw_scores") return raw_scores;
-  if (field == "scores") return scores;
-  if (field == "weights" || field == "pattern") return weights;
-  if (field == "context" || field == "z") return context;
+  if (field == "attn_scores") return attn_scores;
+  if (field == "pattern") return pattern;
+  if (field == "z") return z;
   if (field == "concat") return concat;
   ag::fail("AttentionStudy", "no field {}; the fields are {}", quote_name(field), kStudyFields);
 }

@@ -193,7 +193,8 @@ ag::Tensor TransformerBlock::after_attention(const ag::Tensor& x, const ag::Tens
   if (!options_.mlp) return at.run(resid_post, x1);
   const ag::Tensor x1h = at.run(kResidMid, x1);
   const ag::Tensor f = at.run(kMlpPre, fc_1_->forward(ln_2_ ? ln_2_->forward(x1h) : x1h));  // (..., d_ff)
-  const ag::Tensor act = at.run(kMlpHidden, options_.gelu ? ag::gelu(f, options_.gelu_tanh) : ag::relu(f));
+  const auto approximate = options_.gelu_tanh ? ag::GeluApproximation::Tanh : ag::GeluApproximation::None;
+  const ag::Tensor act = at.run(kMlpHidden, options_.gelu ? ag::gelu(f, approximate) : ag::relu(f));
   return at.run(resid_post, ag::add(x1h, at.run(kMlpOut, fc_2_->forward(act))));  // residual
 }
 

@@ -80,7 +80,8 @@ json known_options(const Module& m) {
             {"tied_embeddings", c.tied_embeddings},
             {"layer_norm_eps", c.layer_norm_eps}};
   }
-  if (dynamic_cast<const GELU*>(&m)) return {{"approximate", m.extra_repr().empty() ? "none" : "tanh"}};
+  if (const auto* g = dynamic_cast<const GELU*>(&m))
+    return {{"approximate", g->approximate() == ag::GeluApproximation::Tanh ? "tanh" : "none"}};
   return nullptr;
 }
 

@@ -134,7 +134,9 @@ std::shared_ptr<Module> build_module(const ModuleConfig& c) {
   if (c.type == "MultiHeadAttention") return build_attention(c);
   if (c.type == "TransformerBlock") return build_block(c);
   if (c.type == "ReLU") return std::make_shared<ReLU>();
-  if (c.type == "GELU") return std::make_shared<GELU>(c.text("approximate") == "tanh");
+  if (c.type == "GELU")
+    return std::make_shared<GELU>(c.text("approximate") == "tanh" ? ag::GeluApproximation::Tanh
+                                                                 : ag::GeluApproximation::None);
   if (c.type == "Sequential") return build_sequential(c);
   if (c.type == "ModuleList") return build_module_list(c);
   if (c.type == "TransformerLM") return build_language_model(c);

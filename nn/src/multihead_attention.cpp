@@ -53,7 +53,7 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options, ag::Generator& gen)
     : Module("MultiHeadAttention"), options_(options) {
-  declare_hook_points({"q", "k", "v", "raw_scores", "scores", "pattern", "z", "concat", "result", "out"});
+  declare_hook_points({"q", "k", "v", "raw_scores", "attn_scores", "pattern", "z", "concat", "result", "out"});
   const auto& o = options;
   if (o.embed_dim <= 0 || o.num_heads <= 0)
     ag::fail(kOp, "embed_dim and num_heads must be positive, got {} and {}", o.embed_dim, o.num_heads);

@@ -462,7 +462,6 @@ std::string transformer_lens_point_name(std::string_view tl_name) {
   replace(".ln2.", ".ln_2.");
   replace(".mlp.hook_pre", ".mlp_pre");
   replace(".mlp.hook_post", ".mlp_hidden");
-  replace(".attn.hook_attn_scores", ".attn.scores");
   replace("hook_", "");
   return s;
 }

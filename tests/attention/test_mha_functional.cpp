@@ -252,7 +252,7 @@ BOOST_AUTO_TEST_CASE(the_hook_callback_sees_every_point_in_order_and_may_replace
   nn::AttentionOptions ao;
   ao.average_attn_weights = false;
   const nn::AttentionOutput r = F::multi_head_attention_forward(x, x, x, mha.functional_weights(), c, ao);
-  const std::vector<std::string> want{"q", "k", "v", "raw_scores", "scores", "pattern", "z", "concat", "out"};
+  const std::vector<std::string> want{"q", "k", "v", "raw_scores", "attn_scores", "pattern", "z", "concat", "out"};
   BOOST_TEST(seen == want, boost::test_tools::per_element());
   const std::vector<std::string> want_shapes{"[2, 2, 3, 2]", "[2, 2, 5, 2]", "[2, 2, 5, 2]", "[2, 2, 3, 5]",
                                              "[2, 2, 3, 5]", "[2, 2, 3, 5]", "[2, 2, 3, 2]", "[2, 3, 4]", "[2, 3, 4]"};
@@ -261,13 +261,13 @@ BOOST_AUTO_TEST_CASE(the_hook_callback_sees_every_point_in_order_and_may_replace
   for (std::size_t i = 0; i < out.size(); ++i) BOOST_TEST(out[i] == b_O[i % 4]);
   // A replacement of the wrong shape throws naming the point and both shapes.
   const std::function<ag::Tensor(const char*, const ag::Tensor&)> bad = [](const char* point, const ag::Tensor&) {
-    return std::string(point) == "scores" ? ag::zeros({2, 3, 5}, F64) : ag::Tensor();
+    return std::string(point) == "attn_scores" ? ag::zeros({2, 3, 5}, F64) : ag::Tensor();
   };
   c.hooks = &bad;
   try {
     F::multi_head_attention_forward(x, x, x, mha.functional_weights(), c, ao);
     BOOST_FAIL("no throw");
   } catch (const std::invalid_argument& e) {
-    BOOST_TEST(message_has(e, {"MultiHeadAttention", "'scores'", "[2, 3, 5]", "[2, 2, 3, 5]"}));
+    BOOST_TEST(message_has(e, {"MultiHeadAttention", "'attn_scores'", "[2, 3, 5]", "[2, 2, 3, 5]"}));
   }
 }

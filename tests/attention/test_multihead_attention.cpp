@@ -436,12 +436,12 @@ BOOST_AUTO_TEST_CASE(add_bias_kv_and_add_zero_attn_append_visible_keys) {
       BOOST_TEST(k(3, d) == bias_k[static_cast<std::size_t>(h * 2 + d)]);
       BOOST_TEST(k(4, d) == 0.0);
     }
-    const Eigen::MatrixXd w = to_eigen(nn::AttentionStudy::head(st.weights, h, 1));  // (3, 5)
+    const Eigen::MatrixXd w = to_eigen(nn::AttentionStudy::head(st.pattern, h, 1));  // (3, 5)
     BOOST_TEST(w(0, 1) == 0.0);  // causal among the real keys
     BOOST_TEST(w(0, 3) > 0.0);
     BOOST_TEST(w(0, 4) > 0.0);
     // the zero key scores exactly 0: its weight is 1 / Σ_j exp(score_j)
-    const Eigen::MatrixXd sc = to_eigen(nn::AttentionStudy::head(st.scores, h, 1));
+    const Eigen::MatrixXd sc = to_eigen(nn::AttentionStudy::head(st.attn_scores, h, 1));
     BOOST_TEST(sc(2, 4) == 0.0);
     BOOST_TEST(std::abs(w(2, 4) - 1.0 / sc.row(2).array().exp().sum()) < 1e-15);
   }
@@ -551,7 +551,7 @@ BOOST_AUTO_TEST_CASE(fully_blocked_rows_are_zero_not_nan_on_every_path) {
           }
         }
         if (study) {
-          const auto g = s.mha->study().scores.grad().to_vector();  // (2, 2, 3, 4)
+          const auto g = s.mha->study().attn_scores.grad().to_vector();  // (2, 2, 3, 4)
           for (std::size_t n = 0; n < g.size(); ++n) {
             const std::size_t b = n / 24, t = (n / 4) % 3;
             if (b == 1 || t == 1) BOOST_TEST(g[n] == 0.0, path << " dL/dscores " << n);
@@ -682,20 +682,20 @@ BOOST_AUTO_TEST_CASE(study_mode_keeps_per_head_tensors_and_their_gradients) {
   const auto& st = s.mha->study();
   BOOST_TEST(ag::shape_str(st.q.shape()) == "[2, 2, 3, 2]");
   BOOST_TEST(ag::shape_str(st.k.shape()) == "[2, 2, 4, 2]");
-  BOOST_TEST(ag::shape_str(st.scores.shape()) == "[2, 2, 3, 4]");
+  BOOST_TEST(ag::shape_str(st.attn_scores.shape()) == "[2, 2, 3, 4]");
   BOOST_TEST(ag::shape_str(st.concat.shape()) == "[2, 3, 4]");
-  for (const ag::Tensor* t : {&st.q, &st.k, &st.v, &st.raw_scores, &st.scores, &st.weights, &st.context, &st.concat})
+  for (const ag::Tensor* t : {&st.q, &st.k, &st.v, &st.raw_scores, &st.attn_scores, &st.pattern, &st.z, &st.concat})
     BOOST_REQUIRE(t->grad().defined());
   const double scale = 1.0 / std::sqrt(2.0);
   for (std::int64_t b = 0; b < 2; ++b)
     for (std::int64_t h = 0; h < 2; ++h) {
       using nn::AttentionStudy;
       const Eigen::MatrixXd Q = to_eigen(AttentionStudy::head(st.q, h, b)), K = to_eigen(AttentionStudy::head(st.k, h, b)),
-                            V = to_eigen(AttentionStudy::head(st.v, h, b)), P = to_eigen(AttentionStudy::head(st.weights, h, b));
-      const Eigen::MatrixXd dS = to_eigen(AttentionStudy::head(st.scores.grad(), h, b));
+                            V = to_eigen(AttentionStudy::head(st.v, h, b)), P = to_eigen(AttentionStudy::head(st.pattern, h, b));
+      const Eigen::MatrixXd dS = to_eigen(AttentionStudy::head(st.attn_scores.grad(), h, b));
       const Eigen::MatrixXd dRaw = to_eigen(AttentionStudy::head(st.raw_scores.grad(), h, b));
-      const Eigen::MatrixXd dP = to_eigen(AttentionStudy::head(st.weights.grad(), h, b));
-      const Eigen::MatrixXd dO = to_eigen(AttentionStudy::head(st.context.grad(), h, b));
+      const Eigen::MatrixXd dP = to_eigen(AttentionStudy::head(st.pattern.grad(), h, b));
+      const Eigen::MatrixXd dO = to_eigen(AttentionStudy::head(st.z.grad(), h, b));
       const Eigen::MatrixXd dQ = to_eigen(AttentionStudy::head(st.q.grad(), h, b));
       // context = P·V  =>  dP = dO·Vᵀ
       BOOST_TEST((dP - dO * V.transpose()).cwiseAbs().maxCoeff() < 1e-13);
@@ -726,7 +726,7 @@ BOOST_AUTO_TEST_CASE(study_mode_runs_the_composed_core_and_gives_the_fused_resul
   BOOST_TEST(max_abs_diff(fused.out, studied.out) <= 1e-12);
   for (std::size_t i = 0; i < fused.grads.size(); ++i)
     BOOST_TEST(max_abs_diff(fused.grads[i].second, studied.grads[i].second) <= 1e-12);
-  BOOST_TEST(s.mha->study().weights.defined());
+  BOOST_TEST(s.mha->study().pattern.defined());
   s.mha->set_study(false);
   BOOST_CHECK_THROW(s.mha->study(), std::invalid_argument);
 }

@@ -127,7 +127,7 @@ BOOST_FIXTURE_TEST_CASE(attention_gradient_matches_study_mode, Fixture) {
   ag::Tensor loss = nn::cross_entropy(model.forward(test.token_tensor, false).logits, test.targets,
                                       {.ignore_index = kIgnore});
   loss.backward();
-  const std::vector<double> expected = ag::sum(attn.study().weights.grad(), {0}).to_vector();
+  const std::vector<double> expected = ag::sum(attn.study().pattern.grad(), {0}).to_vector();
   attn.set_study(false);
   BOOST_REQUIRE_EQUAL(got.size(), static_cast<std::size_t>(kHeads * task.seq_len * task.seq_len));
   BOOST_TEST(got == expected, boost::test_tools::per_element());

@@ -308,7 +308,7 @@ class GraphBuilder {
              if (name == "sigmoid") return TensorList{ag::sigmoid(t)};
              if (name == "square") return TensorList{ag::square(t)};
              if (name == "gelu") return TensorList{ag::gelu(t)};
-             if (name == "gelu_tanh") return TensorList{ag::gelu(t, true)};
+             if (name == "gelu_tanh") return TensorList{ag::gelu(t, ag::GeluApproximation::Tanh)};
              return TensorList{ag::exp(t)};
            }) >= 0;
   }

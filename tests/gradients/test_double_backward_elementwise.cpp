@@ -187,7 +187,7 @@ BOOST_AUTO_TEST_CASE(every_unary_op) {
       {"sigmoid", [](const Tensor& t) { return ag::sigmoid(t); }},
       {"relu", [](const Tensor& t) { return ag::relu(t); }},
       {"gelu", [](const Tensor& t) { return ag::gelu(t); }},
-      {"gelu (tanh)", [](const Tensor& t) { return ag::gelu(t, true); }},
+      {"gelu (tanh)", [](const Tensor& t) { return ag::gelu(t, ag::GeluApproximation::Tanh); }},
       {"clamp", [](const Tensor& t) { return ag::clamp(t, -0.5, 0.5); }},
   };
   for (const auto& [name, f] : on_reals) check_op("unary", name, unary_fn(f), {x});
@@ -239,7 +239,7 @@ BOOST_AUTO_TEST_CASE(second_derivatives_match_the_closed_form) {
       {"gelu", [](const Tensor& t) { return ag::gelu(t); }, &x,
        [](double v) { return 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * normal_pdf(v); },
        [](double v) { return normal_pdf(v) * (2 - v * v); }},
-      {"gelu (tanh)", [](const Tensor& t) { return ag::gelu(t, true); }, &x,
+      {"gelu (tanh)", [](const Tensor& t) { return ag::gelu(t, ag::GeluApproximation::Tanh); }, &x,
        [tanh_gelu](double v) { return tanh_gelu(v, 1); }, [tanh_gelu](double v) { return tanh_gelu(v, 2); }},
       {"square", [](const Tensor& t) { return ag::square(t); }, &x, [](double v) { return 2 * v; },
        [](double) { return 2.0; }},
@@ -267,7 +267,7 @@ BOOST_AUTO_TEST_CASE(hessian_vector_products_agree_with_composed_equivalents) {
        [](const Tensor& t) { return 1.0 / (ag::exp(-t) + 1.0); }, &x},
       {"tanh", [](const Tensor& t) { return ag::tanh(t); },
        [](const Tensor& t) { return 1.0 - 2.0 / (ag::exp(t * 2.0) + 1.0); }, &x},
-      {"gelu (tanh)", [](const Tensor& t) { return ag::gelu(t, true); },
+      {"gelu (tanh)", [](const Tensor& t) { return ag::gelu(t, ag::GeluApproximation::Tanh); },
        [s](const Tensor& t) { return t * 0.5 * (ag::tanh((t + t * t * t * 0.044715) * s) + 1.0); }, &x},
       {"square", [](const Tensor& t) { return ag::square(t); }, [](const Tensor& t) { return t * t; }, &x},
       {"pow 3", [](const Tensor& t) { return ag::pow(t, 3.0); }, [](const Tensor& t) { return t * t * t; }, &x},
@@ -396,8 +396,8 @@ BOOST_AUTO_TEST_CASE(create_graph_gradients_equal_the_first_order_ones) {
   const std::vector<std::pair<std::string, ag::GradcheckFn>> fns = {
       {"unary", [](const TensorList& in) {
          const Tensor& t = in[0];
-         return ag::exp(t) + ag::tanh(t) * ag::sigmoid(t) + ag::relu(t) + ag::abs(t) + ag::gelu(t) + ag::gelu(t, true) +
-                ag::clamp(t, -0.3, 0.4) + ag::square(t) - t;
+         return ag::exp(t) + ag::tanh(t) * ag::sigmoid(t) + ag::relu(t) + ag::abs(t) + ag::gelu(t) +
+                ag::gelu(t, ag::GeluApproximation::Tanh) + ag::clamp(t, -0.3, 0.4) + ag::square(t) - t;
        }},
       {"positive", [](const TensorList& in) {
          const Tensor& t = in[1];

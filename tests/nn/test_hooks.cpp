@@ -38,7 +38,7 @@ BOOST_AUTO_TEST_CASE(hook_points_have_dotted_names_in_the_model_tree) {
   TinyModel m;
   const auto names = m.hook_point_names();
   for (const char* n : {"block.resid_pre", "block.resid_mid", "block.mlp_hidden", "block.resid_post", "block.attn.q",
-                        "block.attn.k", "block.attn.v", "block.attn.raw_scores", "block.attn.scores",
+                        "block.attn.k", "block.attn.v", "block.attn.raw_scores", "block.attn.attn_scores",
                         "block.attn.pattern", "block.attn.z", "block.attn.concat", "block.attn.out",
                         "block.q_input", "block.k_input", "block.v_input", "block.attn_out", "block.mlp_pre",
                         "block.mlp_out", "block.attn.result", "block.ln_1.scale", "block.ln_1.normalized",
@@ -98,12 +98,12 @@ BOOST_AUTO_TEST_CASE(an_unbatched_input_gives_batched_points) {
   mha.add_hook("q", [&](const ag::Tensor& v, const std::string&) { q_shape = v.shape(); return ag::Tensor(); });
   mha.add_hook("out", [&](const ag::Tensor& v, const std::string&) { out_shape = v.shape(); return v * 2.0; });
   const ag::Tensor x = ag::randn({3, 4}, F64);
-  const ag::Tensor out = mha.forward(x).output;
+  const ag::Tensor out = mha.forward(x);
   BOOST_TEST(ag::shape_str(q_shape) == "[1, 2, 3, 2]");
   BOOST_TEST(ag::shape_str(out_shape) == "[1, 3, 4]");
   BOOST_TEST(ag::shape_str(out.shape()) == "[3, 4]");
   mha.remove_hooks();
-  BOOST_TEST(max_abs_diff(out, mha.forward(x).output * 2.0) <= 1e-12);
+  BOOST_TEST(max_abs_diff(out, mha.forward(x) * 2.0) <= 1e-12);
 }
 
 BOOST_AUTO_TEST_CASE(replacing_z_with_zeros_leaves_b_O_as_the_attention_output) {
@@ -190,16 +190,16 @@ BOOST_AUTO_TEST_CASE(backward_hook_gets_the_gradient_at_the_point) {
   // Route two: study mode's retained gradient of the scores.
   m.block->attn().set_study(true);
   ag::sum(ag::square(m.forward(kTokens))).backward();
-  const ag::Tensor want = m.block->attn().study().grad("scores").detach().clone();
+  const ag::Tensor want = m.block->attn().study().grad("attn_scores").detach().clone();
   m.block->attn().set_study(false);
   ag::Tensor got;
   std::string name;
-  m.add_backward_hook("block.attn.scores", [&](const ag::Tensor& g, const std::string& n) {
+  m.add_backward_hook("block.attn.attn_scores", [&](const ag::Tensor& g, const std::string& n) {
     got = g.detach().clone();
     name = n;
   });
   ag::sum(ag::square(m.forward(kTokens))).backward();
-  BOOST_TEST(name == "block.attn.scores");
+  BOOST_TEST(name == "block.attn.attn_scores");
   BOOST_REQUIRE(got.defined());
   BOOST_TEST(max_abs_diff(got, want) <= 1e-12);
 }
@@ -329,11 +329,11 @@ BOOST_AUTO_TEST_CASE(no_hook_and_removed_hooks_give_the_hook_free_result_exactly
   o.num_heads = 2;
   nn::MultiHeadAttention mha(o);
   const ag::Tensor x = ag::randn({2, 5, 8});
-  const auto plain = mha.forward(x).output.to_vector();
+  const auto plain = mha.forward(x).to_vector();
   auto h = mha.add_hook("pattern", [](const ag::Tensor&, const std::string&) { return ag::Tensor(); });
-  const auto hooked = mha.forward(x).output.to_vector();
+  const auto hooked = mha.forward(x).to_vector();
   h.remove();
-  BOOST_TEST(mha.forward(x).output.to_vector() == plain);
+  BOOST_TEST(mha.forward(x).to_vector() == plain);
   for (std::size_t i = 0; i < plain.size(); ++i) BOOST_TEST(std::abs(hooked[i] - plain[i]) <= 1e-5);
 }
 
@@ -374,27 +374,29 @@ BOOST_AUTO_TEST_CASE(study_mode_after_a_forward_without_a_graph_says_why_there_i
   BOOST_CHECK_THROW(attn.study(), std::invalid_argument);  // no forward yet
   ag::sum(m.forward(kTokens)).backward();
   BOOST_TEST(attn.study().has_graph);
-  const auto pattern_grad = attn.study().grad("pattern").to_vector();  // "pattern" names weights too
-  try {
-    (void)attn.study().grad("attention");
-    BOOST_FAIL("no throw");
-  } catch (const std::invalid_argument& e) {
-    BOOST_TEST(message_has(e, {"'attention'", "scores", "weights (or pattern)"}));
+  const auto pattern_grad = attn.study().grad("pattern").to_vector();  // the fields have the hook points' names
+  for (const char* wrong : {"attention", "weights", "scores", "context"}) {  // the fields' one name each
+    try {
+      (void)attn.study().grad(wrong);
+      BOOST_FAIL("no throw");
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST(message_has(e, {fmt::format("'{}'", wrong), "attn_scores", "pattern", "z"}));
+    }
   }
   {
     ag::NoGradGuard no_grad;
     m.forward(tokens({{3, 2, 0, 0}, {4, 4, 1, 3}}));  // replaces the study: live tensors of this forward, without a graph
   }
   BOOST_TEST(!attn.study().has_graph);
-  BOOST_TEST(attn.study().weights.defined());  // the values are there
+  BOOST_TEST(attn.study().pattern.defined());  // the values are there
   try {
-    (void)attn.study().grad("scores");
+    (void)attn.study().grad("attn_scores");
     BOOST_FAIL("no throw");
   } catch (const std::invalid_argument& e) {
-    BOOST_TEST(message_has(e, {"AttentionStudy::grad", "'scores'", "no graph", "NoGradGuard", "run_with_cache"}));
+    BOOST_TEST(message_has(e, {"AttentionStudy::grad", "'attn_scores'", "no graph", "NoGradGuard", "run_with_cache"}));
   }
   try {
-    (void)nn::AttentionStudy::head(attn.study().scores.grad(), 0);
+    (void)nn::AttentionStudy::head(attn.study().attn_scores.grad(), 0);
     BOOST_FAIL("no throw");
   } catch (const std::invalid_argument& e) {
     BOOST_TEST(message_has(e, {"AttentionStudy::head", ".grad() not computed yet", "NoGradGuard"}));

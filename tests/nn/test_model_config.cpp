@@ -97,7 +97,7 @@ BOOST_AUTO_TEST_CASE(nn_modules_are_rebuilt_from_the_file_alone) {
                               nn::TransformerBlockOptions{.d_model = 6, .num_heads = 3, .d_ff = 10, .dtype = F64}, gen));
   seq->push_back("norm", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {6}, .eps = 1e-3,
                                                                                .dtype = F64}));
-  seq->push_back("act", std::make_shared<nn::GELU>(true));
+  seq->push_back("act", std::make_shared<nn::GELU>(ag::GeluApproximation::Tanh));
   seq->push_back("out", std::make_shared<nn::Linear>(nn::LinearOptions{6, 2, false, F64}, gen));
   const ag::Tensor x = ag::randn({2, 4, 6}, F64, gen);
   const auto want = seq->forward(x).to_vector();

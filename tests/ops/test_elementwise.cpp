@@ -191,9 +191,9 @@ BOOST_AUTO_TEST_CASE(gelu_tanh_approximation_matches_its_formula) {
   std::vector<double> expected;
   for (double v : {-1.0, 0.0, 1.0, 2.0})
     expected.push_back(0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))));
-  check_values(ag::gelu(f64({-1, 0, 1, 2}, {4}), true), {4}, expected);
+  check_values(ag::gelu(f64({-1, 0, 1, 2}, {4}), ag::GeluApproximation::Tanh), {4}, expected);
   // and it stays within 1e-3 of the exact form here
-  check_values(ag::gelu(f64({-1, 0, 1, 2}, {4}), true), {4},
+  check_values(ag::gelu(f64({-1, 0, 1, 2}, {4}), ag::GeluApproximation::Tanh), {4},
                {-0.158655253931457, 0, 0.841344746068543, 2 * 0.977249868051821}, 1e-3);
 }
 
@@ -301,7 +301,7 @@ BOOST_AUTO_TEST_CASE(unary_gradients) {
   check_gradients([](const TensorList& v) { return ag::tanh(v[0]); }, {x});
   check_gradients([](const TensorList& v) { return ag::sigmoid(v[0]); }, {x});
   check_gradients([](const TensorList& v) { return ag::gelu(v[0]); }, {x});
-  check_gradients([](const TensorList& v) { return ag::gelu(v[0], true); }, {x});
+  check_gradients([](const TensorList& v) { return ag::gelu(v[0], ag::GeluApproximation::Tanh); }, {x});
 }
 
 BOOST_AUTO_TEST_CASE(kinked_unary_gradients_away_from_the_kinks) {
@@ -380,7 +380,7 @@ BOOST_AUTO_TEST_CASE(float32_forward_equals_float64_to_float32_precision) {
       {"sigmoid", [](const Tensor& a, const Tensor& b) { return ag::sigmoid(a * b); }},
       {"relu", [](const Tensor& a, const Tensor& b) { return ag::relu(a * b); }},
       {"gelu", [](const Tensor& a, const Tensor& b) { return ag::gelu(a * b); }},
-      {"gelu tanh", [](const Tensor& a, const Tensor& b) { return ag::gelu(a * b, true); }},
+      {"gelu tanh", [](const Tensor& a, const Tensor& b) { return ag::gelu(a * b, ag::GeluApproximation::Tanh); }},
       {"clamp", [](const Tensor& a, const Tensor& b) { return ag::clamp(a * b, -1.0, 1.0); }},
   };
   for (const auto& [name, op] : ops) {

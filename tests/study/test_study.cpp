@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(patching_every_head_from_the_clean_run_gives_the_clean_metr
   // The layer's output depends on its input only through z: patching all of z restores it all.
   Layer layer;
   const ag::Tensor clean = random_input(1), corrupted = random_input(2);
-  auto run = [&](const ag::Tensor& x) { return ag::sum(ag::tanh(layer.forward(x).output)); };
+  auto run = [&](const ag::Tensor& x) { return ag::sum(ag::tanh(layer.forward(x))); };
   const nn::ActivationCache cache = nn::run_with_cache(layer, [&] { return run(clean); }, {.names = {"z"}});
   for (std::int64_t h = 0; h < 3; ++h) layer.add_hook("z", nn::study::patch_head(h, cache["z"]));
   BOOST_TEST(run(corrupted).item() == cache.output.item());
@@ -174,7 +174,7 @@ BOOST_AUTO_TEST_CASE(attribution_patching_is_exact_on_a_metric_linear_in_z) {
   Layer layer;
   const ag::Tensor clean = random_input(1), corrupted = random_input(2);
   const ag::Tensor G = random_input(9);
-  auto run = [&](const ag::Tensor& x) { return ag::sum(layer.forward(x).output * G); };  // linear in concat = z
+  auto run = [&](const ag::Tensor& x) { return ag::sum(layer.forward(x) * G); };  // linear in concat = z
   const auto r = nn::study::attribution_patching(layer, "z", run, clean, corrupted);
   BOOST_TEST(r.max_abs_error <= 1e-12);
   double largest = 0;
@@ -224,7 +224,7 @@ BOOST_AUTO_TEST_CASE(attention_times_gradient_equals_A_times_dL_dA_from_study_mo
   m.block->attn().set_study(true);
   loss().backward();
   const nn::AttentionStudy& st = m.block->attn().study();
-  const auto A = st.weights.to_vector(), dA = st.grad("weights").to_vector();
+  const auto A = st.pattern.to_vector(), dA = st.grad("pattern").to_vector();
   const std::int64_t B = 2, H = 2, TS = 16;
   std::vector<double> want(static_cast<std::size_t>(H * TS), 0.0);
   for (std::int64_t b = 0; b < B; ++b)

@@ -533,7 +533,7 @@ void check_variant(const Variant& c) {
       h.remove();
       BOOST_TEST(max_abs_diff(leaf.grad(), cache.grad(name)) <= 1e-12);
       const bool before_pattern = name == "q" || name == "k" || name == "v" || name == "raw_scores" ||
-                                  name == "scores" || name == "pattern";
+                                  name == "attn_scores" || name == "pattern";
       if (c.study && before_pattern) BOOST_CHECK_NO_THROW(attn.study().grad("pattern"));
     }
   }
@@ -749,15 +749,15 @@ BOOST_AUTO_TEST_CASE(float32_cache_with_backward_and_all_blocked_scores_stay_fin
   o.dtype = ag::Dtype::Float32;
   nn::MultiHeadAttention attn(o, gen);
   const ag::Tensor x = ag::randn({2, 3, 4}, ag::Dtype::Float32, gen);
-  // Every key blocked through the scores point: zero weights and zero gradients, not NaN.
-  auto h = attn.add_hook("scores", [](const ag::Tensor& v, const std::string&) {
+  // Every key blocked through the attn_scores point: zero weights and zero gradients, not NaN.
+  auto h = attn.add_hook("attn_scores", [](const ag::Tensor& v, const std::string&) {
     return ag::full(v.shape(), -std::numeric_limits<double>::infinity(), v.dtype());
   });
   const auto cache = nn::run_with_cache(attn, [&] { return ag::sum(attn.forward(x, x, x).output); }, {.backward = true});
   h.remove();
   for (const auto& n : cache.names()) {
     BOOST_TEST((cache[n].dtype() == ag::Dtype::Float32), n);
-    if (n == "scores" || n == "raw_scores") continue;  // -inf by the hook
+    if (n == "attn_scores" || n == "raw_scores") continue;  // -inf by the hook
     for (double e : cache[n].to_vector()) BOOST_TEST(std::isfinite(e), n);
     if (cache.has_grad(n))
       for (double e : cache.grad(n).to_vector()) BOOST_TEST(std::isfinite(e), n << " grad");

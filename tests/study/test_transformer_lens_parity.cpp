@@ -166,7 +166,7 @@ std::optional<Mapped> ours_for(const std::string& tl, const nn::TransformerLMCon
       {"attn.hook_q", {"attn.q", Layout::HeadsSecond}},
       {"attn.hook_k", {"attn.k", Layout::HeadsSecond}},
       {"attn.hook_v", {"attn.v", Layout::HeadsSecond}},
-      {"attn.hook_attn_scores", {"attn.scores", Layout::Causal}},
+      {"attn.hook_attn_scores", {"attn.attn_scores", Layout::Causal}},
       {"attn.hook_pattern", {"attn.pattern"}},
       {"attn.hook_z", {"attn.z", Layout::HeadsSecond}},
       {"attn.hook_result", {"attn.result", Layout::HeadsSecond}},

@@ -66,8 +66,10 @@ ag::Tensor by_hand(const nn::TransformerLM& m, const ag::Tensor& tokens) {
     x = ag::add(x, b.attn().forward(h, h, h, o).output);
     if (b.has_mlp()) {
       const ag::Tensor f = b.fc_1().forward(norm ? b.ln_2().forward(x) : x);
+      const auto approximate = m.config().activation == nn::Activation::GeluTanh ? ag::GeluApproximation::Tanh
+                                                                                  : ag::GeluApproximation::None;
       x = ag::add(x, b.fc_2().forward(m.config().activation == nn::Activation::Relu ? ag::relu(f)
-                                      : ag::gelu(f, m.config().activation == nn::Activation::GeluTanh)));
+                                                                                 : ag::gelu(f, approximate)));
     }
   }
   if (norm) x = m.ln_final().forward(x);
@@ -481,7 +483,7 @@ BOOST_AUTO_TEST_CASE(transformer_lens_hook_names_translate_to_points_of_the_mode
       {"hook_embed", "embed_out"}, {"hook_pos_embed", "pos_embed_out"},
       {"blocks.0.hook_resid_pre", "blocks.0.resid_pre"}, {"blocks.0.hook_q_input", "blocks.0.q_input"},
       {"blocks.0.ln1.hook_scale", "blocks.0.ln_1.scale"}, {"blocks.0.ln1.hook_normalized", "blocks.0.ln_1.normalized"},
-      {"blocks.0.attn.hook_q", "blocks.0.attn.q"}, {"blocks.0.attn.hook_attn_scores", "blocks.0.attn.scores"},
+      {"blocks.0.attn.hook_q", "blocks.0.attn.q"}, {"blocks.0.attn.hook_attn_scores", "blocks.0.attn.attn_scores"},
       {"blocks.0.attn.hook_pattern", "blocks.0.attn.pattern"}, {"blocks.0.attn.hook_z", "blocks.0.attn.z"},
       {"blocks.0.attn.hook_result", "blocks.0.attn.result"}, {"blocks.0.hook_attn_out", "blocks.0.attn_out"},
       {"blocks.1.hook_resid_mid", "blocks.1.resid_mid"}, {"blocks.1.ln2.hook_scale", "blocks.1.ln_2.scale"},

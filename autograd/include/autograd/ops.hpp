@@ -62,7 +62,10 @@ Tensor abs(const Tensor& x);  // gradient sign(x), 0 at 0
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);  // gradient 0 at 0
-Tensor gelu(const Tensor& x, bool tanh_approximation = false);  // exact: x·Φ(x)
+// GELU exact, x·Φ(x), or its tanh approximation x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+// (PyTorch's approximate="none" and approximate="tanh").
+enum class GeluApproximation { None, Tanh };
+Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::None);
 Tensor clamp(const Tensor& x, double min, double max);  // gradient passes where min < x < max
 
 // ---- selection by mask — src/ops/elementwise_binary.cpp ----

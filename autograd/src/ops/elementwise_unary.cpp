@@ -196,7 +196,8 @@ Tensor relu(const Tensor& x) {
     }), nullptr));
 }
 
-Tensor gelu(const Tensor& x, bool tanh_approximation) {
+Tensor gelu(const Tensor& x, GeluApproximation approximate) {
+  const bool tanh_approximation = approximate == GeluApproximation::Tanh;
   check_defined_arg("gelu", x);
   if (tanh_approximation) {
     // y = x/2 · (1 + tanh u),  u = √(2/π)·(x + 0.044715·x³)

@@ -42,14 +42,15 @@
 //     (see compose_attention in src/functional_attention.cpp).
 //
 // Study (config.study set): the call keeps the per-head Q, K, V, the raw and scaled scores, the
-// weights, the context and the concatenated heads, with retain_grad() on each, so that after
-// backward() study->scores.grad() is dL/d(scores) — no hooks needed. It always runs the
+// pattern (the weights), the context z and the concatenated heads, under the names of their hook
+// points, with retain_grad() on each, so that after backward() study->attn_scores.grad() is
+// dL/d(attn_scores) — no hooks needed. It always runs the
 // Composed core (the fused op has no intermediate tensors to keep). The tensors are live: they
 // belong to this call's graph, and a forward without a graph (NoGradGuard) gives tensors without
-// gradients (study->has_graph says which; study->grad("scores") throws saying so).
+// gradients (study->has_graph says which; study->grad("attn_scores") throws saying so).
 //
 // Hooks (config.hooks set): the call runs the Composed core and calls (*hooks)(point, value) at
-// each point, in this order: "q", "k", "v" (B, H, T|S', d_k), "raw_scores", "scores", "pattern"
+// each point, in this order: "q", "k", "v" (B, H, T|S', d_k), "raw_scores", "attn_scores", "pattern"
 // (B, H, T, S'), "z" (B, H, T, d_k), "concat" (B, T, E), "out" (B, T, E), batched as the study.
 // The callback returns an undefined tensor to keep the value, or a replacement of the same shape
 // and dtype (checked), which the rest of the call uses (the study keeps the replacements).
@@ -85,27 +86,28 @@ struct AttentionOutput {
 
 // What study mode keeps from the last forward. Always batched: B = 1 for an unbatched input.
 // S' = S (+1 with add_bias_kv) (+1 with add_zero_attn). Each tensor is part of the graph and
-// retains its gradient (when the forward recorded a graph).
+// retains its gradient (when the forward recorded a graph). The fields are named as the hook
+// points that see the same tensors (TransformerLens's hook_q .. hook_z, without "hook_").
 struct AttentionStudy {
-  ag::Tensor q;           // (B, H, T, d_k)   per-head queries
-  ag::Tensor k;           // (B, H, S', d_k)  per-head keys
-  ag::Tensor v;           // (B, H, S', d_k)  per-head values
-  ag::Tensor raw_scores;  // (B, H, T, S')    q · kᵀ
-  ag::Tensor scores;      // (B, H, T, S')    q · kᵀ / √d_k + masks: the softmax's input
-  ag::Tensor weights;     // (B, H, T, S')    softmax(scores), before dropout
-  ag::Tensor context;     // (B, H, T, d_k)   (dropped) weights · v
-  ag::Tensor concat;      // (B, T, E)        the heads side by side: W_O's input
+  ag::Tensor q;            // (B, H, T, d_k)   per-head queries
+  ag::Tensor k;            // (B, H, S', d_k)  per-head keys
+  ag::Tensor v;            // (B, H, S', d_k)  per-head values
+  ag::Tensor raw_scores;   // (B, H, T, S')    q · kᵀ
+  ag::Tensor attn_scores;  // (B, H, T, S')    q · kᵀ / √d_k + masks: the softmax's input
+  ag::Tensor pattern;      // (B, H, T, S')    softmax(attn_scores), the attention weights, before dropout
+  ag::Tensor z;            // (B, H, T, d_k)   per-head context: (dropped) pattern · v
+  ag::Tensor concat;       // (B, T, E)        the heads side by side: W_O's input
   bool has_graph = false;  // the forward recorded a graph: the tensors get gradients from backward
 
-  // A field by its name ("q", "k", "v", "raw_scores", "scores", "weights" or "pattern",
-  // "context" or "z", "concat"); throws naming the names there are.
+  // A field by its name ("q", "k", "v", "raw_scores", "attn_scores", "pattern", "z", "concat");
+  // throws naming the names there are.
   const ag::Tensor& value(std::string_view field) const;
   // Its gradient after backward, checked: throws naming the field and saying why there is none
   // (the forward recorded no graph, or no backward has reached it yet).
   ag::Tensor grad(std::string_view field) const;
 
   // The (rows x cols) matrix of batch entry b, head h of a (B, H, rows, cols) tensor such as
-  // scores or scores.grad(), as a new tensor outside the graph.
+  // attn_scores or attn_scores.grad(), as a new tensor outside the graph.
   static ag::Tensor head(const ag::Tensor& t, std::int64_t h, std::int64_t b = 0);
 };
 

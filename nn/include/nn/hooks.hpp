@@ -6,8 +6,8 @@
 //     return ag::Tensor();  // undefined: keep the value; or return a replacement
 //   });
 //
-// Modules declare their points (nn::MultiHeadAttention: q, k, v, raw_scores, scores, pattern, z,
-// concat, out; nn::TransformerBlock: resid_pre, resid_mid, mlp_hidden, resid_post). A model names
+// Modules declare their points (nn::MultiHeadAttention: q, k, v, raw_scores, attn_scores, pattern, z,
+// concat, result, out; nn::TransformerBlock: resid_pre, resid_mid, mlp_hidden, resid_post). A model names
 // them with dots, as named_parameters() names parameters: "block.attn.pattern".
 //
 // Rules:

@@ -104,16 +104,21 @@ class ReLU : public Module {
   ag::Tensor operator()(const ag::Tensor& x) const { return forward(x); }
 };
 
-// x·Φ(x) (exact), or the tanh approximation (PyTorch's approximate="tanh").
+// x·Φ(x) (exact), or the tanh approximation: GELU(ag::GeluApproximation::Tanh) is PyTorch's
+// nn.GELU(approximate="tanh").
 class GELU : public Module {
  public:
-  explicit GELU(bool tanh_approximation = false) : Module("GELU"), tanh_(tanh_approximation) {}
-  ag::Tensor forward(const ag::Tensor& x) const { return ag::gelu(x, tanh_); }
+  explicit GELU(ag::GeluApproximation approximate = ag::GeluApproximation::None)
+      : Module("GELU"), approximate_(approximate) {}
+  ag::Tensor forward(const ag::Tensor& x) const { return ag::gelu(x, approximate_); }
   ag::Tensor operator()(const ag::Tensor& x) const { return forward(x); }
-  std::string extra_repr() const override { return tanh_ ? "approximate=tanh" : ""; }
+  ag::GeluApproximation approximate() const { return approximate_; }
+  std::string extra_repr() const override {
+    return approximate_ == ag::GeluApproximation::Tanh ? "approximate=tanh" : "";
+  }
 
  private:
-  bool tanh_;
+  ag::GeluApproximation approximate_;
 };
 
 // ---- Sequential: modules applied in order; children named "0", "1", ... ----

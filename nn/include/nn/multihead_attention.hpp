@@ -22,7 +22,7 @@
 //   - hook points (nn/hooks.hpp), batched as the study (B = 1 for an unbatched input):
 //       q, k, v       (B, H, T|S', d_k)  per-head projections
 //       raw_scores    (B, H, T, S')      q · kᵀ
-//       scores        (B, H, T, S')      raw_scores / √d_k + masks: the softmax's input
+//       attn_scores   (B, H, T, S')      raw_scores / √d_k + masks: the softmax's input
 //       pattern       (B, H, T, S')      the softmax weights, before dropout
 //       z             (B, H, T, d_k)     per-head context: (dropped) pattern · v
 //       concat        (B, T, E)          the heads side by side: W_O's input
@@ -63,16 +63,23 @@ class MultiHeadAttention : public Module {
   MultiHeadAttention(std::int64_t embed_dim, std::int64_t num_heads);
 
   // query (B, T, E), key (B, S, kdim), value (B, S, vdim); or unbatched (T, E), (S, kdim), (S, vdim).
+  // Returns {output, weights}, as PyTorch's forward returns (attn_output, attn_weights).
   AttentionOutput forward(const ag::Tensor& query, const ag::Tensor& key, const ag::Tensor& value,
                           const AttentionOptions& options = {});
   AttentionOutput operator()(const ag::Tensor& query, const ag::Tensor& key, const ag::Tensor& value,
                              const AttentionOptions& options = {}) {
     return forward(query, key, value, options);
   }
-  // Self-attention: query = key = value = x.
-  AttentionOutput forward(const ag::Tensor& x, const AttentionOptions& options = {}) {
-    return forward(x, x, x, options);
+  // Self-attention, query = key = value = x, in the form every layer has (TransformerBlock's too):
+  // forward(x) returns the output alone (computing no weights, need_weights = false), and
+  // forward(x, options) returns {output, weights}.
+  ag::Tensor forward(const ag::Tensor& x) {
+    AttentionOptions options;
+    options.need_weights = false;
+    return forward(x, x, x, options).output;
   }
+  AttentionOutput forward(const ag::Tensor& x, const AttentionOptions& options) { return forward(x, x, x, options); }
+  ag::Tensor operator()(const ag::Tensor& x) { return forward(x); }
 
   // The core forward(query, key, value, options) runs on now, and why when it is not the fastest
   // one for the shapes, without running it (the arguments are checked as forward checks them):

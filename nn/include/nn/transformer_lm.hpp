@@ -125,7 +125,7 @@ std::string transformer_lens_config_json(const TransformerLMConfig& config);
 // "blocks.0.attn.pattern", "blocks.1.ln1.hook_scale" -> "blocks.1.ln_1.scale", "blocks.0.mlp.hook_post"
 // -> "blocks.0.mlp_hidden", "hook_embed" -> "embed_out" (docs/circuits.md's table); "" for a name
 // without "hook_". Our q, k, v, z and result put the head dim first: (B, H, T, ·), TL's
-// (B, T, H, ·); pattern and scores are (B, H, T, T) in both.
+// (B, T, H, ·); pattern and attn_scores are (B, H, T, T) in both.
 std::string transformer_lens_point_name(std::string_view tl_name);
 
 }  // namespace nn
