@@ -78,8 +78,9 @@ SdpaPath sdpa_path(std::int64_t T, std::int64_t S, const SdpaOptions& options = 
 //   Pass 0 in eval mode (nothing is drawn then).
 // Both results are differentiable outputs of one graph node: gradients may reach the output,
 // the weights, or both. All three ops are differentiable to any order (create_graph): the
-// backward that builds a graph is the kernel's formula in ag ops, reusing the saved weights;
-// the dropout mask is a constant.
+// kernel's gradients are then the outputs of a recorded op, <op>_backward, whose rule (the
+// second derivative, in ag ops) reuses the saved weights or, on the tiled core, recomputes
+// them; the dropout mask is a constant.
 // need_weights = false: the weights are not asked for, and `weights` comes back undefined. The
 //   op then runs a tiled core (FlashAttention-2 style, docs/attention_backward.md §10): blocks
 //   of queries against blocks of keys with an online softmax, keeping for backward only q, k,

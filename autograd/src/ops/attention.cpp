@@ -2,7 +2,8 @@
 // their argument checks, the choice of core and its reason (sdpa_path: the tiled one of
 // attention_flash*.cpp when the weights are not asked for and T·S is large), and the graph node
 // whose backward runs the hand-derived kernels of attention_core.cpp (derived step by step in
-// docs/attention_backward.md).
+// docs/attention_backward.md); its second derivative is the backward op's rule
+// (attention_backward.cpp).
 #include "autograd/attention.hpp"
 
 #include <algorithm>
@@ -11,7 +12,6 @@
 #include <limits>
 #include <vector>
 
-#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/attention_core.hpp"
@@ -45,10 +45,7 @@ Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& 
 
 namespace {
 
-using sdpa::ComposedGrads;
-using sdpa::ComposedInputs;
 using sdpa::Operands;
-using sdpa::composed_backward;
 using sdpa::node_inputs;
 
 constexpr std::string_view kOp = "scaled_dot_product_attention";
@@ -137,53 +134,34 @@ void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const 
 
 // ---- the op ----
 
-// The backward rule. Saved: q, k, v (packed: the one tensor), the weights P and the dropout
-// factors Z; not the scores.
+// The backward rule: the kernel's gradients (sdpa::input_grads records them as the backward
+// op's outputs when a graph of the backward is built). Saved: q, k, v (packed: the one tensor),
+// the mask (read only as the backward op's input), the weights P and the dropout factors Z; not
+// the scores.
 struct AttentionBackward {
-  std::string_view op;
-  SavedTensor q, k, v, weights, keep;
-  bool packed = false;
-  bool has_mask = false;
-  Shape mask_shape;
-  sdpa::Dims d;
-  double scale = 1.0;
-  bool causal = false;
+  sdpa::NodeSaved s;
+  SavedTensor weights, keep;
 
   GradList operator()(const TensorList& g, const Node& node) const {
-    if (is_grad_enabled()) return composed(g, node);
-    const Tensor qt = q.get(op), kt = packed ? qt : k.get(op), vt = packed ? qt : v.get(op), pt = weights.get(op);
-    const Tensor zt = keep.defined() ? keep.get(op) : Tensor();
+    const Operands in = s.operands(node, false);
+    const Tensor& qt = in.q;
+    const Tensor& kt = in.packed() ? qt : in.k;
+    const Tensor& vt = in.packed() ? qt : in.v;
+    const Tensor pt = weights.get(s.op), zt = keep.defined() ? keep.get(s.op) : Tensor();
     const Dtype dtype = qt.dtype();
-    const sdpa::KernelGrads dg = sdpa::kernel_grads(qt, kt, vt, packed, node);
-    const std::size_t mask_input = packed ? 1 : 3;  // the mask's place among the node's inputs
+    sdpa::KernelGrads dg = sdpa::kernel_grads(s, in, node);
     Tensor dscores;  // dL/dS, summed to the mask's shape below
-    if (has_mask && node.needs_input_grad(mask_input)) dscores = Tensor::empty(pt.shape(), dtype);
+    if (dg.want_mask) dscores = Tensor::empty(pt.shape(), dtype);
     dispatch(dtype, [&](auto zero) {
       using T = decltype(zero);
       auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
       const sdpa::BackwardData<T> data{qt.data<T>(), kt.data<T>(), vt.data<T>(), pt.data<T>(),
                                        ptr(zt),      ptr(g[0]),    ptr(g[1]),    ptr(dg.dq),
                                        ptr(dg.dk),   ptr(dg.dv),   ptr(dscores)};
-      sdpa::backward<T>(d, data, static_cast<T>(scale), causal);
+      sdpa::backward<T>(s.d, data, static_cast<T>(s.scale), s.causal);
     });
-    GradList grads = sdpa::kernel_input_grads(dg, packed);
-    if (has_mask) grads.push_back(dscores.defined() ? sum_to(dscores, mask_shape) : Tensor());
-    return grads;
-  }
-
-  // The same gradients from differentiable ops on the connected saved tensors (create_graph).
-  GradList composed(const TensorList& g, const Node& node) const {
-    const std::size_t mask_input = packed ? 1 : 3;
-    const bool want_mask = has_mask && node.needs_input_grad(mask_input);
-    const Tensor qt = q.get(op);
-    ComposedInputs in{qt, Tensor(), Tensor(), weights.get(op), keep.defined() ? keep.get(op) : Tensor(), g[0], g[1]};
-    const sdpa::ComposedWants want =
-        sdpa::take_operands(in, qt, packed ? Tensor() : k.get(op), packed ? Tensor() : v.get(op), d.H * d.d_k, node);
-    const bool want_dv = want.dv, want_dqk = want.dqk;
-    const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
-    GradList grads = sdpa::composed_input_grads(c, in, packed, c.dq.defined() || c.dv.defined(), node);
-    if (has_mask) grads.push_back(want_mask && c.dscores.defined() ? sum_to(c.dscores, mask_shape) : Tensor());
-    return grads;
+    if (dscores.defined()) dg.dmask = sum_to(dscores, node.input_meta[s.mask_input()].shape);
+    return sdpa::input_grads(s, in, g, dg, {pt, zt, {}});
   }
 };
 
@@ -252,9 +230,9 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
   if (!needs_grad(input_span)) return {output, need_weights ? weights : Tensor(), path};
   const std::array<Tensor, 2> outputs{output, weights};
   record(op, input_span, outputs,
-         AttentionBackward{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(weights),
-                           SavedTensor(keep), in.packed(), in.mask.defined(), in.mask.defined() ? in.mask.shape() : Shape{},
-                           d, scale, is_causal});
+         AttentionBackward{{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(in.mask), d, scale,
+                            is_causal},
+                           SavedTensor(weights), SavedTensor(keep)});
   // An output nobody used (usually `weights`) reaches the rule undefined, read as zero: no
   // [B, H, T, S] tensor of zeros is made and added.
   output.grad_fn()->materialize_grads = false;

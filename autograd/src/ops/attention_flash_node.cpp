@@ -1,10 +1,8 @@
 // The tiled attention core as a graph node: the forward of attention_flash.cpp, whose backward
-// runs attention_flash_backward.cpp, or, while a graph of the backward is being built
-// (create_graph), the same gradients composed of autograd ops with the weights recomputed.
+// runs attention_flash_backward.cpp; its second derivative is the backward op's rule
+// (attention_backward.cpp), which recomputes the weights from differentiable ops.
 #include <array>
-#include <limits>
 
-#include "autograd/grad_mode.hpp"
 #include "kernels/attention_flash.hpp"
 #include "ops/attention_node.hpp"
 
@@ -12,75 +10,36 @@ namespace autograd::sdpa {
 
 namespace {
 
-// (T, S) additive mask of the causal constraint: 0 on and below the diagonal, -inf above.
-Tensor causal_additive(std::int64_t T, std::int64_t S, Dtype dtype) {
-  Tensor m = Tensor::empty({T, S}, dtype);
-  dispatch(dtype, [&](auto zero) {
-    using U = decltype(zero);
-    U* p = m.data<U>();
-    for (std::int64_t i = 0; i < T; ++i)
-      for (std::int64_t j = 0; j < S; ++j) p[i * S + j] = j > i ? -std::numeric_limits<U>::infinity() : U(0);
-  });
-  return m;
-}
-
-// The backward rule. Saved: q, k, v (packed: the one tensor), the mask, the output and the row
-// log-sum-exps (B, H, T), and the dropout stream (a key: the mask is regenerated tile by tile);
-// never a (T, S) matrix.
+// The backward rule: the kernel's gradients (input_grads records them as the backward op's
+// outputs when a graph of the backward is built). Saved: q, k, v (packed: the one tensor), the
+// mask, the output and the row log-sum-exps (B, H, T), and the dropout stream (a key: the mask
+// is regenerated tile by tile); never a (T, S) matrix.
 struct FlashBackward {
-  std::string_view op;
-  SavedTensor q, k, v, mask, out, lse;
-  bool packed = false;
-  Dims d;
-  double scale = 1.0;
-  bool causal = false;
+  NodeSaved s;
+  SavedTensor out, lse;
   philox::DropoutStream dropout;
 
-  std::size_t mask_input() const { return packed ? 1 : 3; }
-
   GradList operator()(const TensorList& g, const Node& node) const {
-    if (is_grad_enabled()) return composed(g, node);
-    const Tensor qt = q.get(op), kt = packed ? qt : k.get(op), vt = packed ? qt : v.get(op);
-    const Tensor mt = mask.defined() ? mask.get(op) : Tensor(), ot = out.get(op), lt = lse.get(op);
+    const Operands in = s.operands(node, true);
+    const Tensor& qt = in.q;
+    const Tensor& kt = in.packed() ? qt : in.k;
+    const Tensor& vt = in.packed() ? qt : in.v;
+    const Tensor& mt = in.mask;
+    const Tensor ot = out.get(s.op), lt = lse.get(s.op);
     const Dtype dtype = qt.dtype();
-    const KernelGrads dg = kernel_grads(qt, kt, vt, packed, node);
-    Tensor dmask;
-    if (mt.defined() && node.needs_input_grad(mask_input())) dmask = zeros(mt.shape(), dtype);
+    KernelGrads dg = kernel_grads(s, in, node);
+    if (dg.want_mask) dg.dmask = zeros(mt.shape(), dtype);
     const MaskStrides ms = mt.defined() ? mask_strides(mt.shape()) : MaskStrides{};
     const Tensor dout = g[0].defined() ? g[0] : zeros_like(ot);
     dispatch(dtype, [&](auto zero) {
       using T = decltype(zero);
       auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-      const FlashBackwardData<T> data{qt.data<T>(),   kt.data<T>(), vt.data<T>(), ptr(mt),   ot.data<T>(),
-                                      lt.data<T>(),   dout.data<T>(), ptr(dg.dq), ptr(dg.dk), ptr(dg.dv),
-                                      ptr(dmask),     dropout.active() ? &dropout : nullptr};
-      flash_backward<T>(d, data, ms, static_cast<T>(scale), causal);
+      const FlashBackwardData<T> data{qt.data<T>(),   kt.data<T>(),   vt.data<T>(), ptr(mt),    ot.data<T>(),
+                                      lt.data<T>(),   dout.data<T>(), ptr(dg.dq),   ptr(dg.dk), ptr(dg.dv),
+                                      ptr(dg.dmask),  dropout.active() ? &dropout : nullptr};
+      flash_backward<T>(s.d, data, ms, static_cast<T>(s.scale), s.causal);
     });
-    GradList grads = kernel_input_grads(dg, packed);
-    if (mt.defined()) grads.push_back(dmask);
-    return grads;
-  }
-
-  // The same gradients from differentiable ops (create_graph): P = softmax(scale·Q·Kᵀ + M) is
-  // recomputed from the connected q, k and mask, materialised, so that the gradients can be
-  // differentiated again (to any order); then the untiled op's composed formulas.
-  GradList composed(const TensorList& g, const Node& node) const {
-    const bool want_mask = mask.defined() && node.needs_input_grad(mask_input());
-    const Tensor qt = q.get(op);
-    ComposedInputs in{qt, Tensor(), Tensor(), Tensor(), Tensor(), g[0], Tensor()};
-    const ComposedWants want =
-        take_operands(in, qt, packed ? Tensor() : k.get(op), packed ? Tensor() : v.get(op), d.H * d.d_k, node);
-    const bool want_dv = want.dv, want_dqk = want.dqk;
-    if (!in.dout.defined()) in.dout = zeros_like(out.get(op));
-    Tensor scores = mul(matmul(heads(in.q, d.H), heads_t(in.k, d.H)), scale);  // (B, H, T, S)
-    if (mask.defined()) scores = add(scores, mask.get(op));
-    if (causal) scores = add(scores, causal_additive(d.T, d.S, qt.dtype()));
-    in.p = softmax(scores, -1);
-    if (dropout.active()) in.z = dropout_factors(d, qt.dtype(), dropout, op);  // the forward's mask, regenerated
-    const ComposedGrads c = composed_backward(in, d.H, scale, want_dv, want_dqk || want_mask);
-    GradList grads = composed_input_grads(c, in, packed, want_dv, node);
-    if (mask.defined()) grads.push_back(want_mask ? sum_to(c.dscores, mask.get(op).shape()) : Tensor());
-    return grads;
+    return input_grads(s, in, g, dg, {Tensor(), Tensor(), dropout});
   }
 };
 
@@ -109,8 +68,9 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
   if (!needs_grad(input_span)) return {output, Tensor(), path};
   const std::array<Tensor, 1> outputs{output};
   record(op, input_span, outputs,
-         FlashBackward{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(in.mask),
-                       SavedTensor(output), SavedTensor(lse), in.packed(), d, scale, is_causal, dropout});
+         FlashBackward{{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(in.mask), d, scale,
+                        is_causal},
+                       SavedTensor(output), SavedTensor(lse), dropout});
   return {output, Tensor(), path};
 }
 
