@@ -1,4 +1,5 @@
 #include "autograd/grad_mode.hpp"
+#include "autograd/threads.hpp"
 
 #include <cstdio>
 #include <cstdlib>

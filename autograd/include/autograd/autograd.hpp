@@ -15,4 +15,5 @@
 #include "autograd/random.hpp"
 #include "autograd/shape.hpp"
 #include "autograd/tensor.hpp"
+#include "autograd/threads.hpp"
 #include "autograd/transforms.hpp"

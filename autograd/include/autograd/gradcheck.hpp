@@ -35,7 +35,7 @@ struct GradcheckOptions {
   // about 2 forwards and 3 backwards per direction. A function whose backward cannot be
   // differentiated (a custom Function declared once_differentiable, or one whose backward
   // computes from raw values) skips it, saying why (forward_skipped). It catches a backward whose
-  // create_graph form disagrees with its plain form (an op with a fast and a composed rule).
+  // create_graph form disagrees with its plain form (a backward op whose own rule has drifted).
   bool check_forward_ad = true;
   int forward_directions = 2;
   double forward_dot_rtol = 1e-10;
