@@ -5,6 +5,8 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -55,6 +57,42 @@ BOOST_AUTO_TEST_CASE(core_names) {
   BOOST_TEST(ag::core_name(SdpaCore::Fused) == "fused");
   BOOST_TEST(ag::core_name(SdpaCore::Tiled) == "tiled");
   BOOST_TEST(ag::core_name(SdpaCore::Composed) == "composed");
+}
+
+BOOST_AUTO_TEST_CASE(sdpa_path_refuses_what_the_ops_refuse) {
+  auto message = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no exception)";
+  };
+  BOOST_TEST(message([] { ag::sdpa_path(-1, 4); }) == "sdpa_path: T and S must be non-negative, got T = -1, S = 4");
+  BOOST_TEST(message([] { ag::sdpa_path(3, 5, {.is_causal = true}); }) ==
+             "sdpa_path: is_causal needs as many queries as keys (T == S); got T = 3, S = 5");
+  BOOST_TEST(message([] { ag::sdpa_path(2, 2, {.scale = std::numeric_limits<double>::quiet_NaN()}); }) ==
+             "sdpa_path: scale must be finite, got nan");
+  BOOST_TEST(message([] { ag::sdpa_path(2, 2, {.dropout_p = 2.0}); }) ==
+             "sdpa_path: dropout_p must be in [0, 1], got 2");
+  // and the ops give the same verdict on the same arguments
+  Inputs in(3);
+  BOOST_TEST(message([&] { ag::scaled_dot_product_attention(in.q, in.k, in.v, {.dropout_p = 2.0}); }) ==
+             "scaled_dot_product_attention: dropout_p must be in [0, 1], got 2");
+}
+
+BOOST_AUTO_TEST_CASE(an_int64_mask_is_refused_saying_what_the_op_takes) {
+  Inputs in(3);
+  const Tensor blocked = ag::gt(ag::randn({3, 3}), ag::zeros({3, 3}));  // Int64 0 / 1
+  try {
+    ag::scaled_dot_product_attention(in.q, in.k, in.v, {.attn_mask = blocked});
+    BOOST_ERROR("an Int64 mask was accepted");
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    BOOST_TEST(msg.find("scaled_dot_product_attention: attn_mask is Int64: this op takes an additive float mask of "
+                        "q's dtype (Float32; -inf blocks)") == 0, msg);
+    BOOST_TEST(msg.find("masked_fill(zeros(shape), blocked, -inf)") != std::string::npos, msg);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_small_call_runs_the_untiled_kernel_with_no_reason) {

@@ -142,6 +142,8 @@ BOOST_AUTO_TEST_CASE(relu_and_gelu_modules_apply_their_functions) {
     BOOST_CHECK_CLOSE(g[i], xi * 0.5 * (1 + std::erf(xi / std::sqrt(2.0))), 1e-10);
   }
   const auto t = nn::GELU(ag::GeluApproximation::Tanh)(x).to_vector();
+  check_throws<std::invalid_argument>([] { nn::GELU(static_cast<ag::GeluApproximation>(7)); },
+                                      {"GELU: approximate must be GeluApproximation::None or Tanh, got 7"});
   const double xi = 2.0;
   BOOST_CHECK_CLOSE(t[2], 0.5 * xi * (1 + std::tanh(std::sqrt(2 / M_PI) * (xi + 0.044715 * xi * xi * xi))), 1e-10);
 }

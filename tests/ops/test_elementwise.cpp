@@ -197,6 +197,14 @@ BOOST_AUTO_TEST_CASE(gelu_tanh_approximation_matches_its_formula) {
                {-0.158655253931457, 0, 0.841344746068543, 2 * 0.977249868051821}, 1e-3);
 }
 
+BOOST_AUTO_TEST_CASE(gelu_refuses_an_approximation_that_is_not_one_of_the_enum) {
+  const auto x = f64({-1, 0, 1}, {3});
+  for (int bad : {-1, 2, 255})
+    check_throws<std::invalid_argument>([&] { ag::gelu(x, static_cast<ag::GeluApproximation>(bad)); },
+                                        {"gelu: approximate must be GeluApproximation::None or Tanh, got " +
+                                         std::to_string(bad)});
+}
+
 // ---------------------------------------------------------------- selection by mask
 
 BOOST_AUTO_TEST_CASE(masked_fill_fills_where_mask_is_nonzero) {

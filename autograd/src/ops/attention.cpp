@@ -108,6 +108,10 @@ void check_mask(std::string_view op, const Tensor& mask, const Shape& target, Dt
     ok = ms[i] == want || ms[i] == 1;
   }
   if (!ok) fail(op, "attn_mask of shape {} does not broadcast to (B, H, T, S) = {}", shape_str(ms), shape_str(target));
+  if (mask.dtype() == Dtype::Int64)
+    fail(op, "attn_mask is Int64: this op takes an additive float mask of q's dtype ({}; -inf blocks), "
+             "e.g. masked_fill(zeros(shape), blocked, -inf) (a 0/1 mask converted with .to() blocks nothing; "
+             "the boolean form is nn::MultiHeadAttention's)", dtype_name(dtype));
   if (mask.dtype() != dtype)
     fail(op, "attn_mask dtype {} differs from q's {}", dtype_name(mask.dtype()), dtype_name(dtype));
   check_mask_values(op, mask);
@@ -181,6 +185,13 @@ std::string_view core_name(SdpaCore core) {
 // them, the untiled kernel, which forms them; at a size the tiled core would take, that is what
 // the reason says.
 SdpaPath sdpa_path(std::int64_t T, std::int64_t S, const SdpaOptions& options) {
+  // The checks of the ops that concern these arguments, so that the rule refuses what they refuse.
+  if (T < 0 || S < 0) fail("sdpa_path", "T and S must be non-negative, got T = {}, S = {}", T, S);
+  if (options.is_causal && T != S)
+    fail("sdpa_path", "is_causal needs as many queries as keys (T == S); got T = {}, S = {}", T, S);
+  if (!std::isfinite(options.scale)) fail("sdpa_path", "scale must be finite, got {}", options.scale);
+  if (!(options.dropout_p >= 0.0 && options.dropout_p <= 1.0))
+    fail("sdpa_path", "dropout_p must be in [0, 1], got {}", options.dropout_p);
   // (T·S formed without overflow: an empty slice with huge T and S does not wrap.)
   const std::int64_t min_scores = sdpa::flash_tiles().min_tiled_scores;
   const bool large = min_scores <= 0 || (T > 0 && S >= (min_scores + T - 1) / T);

@@ -197,6 +197,8 @@ Tensor relu(const Tensor& x) {
 }
 
 Tensor gelu(const Tensor& x, GeluApproximation approximate) {
+  if (approximate != GeluApproximation::None && approximate != GeluApproximation::Tanh)
+    fail("gelu", "approximate must be GeluApproximation::None or Tanh, got {}", static_cast<int>(approximate));
   const bool tanh_approximation = approximate == GeluApproximation::Tanh;
   check_defined_arg("gelu", x);
   if (tanh_approximation) {

@@ -215,7 +215,9 @@ Tensor record_product(Slot s, std::shared_ptr<const MatmulPlan> plan, const Tens
   SavedTensor saved_x(y.requires_grad() ? x : Tensor()), saved_y(x.requires_grad() ? y : Tensor());
   return record(name, {x, y}, std::move(z),
                 [s, name, plan = std::move(plan), saved_x, saved_y](const TensorList& g, const Node& n) {
-                  const auto [sx, sy] = others(s);
+                  // (plain variables, not a structured binding: the lambdas below capture them)
+                  const std::array<Slot, 2> xy = others(s);
+                  const Slot sx = xy[0], sy = xy[1];
                   std::array<Tensor, 3> v;
                   v[idx(s)] = g[0];
                   if (n.needs_input_grad(1)) v[idx(sx)] = saved_x.get(name);

@@ -109,7 +109,10 @@ class ReLU : public Module {
 class GELU : public Module {
  public:
   explicit GELU(ag::GeluApproximation approximate = ag::GeluApproximation::None)
-      : Module("GELU"), approximate_(approximate) {}
+      : Module("GELU"), approximate_(approximate) {
+    if (approximate != ag::GeluApproximation::None && approximate != ag::GeluApproximation::Tanh)
+      ag::fail("GELU", "approximate must be GeluApproximation::None or Tanh, got {}", static_cast<int>(approximate));
+  }
   ag::Tensor forward(const ag::Tensor& x) const { return ag::gelu(x, approximate_); }
   ag::Tensor operator()(const ag::Tensor& x) const { return forward(x); }
   ag::GeluApproximation approximate() const { return approximate_; }
