@@ -31,33 +31,21 @@ ag::SdpaResult call_drop(const Case& c, const std::vector<Tensor>& in, bool need
                          ag::Generator& gen) {
   const std::size_t n = c.layout == Layout::Packed ? 1 : 3;
   const Tensor mask = in.size() > n ? in[n] : Tensor();
+  const ag::SdpaOptions options{.attn_mask = mask,
+                                .is_causal = c.causal,
+                                .scale = c.scale,
+                                .dropout_p = p,
+                                .generator = &gen,
+                                .need_weights = need_weights};
   switch (c.layout) {
     case Layout::HeadsFirst:
-      return ag::scaled_dot_product_attention(in[0], in[1], in[2],
-                                              {.attn_mask = mask,
-                                               .is_causal = c.causal,
-                                               .scale = c.scale,
-                                               .dropout_p = p,
-                                               .generator = &gen,
-                                               .need_weights = need_weights});
+      return ag::scaled_dot_product_attention(in[0], in[1], in[2], options);
     case Layout::HeadsLast:
-      return ag::scaled_dot_product_attention_heads_last(in[0], in[1], in[2], c.H,
-                                                         {.attn_mask = mask,
-                                                          .is_causal = c.causal,
-                                                          .scale = c.scale,
-                                                          .dropout_p = p,
-                                                          .generator = &gen,
-                                                          .need_weights = need_weights});
+      return ag::scaled_dot_product_attention_heads_last(in[0], in[1], in[2], c.H, options);
     case Layout::Packed:
       break;
   }
-  return ag::scaled_dot_product_attention_packed(in[0], c.H,
-                                                 {.attn_mask = mask,
-                                                  .is_causal = c.causal,
-                                                  .scale = c.scale,
-                                                  .dropout_p = p,
-                                                  .generator = &gen,
-                                                  .need_weights = need_weights});
+  return ag::scaled_dot_product_attention_packed(in[0], c.H, options);
 }
 
 // (B, H, L, d) of an operand laid out as the case's layout (packed: `which` of q, k, v).
