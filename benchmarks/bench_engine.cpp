@@ -163,7 +163,7 @@ void bench_train() {
   const nn::CrossEntropyOptions ce{.ignore_index = -100};
   const std::vector<ag::Tensor> params = model.parameters();  // once, as a training loop would
   auto step = [&] {
-    ag::Tensor loss = nn::cross_entropy(model.forward(token_tensor, false).logits, targets, ce);
+    ag::Tensor loss = nn::cross_entropy(model.forward(token_tensor), targets, ce);
     opt.zero_grad();
     loss.backward();
     nn::clip_grad_norm_(params, 1.0);

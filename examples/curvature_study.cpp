@@ -27,9 +27,9 @@ struct Evaluated {
 
 // The mean cross entropy of the model on `batch`, with a graph.
 Evaluated evaluate(const heads::HeadsModel& model, const heads::Batch& batch) {
-  const auto out = model.forward(batch.token_tensor, false);
-  return {nn::cross_entropy(out.logits, batch.targets, {.ignore_index = heads::kIgnore}),
-          heads::batch_accuracy(out.logits, batch.targets)};
+  const ag::Tensor logits = model.forward(batch.token_tensor);
+  return {nn::cross_entropy(logits, batch.targets, {.ignore_index = heads::kIgnore}),
+          heads::batch_accuracy(logits, batch.targets)};
 }
 
 // The parameters' values set to `values` (flat, in the parameters' order), exactly.
@@ -175,7 +175,7 @@ CurvatureRun run_study(const StudyConfig& c, std::int64_t heads_count, std::uint
   const nn::CrossEntropyOptions ce{.ignore_index = heads::kIgnore};
   for (std::int64_t step = 1; step <= c.steps; ++step) {
     const heads::Batch b = heads::make_batch(data_gen, c.task, c.batch);
-    ag::Tensor loss = nn::cross_entropy(model.forward(b.token_tensor, false).logits, b.targets, ce);
+    ag::Tensor loss = nn::cross_entropy(model.forward(b.token_tensor), b.targets, ce);
     opt.zero_grad();
     loss.backward();
     nn::clip_grad_norm_(params, c.clip);

@@ -69,16 +69,16 @@ inline ag::SdpaResult call(const Case& c, const std::vector<ag::Tensor>& in, boo
     case Layout::HeadsFirst:
       return ag::scaled_dot_product_attention(
           in[0], in[1], in[2],
-          {.attn_mask = mask, .is_causal = c.causal, .scale = c.scale, .need_weights = need_weights});
+          {.need_weights = need_weights, .attn_mask = mask, .is_causal = c.causal, .scale = c.scale});
     case Layout::HeadsLast:
       return ag::scaled_dot_product_attention_heads_last(
           in[0], in[1], in[2], c.H,
-          {.attn_mask = mask, .is_causal = c.causal, .scale = c.scale, .need_weights = need_weights});
+          {.need_weights = need_weights, .attn_mask = mask, .is_causal = c.causal, .scale = c.scale});
     case Layout::Packed:
       break;
   }
   return ag::scaled_dot_product_attention_packed(
-      in[0], c.H, {.attn_mask = mask, .is_causal = c.causal, .scale = c.scale, .need_weights = need_weights});
+      in[0], c.H, {.need_weights = need_weights, .attn_mask = mask, .is_causal = c.causal, .scale = c.scale});
 }
 
 struct Run {

@@ -417,7 +417,7 @@ std::string tolerance_text(const GradcheckResult& r) {
 fmt::format_context::iterator fmt::formatter<autograd::GradcheckResult>::format(const autograd::GradcheckResult& r,
                                                                               fmt::format_context& ctx) const {
   std::string text = fmt::format(
-      "gradcheck {}: {} {} checked, max abs error {:.3e}, max rel error {:.3e}", r.ok ? "ok" : "FAILED",
+      "{} {}: {} {} checked, max abs error {:.3e}, max rel error {:.3e}", r.check, r.ok ? "ok" : "FAILED",
       r.elements_checked, r.projected ? "random projections" : "Jacobian elements", r.max_abs_error, r.max_rel_error);
   if (r.worst_input >= 0 || r.projected) {
     text += r.projected

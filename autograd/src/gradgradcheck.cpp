@@ -94,6 +94,7 @@ GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& 
     return cat(flat, 0);
   };
   GradcheckResult r = detail::gradcheck_as(op, first_derivative, inputs, options);
+  r.check = "gradgradcheck";
   if (!r.reverse_ok && !r.projected && r.worst_output >= 0) {
     const std::string name = r.worst_input_name.empty() ? std::string() : fmt::format(" {}", quoted(r.worst_input_name));
     r.message = fmt::format(

@@ -92,6 +92,14 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
 
 void AccumulateGrad::apply(const TensorList& grad_outputs, TensorList&) {
   Tensor g = grad_outputs[0];
+  // A graph recorded before set_data gave the leaf another shape or dtype: its gradient is for
+  // the data that was replaced, and cannot be added to the leaf's .grad.
+  if (g.defined() && (g.shape() != leaf_->shape || g.dtype() != leaf_->dtype))
+    throw std::runtime_error(fmt::format(
+        "backward: the gradient for the leaf{} is {} {}, but the leaf is now {} {}: its data was replaced "
+        "(set_data) after this graph was recorded; run the forward again",
+        leaf_->name.empty() ? std::string() : " " + quoted(leaf_->name), shape_str(g.shape()),
+        dtype_name(g.dtype()), shape_str(leaf_->shape), dtype_name(leaf_->dtype)));
   for (const auto& hook : leaf_->leaf_hooks) {
     Tensor replaced = hook(g);
     if (!replaced.defined()) continue;

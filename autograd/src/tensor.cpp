@@ -319,11 +319,14 @@ Tensor& Tensor::set_data(const Tensor& other) {
   if (impl_->requires_grad && !is_floating(other.dtype()))
     fail("set_data", "this tensor requires grad, so its data cannot become {} (shape {}): integers are not "
          "differentiable", dtype_name(other.dtype()), shape_str(other.shape()));
+  // A graph recorded before keeps adding into this leaf while the shape and dtype stay (as in
+  // PyTorch); when they change, graphs recorded from now on get a new accumulator, and the old
+  // one refuses the gradients of the old shape (AccumulateGrad::apply).
+  if (impl_->shape != other.shape() || impl_->dtype != other.dtype()) impl_->grad_accumulator.reset();
   impl_->shape = other.shape();
   impl_->dtype = other.dtype();
   impl_->storage = other.impl()->storage;
   impl_->grad.reset();
-  impl_->grad_accumulator.reset();
   return *this;
 }
 

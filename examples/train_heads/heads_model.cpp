@@ -25,26 +25,34 @@ HeadsModel::HeadsModel(const HeadsModelOptions& o, ag::Generator& gen) : Module(
   positions = ag::arange(static_cast<double>(o.seq_len));
 }
 
-HeadsModel::Output HeadsModel::forward(const ag::Tensor& tokens, bool need_weights) const {
-  const ag::Tensor x = ag::add(tok->forward(tokens), pos->forward(positions));  // (B, T, D) the residual stream
+namespace {
+
+HeadsModel::Output run(const HeadsModel& m, const ag::Tensor& tokens, bool need_weights) {
+  const ag::Tensor x = ag::add(m.tok->forward(tokens), m.pos->forward(m.positions));  // (B, T, D) the residual stream
   nn::AttentionOptions opt;
   opt.is_causal = true;  // position t sees 0 .. t: the previous and the first token are both visible
   opt.need_weights = need_weights;
   opt.average_attn_weights = false;
   ag::Tensor r;
   ag::Tensor weights;
-  if (block) {
-    auto out = block->forward(x, opt);
+  if (m.block) {
+    auto out = m.block->forward(x, opt);
     r = out.output;
     weights = out.weights;
   } else {
-    const ag::Tensor h = ln_1->forward(x);  // (B, T, D)
-    auto a = attn->forward(h, h, h, opt);   // (B, T, D), weights (B, H, T, T)
-    r = ag::add(x, a.output);               // added back into the residual stream
+    const ag::Tensor h = m.ln_1->forward(x);  // (B, T, D)
+    auto a = m.attn->forward(h, h, h, opt);   // (B, T, D), weights (B, H, T, T)
+    r = ag::add(x, a.output);                 // added back into the residual stream
     weights = a.weights;
   }
-  return {readout->forward(ln_f->forward(r)), weights};  // (B, T, classes)
+  return {m.readout->forward(m.ln_f->forward(r)), weights};  // (B, T, classes)
 }
+
+}  // namespace
+
+ag::Tensor HeadsModel::forward(const ag::Tensor& tokens) const { return run(*this, tokens, false).logits; }
+
+HeadsModel::Output HeadsModel::forward_with_weights(const ag::Tensor& tokens) const { return run(*this, tokens, true); }
 
 nn::MultiHeadAttention& HeadsModel::attention() const { return block ? block->attn() : *attn; }
 

@@ -39,8 +39,10 @@ struct HeadsModel : nn::Module {
     ag::Tensor logits;   // (B, T, classes)
     ag::Tensor weights;  // (B, H, T, T) per head, when asked for
   };
-  // tokens: (B, T) token indices as values.
-  Output forward(const ag::Tensor& tokens, bool need_weights) const;
+  // tokens: (B, T) token indices as values. forward gives the logits, as every nn layer's
+  // forward(x) gives its output; forward_with_weights the logits and each head's weights.
+  ag::Tensor forward(const ag::Tensor& tokens) const;
+  Output forward_with_weights(const ag::Tensor& tokens) const;
 
   // The attention layer (the block's, or the attention-only model's own), and the dotted name of
   // one of its hook points, e.g. attention_point("z") is "block.attn.z" (or "attn.z").

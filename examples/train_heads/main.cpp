@@ -218,7 +218,7 @@ void study(HeadsModel& model, const Config& c, const Batch& test, RunRecord& r) 
 void evaluate(HeadsModel& model, const Config& c, const Batch& test, RunRecord& r) {
   ag::NoGradGuard no_grad;
   model.eval();
-  const auto out = model.forward(test.token_tensor, true);
+  const auto out = model.forward_with_weights(test.token_tensor);
   r.accuracy = batch_accuracy(out.logits, test.targets);
   r.test_loss = nn::cross_entropy(out.logits, test.targets, {.ignore_index = kIgnore}).item();
   r.focus = measure_focus(out.weights);
@@ -264,10 +264,10 @@ void evaluate_saved(const Config& c) {
   const Batch test = make_batch(test_gen, task, c.test_sequences);
   ag::NoGradGuard no_grad;
   model->eval();
-  const auto out = model->forward(test.token_tensor, false);
+  const ag::Tensor logits = model->forward(test.token_tensor);
   fmt::print("{}: {} head{}, d_model {}, {}, {} parameters; task {}\n", c.load, o.heads, o.heads == 1 ? "" : "s",
              o.d_model, o.mlp ? "with MLP" : "attention only", model->num_parameters(), task.describe());
-  fmt::print("test accuracy {:.4f} on {} held-out sequences (seed {})\n", batch_accuracy(out.logits, test.targets),
+  fmt::print("test accuracy {:.4f} on {} held-out sequences (seed {})\n", batch_accuracy(logits, test.targets),
              c.test_sequences, c.seed);
 }
 
@@ -293,8 +293,8 @@ RunRecord train(const Config& c, std::int64_t heads) {
   snapshot(model, c, test, 0, r);
   for (std::int64_t step = 1; step <= c.steps; ++step) {
     const Batch b = make_batch(data_gen, c.task, c.batch);
-    const auto out = model.forward(b.token_tensor, false);
-    ag::Tensor loss = nn::cross_entropy(out.logits, b.targets, ce);
+    const ag::Tensor logits = model.forward(b.token_tensor);
+    ag::Tensor loss = nn::cross_entropy(logits, b.targets, ce);
     const double value = loss.item();
     if (!std::isfinite(value)) {  // nothing after this step would mean anything
       progress.finish();
@@ -311,7 +311,7 @@ RunRecord train(const Config& c, std::int64_t heads) {
     snapshot(model, c, test, step, r);
     if (c.quiet) continue;
     const bool last = step == c.steps;
-    if (step % 10 == 1 || last) batch_acc = batch_accuracy(out.logits, b.targets);
+    if (step % 10 == 1 || last) batch_acc = batch_accuracy(logits, b.targets);
     progress.update(step, r.losses.back(), batch_acc, last);
   }
   progress.finish();

@@ -45,7 +45,7 @@ class HookOnZ {
 
 double accuracy_with(HeadsModel& model, const Batch& test, nn::ForwardHook hook) {
   HookOnZ on_z(model, std::move(hook));
-  return batch_accuracy(model.forward(test.token_tensor, false).logits, test.targets);
+  return batch_accuracy(model.forward(test.token_tensor), test.targets);
 }
 
 // The first n sequences of `test`, and a copy with x_0 replaced by (x_0 + V/2) mod V, which
@@ -71,7 +71,7 @@ CleanAndCorrupted corrupt_first_token(const Task& task, const Batch& test, std::
 Snapshot take_snapshot(HeadsModel& model, const Batch& test, std::int64_t step) {
   ag::NoGradGuard no_grad;
   EvalMode eval(model);
-  const auto out = model.forward(test.token_tensor, true);
+  const auto out = model.forward_with_weights(test.token_tensor);
   return {.step = step,
           .accuracy = batch_accuracy(out.logits, test.targets),
           .loss = nn::cross_entropy(out.logits, test.targets, kLoss).item(),
@@ -85,7 +85,7 @@ std::vector<double> attention_gradient(HeadsModel& model, const Batch& test) {
   options.names = {pattern};
   options.backward = true;
   const nn::ActivationCache cache = nn::run_with_cache(
-      model, [&] { return nn::cross_entropy(model.forward(test.token_tensor, false).logits, test.targets, kLoss); },
+      model, [&] { return nn::cross_entropy(model.forward(test.token_tensor), test.targets, kLoss); },
       options);
   model.zero_grad(true);  // the parameters' gradients from that backward are not wanted
   // The loss is the mean over the B sequences' own losses, so the sum over the batch of its
@@ -100,7 +100,7 @@ std::vector<HeadAblation> ablate_heads(HeadsModel& model, const Batch& test) {
   nn::CacheOptions options;
   options.names = {z};
   const nn::ActivationCache cache =
-      nn::run_with_cache(model, [&] { return model.forward(test.token_tensor, false).logits; }, options);
+      nn::run_with_cache(model, [&] { return model.forward(test.token_tensor); }, options);
   const ag::Tensor mean_z = nn::study::batch_mean(cache[z]);
   std::vector<HeadAblation> out;
   for (std::int64_t h = 0; h < mean_z.size(0); ++h)
@@ -113,7 +113,7 @@ PatchingRecord patch_heads(HeadsModel& model, const Task& task, const Batch& tes
   EvalMode eval(model);
   const CleanAndCorrupted in = corrupt_first_token(task, test, sequences);
   const auto metric = [&](const ag::Tensor& input) {  // the mean log-probability of the clean targets
-    return ag::neg(nn::cross_entropy(model.forward(input, false).logits, in.targets, kLoss));
+    return ag::neg(nn::cross_entropy(model.forward(input), in.targets, kLoss));
   };
   const nn::study::AttributionPatchingResult a =
       nn::study::attribution_patching(model, model.attention_point("z"), metric, in.clean, in.corrupted);

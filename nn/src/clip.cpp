@@ -4,12 +4,10 @@
 #include <cmath>
 #include <vector>
 
-#include "array_of.hpp"
 #include "nn/optim.hpp"
 
 namespace nn {
 
-using detail::array_of;
 
 namespace {
 
@@ -60,7 +58,7 @@ double clip_grad_norm_(const std::vector<ag::Tensor>& params, double max_norm, d
     if (!g.defined() || !counted(i)) continue;
     ag::dispatch(g.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      const auto a = array_of<T>(g).template cast<double>().abs();
+      const auto a = g.template as_array<T>().template cast<double>().abs();
       if (inf_norm) {
         if (g.numel() > 0) acc = std::max(acc, a.maxCoeff());
       } else if (norm_type == 2.0) {
@@ -92,7 +90,7 @@ void clip_grad_value_(const std::vector<ag::Tensor>& params, double clip_value) 
     if (!g.defined()) continue;
     ag::dispatch(g.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      auto a = array_of<T>(g);
+      auto a = g.template as_array<T>();
       a = a.max(static_cast<T>(-clip_value)).min(static_cast<T>(clip_value));
     });
     g.mark_modified();

@@ -120,11 +120,11 @@ CoreResult attend(const Projected& p, const detail::Masks& m, const MultiHeadAtt
     path = {ag::SdpaCore::Composed, why_composed};
     return compose_attention(p, m.additive, H, c.dropout_p, gen, Points{c.hooks}, study);
   }
-  const ag::SdpaOptions options{.attn_mask = m.additive,
-                                .is_causal = m.causal_flag,
+  const ag::SdpaOptions options{.need_weights = need_weights,
+                                .attn_mask = m.additive,
                                 .dropout_p = c.dropout_p,
-                                .generator = &gen,
-                                .need_weights = need_weights};
+                                .is_causal = m.causal_flag,
+                                .generator = &gen};
   const ag::SdpaResult r = p.qkv.defined() ? ag::scaled_dot_product_attention_packed(p.qkv, H, options)
                                            : ag::scaled_dot_product_attention_heads_last(p.q, p.k, p.v, H, options);
   path = r.path;
@@ -146,6 +146,8 @@ AttentionOutput shape_output(const ag::Tensor& out, const ag::Tensor& weights, b
   if (options.need_weights) {
     const ag::Tensor w = options.average_attn_weights ? ag::mean(weights, 1) : weights;  // (B, T, S') or (B, H, T, S')
     result.weights = batched ? w : ag::squeeze(w, 0);
+  } else {
+    result.weights = ag::Tensor::undefined("need_weights = false: the attention weights were not asked for");
   }
   return result;
 }

@@ -74,7 +74,11 @@ ag::Tensor LayerNorm::forward(const ag::Tensor& x) const {
   }
   // Composed, so that the scale point's value is the one the output is divided by.
   const auto n = static_cast<std::int64_t>(options_.normalized_shape.size());
-  if (x.dim() < n) (void)ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);  // its error
+  // Its errors, which the composed ops would not give: too few dims; with eps = 0, a row of zero variance.
+  if (x.dim() < n || options_.eps == 0.0) {
+    const ag::NoGradGuard no_grad;
+    (void)ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);
+  }
   std::vector<std::int64_t> dims;
   for (std::int64_t d = x.dim() - n; d < x.dim(); ++d) dims.push_back(d);
   const ag::Tensor centred = ag::sub(x, ag::mean(x, dims, true));
@@ -257,7 +261,7 @@ TransformerBlock::Rows TransformerBlock::forward_rows(const ag::Tensor& x_rows, 
   }
   r.z = ag::scaled_dot_product_attention_heads_last(
             ag::linear(hq, a.W_Q(), a.b_Q()), r.keys, r.values, a.num_heads(),
-            {.attn_mask = mask, .is_causal = queries == T && queries > 1, .need_weights = false})
+            {.need_weights = false, .attn_mask = mask, .is_causal = queries == T && queries > 1})
             .output;
   const ag::Tensor x_q = queries == R ? x_rows : ag::narrow(x_rows, 1, R - queries, queries);
   r.output = after_attention(x_q, ag::linear(r.z, a.W_O(), a.b_O()));

@@ -4,11 +4,9 @@
 #include <limits>
 #include <utility>
 
-#include "array_of.hpp"
 
 namespace nn {
 
-using detail::array_of;
 
 namespace {
 
@@ -147,8 +145,8 @@ void SGD::update(std::size_t, const ag::Tensor& param, const ag::Tensor& grad, s
                  std::int64_t step) {
   ag::dispatch(param.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    auto p = array_of<T>(param);
-    const auto g0 = array_of<T>(grad);
+    auto p = param.template as_array<T>();
+    const auto g0 = grad.template as_array<T>();
     const T lr_t = static_cast<T>(lr()), wd = static_cast<T>(options_.weight_decay);
     const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1.0 - options_.dampening);
     if (options_.momentum == 0.0) {
@@ -159,7 +157,7 @@ void SGD::update(std::size_t, const ag::Tensor& param, const ag::Tensor& grad, s
       }
       return;
     }
-    auto buf = array_of<T>(slots[0]);
+    auto buf = slots[0].template as_array<T>();
     // g = grad (+ weight_decay·p), passed as an expression: no temporary, so a warm step allocates nothing.
     auto apply = [&](const auto& g) {
       if (step == 1) {
@@ -213,10 +211,10 @@ void Adam::update(std::size_t, const ag::Tensor& param, const ag::Tensor& grad, 
   const double bias_correction2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step));
   ag::dispatch(param.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    auto p = array_of<T>(param);
-    const auto g0 = array_of<T>(grad);
-    auto m = array_of<T>(slots[0]);
-    auto v = array_of<T>(slots[1]);
+    auto p = param.template as_array<T>();
+    const auto g0 = grad.template as_array<T>();
+    auto m = slots[0].template as_array<T>();
+    auto v = slots[1].template as_array<T>();
     const T wd = static_cast<T>(options_.weight_decay);
     const T one_minus_b1 = static_cast<T>(1.0 - options_.beta1);
     const T b2 = static_cast<T>(options_.beta2), one_minus_b2 = static_cast<T>(1.0 - options_.beta2);
@@ -234,7 +232,7 @@ void Adam::update(std::size_t, const ag::Tensor& param, const ag::Tensor& grad, 
       moments(g0);
     }
     if (options_.amsgrad) {
-      auto vmax = array_of<T>(slots[2]);
+      auto vmax = slots[2].template as_array<T>();
       vmax = vmax.max(v);
       p -= step_size * m / (vmax.sqrt() / bc2_sqrt + eps);
     } else {

@@ -5,7 +5,6 @@
 #include <unordered_set>
 #include <utility>
 
-#include "array_of.hpp"
 #include "nn/optim.hpp"
 
 namespace nn {
@@ -87,7 +86,7 @@ void Optimizer::check_slot_values(const std::string& op, const std::string& entr
   const bool nonnegative = slot_is_nonnegative(slot);
   ag::dispatch(t.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const auto a = detail::array_of<T>(t);
+    const auto a = t.template as_array<T>();
     if (a.isFinite().all() && (!nonnegative || (a >= T(0)).all())) return;
     for (Eigen::Index j = 0; j < a.size(); ++j) {
       const T v = a[j];

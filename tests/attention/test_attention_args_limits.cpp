@@ -17,12 +17,12 @@ BOOST_AUTO_TEST_CASE(a_scale_beyond_float32_is_refused_for_float32_tensors) {
   for (bool need_weights : {false, true}) {
     const ag::Tensor q = ag::ones({1, 1, 2, 2});
     test_support::check_throws<std::invalid_argument>(
-        [&] { (void)ag::scaled_dot_product_attention(q, q, q, {.scale = 1e39, .need_weights = need_weights}); },
+        [&] { (void)ag::scaled_dot_product_attention(q, q, q, {.need_weights = need_weights, .scale = 1e39}); },
         {"scaled_dot_product_attention", "scale", "float32"});
     // The same scale is finite in float64: accepted, and the output finite.
     const ag::Tensor q64 = ag::ones({1, 1, 2, 2}, ag::Dtype::Float64);
     const ag::Tensor out =
-        ag::scaled_dot_product_attention(q64, q64, q64, {.scale = 1e39, .need_weights = need_weights}).output;
+        ag::scaled_dot_product_attention(q64, q64, q64, {.need_weights = need_weights, .scale = 1e39}).output;
     BOOST_TEST(test_support::all_finite(out));
   }
 }
@@ -42,4 +42,28 @@ BOOST_AUTO_TEST_CASE(empty_batches_with_huge_lengths_give_empty_outputs) {
     const ag::Tensor out = ag::scaled_dot_product_attention(q, k, k, {.need_weights = need_weights}).output;
     BOOST_TEST(ag::shape_str(out.shape()) == "[0, 1, 8589934593, 1]");
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_finite_scale_that_overflows_the_scores_is_refused_on_every_core) {
+  // q·kᵀ = 200 per score; times 1e37 it is beyond float32, and the softmax would be NaN. Small
+  // shapes run the fused core (with and without weights), T = S = 1024 without weights the tiled one.
+  for (const std::int64_t T : {2, 1024}) {
+    for (bool need_weights : {false, true}) {
+      if (T == 1024 && need_weights) continue;
+      const ag::Tensor q = ag::full({1, 1, T, 2}, 10.0);
+      const ag::SdpaOptions options{.need_weights = need_weights, .scale = 1e37};
+      BOOST_TEST_CONTEXT("T " << T << ", need_weights " << need_weights) {
+        BOOST_TEST(ag::core_name(ag::sdpa_path(T, T, options).core) == (T == 2 ? "fused" : "tiled"));
+        test_support::check_throws<std::invalid_argument>(
+            [&] { (void)ag::scaled_dot_product_attention(q, q, q, options); },
+            {"scaled_dot_product_attention", "overflowed Float32", "(scale = 1e+37)"});
+        // The same inputs at a scale that keeps the scores finite give a finite output.
+        BOOST_TEST(test_support::all_finite(
+            ag::scaled_dot_product_attention(q, q, q, {.need_weights = need_weights, .scale = 1e30}).output));
+      }
+    }
+  }
+  // A NaN in the inputs is not an overflow: it propagates, as in PyTorch.
+  const ag::Tensor nan_q = ag::full({1, 1, 2, 2}, std::numeric_limits<double>::quiet_NaN());
+  BOOST_TEST(!test_support::all_finite(ag::scaled_dot_product_attention(nan_q, nan_q, nan_q).output));
 }

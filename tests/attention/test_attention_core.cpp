@@ -634,10 +634,10 @@ BOOST_AUTO_TEST_CASE(heads_last_matches_split_heads_forward_and_backward) {
       ag::Generator gen_last(seed), gen_first(seed);
       ++seed;
       auto last = ag::scaled_dot_product_attention_heads_last(
-          q, k, v, c.H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = &gen_last});
+          q, k, v, c.H, {.attn_mask = mask, .dropout_p = c.dropout, .is_causal = c.causal, .generator = &gen_last});
       auto first = ag::scaled_dot_product_attention(
           split_heads(q, c.H), split_heads(k, c.H), split_heads(v, c.H),
-          {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = &gen_first});
+          {.attn_mask = mask, .dropout_p = c.dropout, .is_causal = c.causal, .generator = &gen_first});
       BOOST_TEST(last.output.shape() == (ag::Shape{c.B, c.T, c.H * c.d_v}));
       BOOST_TEST(max_abs_diff(last.output, merge_heads(first.output)) < 1e-12);
       BOOST_TEST(max_abs_diff(last.weights, first.weights) < 1e-12);
@@ -707,9 +707,9 @@ BOOST_AUTO_TEST_CASE(packed_matches_heads_last_forward_and_backward) {
       ag::Generator gen_packed(seed), gen_last(seed);
       ++seed;
       auto packed = ag::scaled_dot_product_attention_packed(
-          qkv, c.H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = &gen_packed});
+          qkv, c.H, {.attn_mask = mask, .dropout_p = c.dropout, .is_causal = c.causal, .generator = &gen_packed});
       auto last = ag::scaled_dot_product_attention_heads_last(
-          q, k, v, c.H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = &gen_last});
+          q, k, v, c.H, {.attn_mask = mask, .dropout_p = c.dropout, .is_causal = c.causal, .generator = &gen_last});
       BOOST_TEST(packed.output.shape() == (ag::Shape{c.B, c.T, E}));
       BOOST_TEST(max_abs_diff(packed.output, last.output) < 1e-12);
       BOOST_TEST(max_abs_diff(packed.weights, last.weights) < 1e-12);

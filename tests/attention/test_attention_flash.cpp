@@ -204,10 +204,10 @@ BOOST_AUTO_TEST_CASE(errors_are_those_of_the_untiled_op) {
   };
   both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, bad_k, v, {.need_weights = w}); });
   both_fail_alike(
-      [&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.attn_mask = bad_mask, .need_weights = w}); });
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.is_causal = true, .need_weights = w}); });
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.scale = NAN, .need_weights = w}); });
-  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.dropout_p = 1.5, .need_weights = w}); });
+      [&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.need_weights = w, .attn_mask = bad_mask}); });
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.need_weights = w, .is_causal = true}); });
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.need_weights = w, .scale = NAN}); });
+  both_fail_alike([&](bool w) { ag::scaled_dot_product_attention(q, k, v, {.need_weights = w, .dropout_p = 1.5}); });
   const Tensor qkv = ag::zeros({1, 3, 10}, F64);
   both_fail_alike([&](bool w) { ag::scaled_dot_product_attention_packed(qkv, 2, {.need_weights = w}); });
   const Tensor ql = ag::zeros({1, 3, 4}, F64), kl = ag::zeros({1, 5, 6}, F64);

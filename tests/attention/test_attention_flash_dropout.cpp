@@ -31,12 +31,12 @@ ag::SdpaResult call_drop(const Case& c, const std::vector<Tensor>& in, bool need
                          ag::Generator& gen) {
   const std::size_t n = c.layout == Layout::Packed ? 1 : 3;
   const Tensor mask = in.size() > n ? in[n] : Tensor();
-  const ag::SdpaOptions options{.attn_mask = mask,
+  const ag::SdpaOptions options{.need_weights = need_weights,
+                                .attn_mask = mask,
+                                .dropout_p = p,
                                 .is_causal = c.causal,
                                 .scale = c.scale,
-                                .dropout_p = p,
-                                .generator = &gen,
-                                .need_weights = need_weights};
+                                .generator = &gen};
   switch (c.layout) {
     case Layout::HeadsFirst:
       return ag::scaled_dot_product_attention(in[0], in[1], in[2], options);
@@ -189,7 +189,7 @@ BOOST_AUTO_TEST_CASE(the_mask_is_the_stream_at_any_tile_size_and_thread_count) {
       ag::Generator gen(33);
       const std::int64_t before = ag::sdpa::tiled_calls();
       const Tensor o =
-          ag::scaled_dot_product_attention(q, k, v, {.dropout_p = p, .generator = &gen, .need_weights = false}).output;
+          ag::scaled_dot_product_attention(q, k, v, {.need_weights = false, .dropout_p = p, .generator = &gen}).output;
       BOOST_TEST(ag::sdpa::tiled_calls() == before + 1);
       BOOST_TEST(gen.state() == seed_gen.state());  // one draw for the whole call
       const std::vector<double> ov = o.to_vector();

@@ -34,7 +34,7 @@ Result attend(ag::Dtype dtype, double offset, bool need_weights) {
   std::fill(m.begin() + T, m.end(), offset);
   ag::Tensor mask = ag::tensor(m, {B, 1, 1, T}, dtype).requires_grad_();
   const ag::Tensor out =
-      ag::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .need_weights = need_weights}).output;
+      ag::scaled_dot_product_attention(q, k, v, {.need_weights = need_weights, .attn_mask = mask}).output;
   ag::Generator gw(6);
   const ag::Tensor dout = ag::randn(out.shape(), dtype, gw);
   ag::sum(out * dout).backward();

@@ -57,7 +57,7 @@ Result run(const Case& c, ag::Dtype dt, bool need_weights, int layout, std::uint
   ag::Tensor out;
   if (layout == 0) {
     out = ag::scaled_dot_product_attention(
-              q, k, v, {.attn_mask = m, .is_causal = c.causal, .scale = scale, .need_weights = need_weights})
+              q, k, v, {.need_weights = need_weights, .attn_mask = m, .is_causal = c.causal, .scale = scale})
               .output;
   } else {
     // heads last: (B, L, H·d) from (B, H, L, d)
@@ -68,13 +68,13 @@ Result run(const Case& c, ag::Dtype dt, bool need_weights, int layout, std::uint
     if (layout == 1) {
       o = ag::scaled_dot_product_attention_heads_last(
               hl(q), hl(k), hl(v), c.H,
-              {.attn_mask = m, .is_causal = c.causal, .scale = scale, .need_weights = need_weights})
+              {.need_weights = need_weights, .attn_mask = m, .is_causal = c.causal, .scale = scale})
               .output;
     } else {
       const ag::TensorList parts = {hl(q), hl(k), hl(v)};
       o = ag::scaled_dot_product_attention_packed(
               ag::cat(parts, 2), c.H,
-              {.attn_mask = m, .is_causal = c.causal, .scale = scale, .need_weights = need_weights})
+              {.need_weights = need_weights, .attn_mask = m, .is_causal = c.causal, .scale = scale})
               .output;
     }
     out = ag::permute(ag::reshape(o, {c.B, c.T, c.H, c.d}), {0, 2, 1, 3});

@@ -145,7 +145,7 @@ BOOST_AUTO_TEST_CASE(dropout_float64_a_mask_and_a_graph_do_not_change_the_core) 
   ag::SdpaResult r;
   BOOST_TEST(ran_tiled([&] {
     r = ag::scaled_dot_product_attention(
-        in.q, in.k, in.v, {.attn_mask = mask, .dropout_p = 0.25, .generator = &gen, .need_weights = false});
+        in.q, in.k, in.v, {.need_weights = false, .attn_mask = mask, .dropout_p = 0.25, .generator = &gen});
   }));
   check_path(r.path, SdpaCore::Tiled, "");
   BOOST_TEST(r.output.requires_grad());

@@ -142,13 +142,13 @@ ag::SdpaResult run_op(const Case& c, const TensorList& x, const Tensor& fixed_ma
   switch (c.layout) {
     case Layout::HeadsFirst:
       return ag::scaled_dot_product_attention(
-          x[0], x[1], x[2], {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = gen});
+          x[0], x[1], x[2], {.attn_mask = mask, .dropout_p = c.dropout, .is_causal = c.causal, .generator = gen});
     case Layout::HeadsLast:
       return ag::scaled_dot_product_attention_heads_last(
-          x[0], x[1], x[2], H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = gen});
+          x[0], x[1], x[2], H, {.attn_mask = mask, .dropout_p = c.dropout, .is_causal = c.causal, .generator = gen});
     case Layout::Packed:
       return ag::scaled_dot_product_attention_packed(
-          x[0], H, {.attn_mask = mask, .is_causal = c.causal, .dropout_p = c.dropout, .generator = gen});
+          x[0], H, {.attn_mask = mask, .dropout_p = c.dropout, .is_causal = c.causal, .generator = gen});
   }
   throw std::logic_error("layout");
 }

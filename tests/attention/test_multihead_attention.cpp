@@ -285,6 +285,9 @@ BOOST_AUTO_TEST_CASE(output_and_weight_shapes_batched_unbatched_averaged_per_hea
   nn::AttentionOptions no_weights;
   no_weights.need_weights = false;
   BOOST_TEST(!mha(q, k, v, no_weights).weights.defined());
+  // Using them anyway says why they are missing.
+  test_support::check_message([&] { (void)ag::sum(mha(q, k, v, no_weights).weights); },
+                              "need_weights = false: the attention weights were not asked for");
   auto u = mha(ag::randn({3, 6}), ag::randn({5, 4}), ag::randn({5, 5}), per_head);
   BOOST_TEST(ag::shape_str(u.output.shape()) == "[3, 6]");
   BOOST_TEST(ag::shape_str(u.weights.shape()) == "[3, 3, 5]");

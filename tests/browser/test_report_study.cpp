@@ -33,11 +33,11 @@ struct Fixture {
 
   double accuracy() {
     ag::NoGradGuard no_grad;
-    return batch_accuracy(model.forward(test.token_tensor, false).logits, test.targets);
+    return batch_accuracy(model.forward(test.token_tensor), test.targets);
   }
   std::vector<double> logits() {
     ag::NoGradGuard no_grad;
-    return model.forward(test.token_tensor, false).logits.to_vector();
+    return model.forward(test.token_tensor).to_vector();
   }
   // W_O's rows of head h (its d_k rows of the concat) set to 0, for the life of the returned copy.
   std::vector<double> zero_head_rows(std::int64_t h) {
@@ -64,7 +64,7 @@ struct Fixture {
 // the share of predictions it leaves unchanged, which tells the heads apart.
 void predictions_as_targets(HeadsModel& model, Batch& test) {
   ag::NoGradGuard no_grad;
-  const ag::Tensor logits = model.forward(test.token_tensor, false).logits;
+  const ag::Tensor logits = model.forward(test.token_tensor);
   const std::int64_t C = logits.size(-1);
   const std::vector<double> v = logits.to_vector();
   for (std::size_t i = 0; i < test.targets.size(); ++i)
@@ -115,7 +115,7 @@ BOOST_FIXTURE_TEST_CASE(mean_ablation_with_every_sequence_alike_changes_nothing,
   same.token_tensor = ag::tensor(std::vector<double>(same.tokens.begin(), same.tokens.end()), {same.size, T});
   model.eval();
   ag::NoGradGuard no_grad;
-  const double plain = batch_accuracy(model.forward(same.token_tensor, false).logits, same.targets);
+  const double plain = batch_accuracy(model.forward(same.token_tensor), same.targets);
   for (const HeadAblation& a : ablate_heads(model, same)) BOOST_TEST(a.mean == plain);
 }
 
@@ -124,7 +124,7 @@ BOOST_FIXTURE_TEST_CASE(attention_gradient_matches_study_mode, Fixture) {
   const std::vector<double> got = attention_gradient(model, test);
   nn::MultiHeadAttention& attn = model.attention();
   attn.set_study(true);
-  ag::Tensor loss = nn::cross_entropy(model.forward(test.token_tensor, false).logits, test.targets,
+  ag::Tensor loss = nn::cross_entropy(model.forward(test.token_tensor), test.targets,
                                       {.ignore_index = kIgnore});
   loss.backward();
   const std::vector<double> expected = ag::sum(attn.study().pattern.grad(), {0}).to_vector();
@@ -142,7 +142,7 @@ BOOST_FIXTURE_TEST_CASE(patching_changes_and_the_metrics_are_those_of_the_two_in
   const std::vector<std::int64_t> targets(test.targets.begin(), test.targets.begin() + n * T);
   ag::NoGradGuard no_grad;
   const auto metric = [&](const std::vector<double>& tokens) {
-    return -nn::cross_entropy(model.forward(ag::tensor(tokens, {n, T}), false).logits, targets,
+    return -nn::cross_entropy(model.forward(ag::tensor(tokens, {n, T})), targets,
                               {.ignore_index = kIgnore})
                 .item();
   };

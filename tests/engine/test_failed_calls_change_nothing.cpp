@@ -70,7 +70,9 @@ BOOST_AUTO_TEST_CASE(gradgradcheck_refuses_bad_options_before_running_the_functi
       {{.rtol = kNaN}, "gradgradcheck: atol and rtol must be finite and >= 0"},
       {{.num_projections = -2}, "gradgradcheck: num_projections must not be negative, got -2"},
   };
-  for (const auto& [options, message] : cases) {
+  for (const auto& c : cases) {
+    const ag::GradcheckOptions& options = c.first;
+    const std::string& message = c.second;
     const std::string got = error_of([&] { (void)ag::gradgradcheck(f, {x}, options); }, "no error");
     BOOST_TEST(got.find(message) == 0u, got);
   }

@@ -62,7 +62,7 @@ BOOST_AUTO_TEST_CASE(attention_refuses_weights_too_large_to_count_naming_the_att
   BOOST_TEST(m == "scaled_dot_product_attention: " + want);
   ag::Generator gen(1);
   const std::string d = error_of([&] {
-    (void)ag::scaled_dot_product_attention(q, q, q, {.dropout_p = 0.5, .generator = &gen, .need_weights = true});
+    (void)ag::scaled_dot_product_attention(q, q, q, {.need_weights = true, .dropout_p = 0.5, .generator = &gen});
   });
   BOOST_TEST(d == "scaled_dot_product_attention: " + want);
   const Tensor ql = ag::zeros({k2p20, k2p12, 0});  // heads last: (B, T, H·d) with H = 2^20, d = 0

@@ -1007,7 +1007,9 @@ class LimitCaseBuilder {
 
   LimitCase narrow_case() {
     const Tensor x = operand();
-    const auto [d, size] = pick_dim(x);
+    const auto picked = pick_dim(x);
+    const auto d = picked.first;
+    const auto size = picked.second;
     const std::int64_t start = rng_.chance(0.5) ? rng_.pick(std::vector<std::int64_t>{0, size, -size, size / 2, -1})
                                                 : near_limit_signed(rng_);
     const std::int64_t s = start < 0 ? start + size : start;  // (only used when start is in range)
@@ -1024,7 +1026,9 @@ class LimitCaseBuilder {
 
   LimitCase slice_case() {
     const Tensor x = operand();
-    const auto [d, size] = pick_dim(x);
+    const auto picked = pick_dim(x);
+    const auto d = picked.first;
+    const auto size = picked.second;
     const std::int64_t start = near_limit_signed(rng_), end = near_limit_signed(rng_);
     const std::int64_t step = rng_.chance(0.1) ? -near_limit_size(rng_) : std::max<std::int64_t>(1, near_limit_size(rng_));
     const auto dim = static_cast<std::int64_t>(d);

@@ -55,8 +55,8 @@ BOOST_AUTO_TEST_CASE(invalid_utf8_is_refused_naming_the_source_and_byte) {
       {"x\xe2\x82", "byte 1"},         // cut short
       {"\xf4\x90\x80\x80", "byte 0"},  // past U+10FFFF
       {"\xff", "byte 0"}};
-  for (const auto& [bytes, where] : cases)
-    check_throws<std::runtime_error>([&] { decode_utf8(bytes, "notes.txt"); }, {"notes.txt", "not UTF-8", where});
+  for (const auto& c : cases)
+    check_throws<std::runtime_error>([&] { decode_utf8(c.first, "notes.txt"); }, {"notes.txt", "not UTF-8", c.second});
 }
 
 BOOST_AUTO_TEST_CASE(a_directory_is_its_text_files_in_name_order_without_fortune_indexes) {

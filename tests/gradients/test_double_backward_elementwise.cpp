@@ -333,6 +333,23 @@ BOOST_AUTO_TEST_CASE(third_derivatives_match_the_closed_form) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(gelu_derivatives_at_huge_inputs_are_their_limits_not_nan) {
+  // Far out gelu is x (x > 0) or 0 (x < 0): first derivative 1 or 0, second 0. Computing them
+  // there must not form 0·inf (φ(x)·x², (1 - tanh²)·x³).
+  for (const Dtype dtype : {Dtype::Float64, Dtype::Float32}) {
+    const double big = dtype == Dtype::Float64 ? 1e300 : 3e38, mid = dtype == Dtype::Float64 ? 1e30 : 1e20;
+    const Tensor x = ag::tensor({-big, -mid, -45.0, 45.0, mid, big}, {6}, dtype).requires_grad_();
+    for (const auto approximate : {ag::GeluApproximation::None, ag::GeluApproximation::Tanh}) {
+      BOOST_TEST_CONTEXT(ag::dtype_name(dtype) << ", tanh " << (approximate == ag::GeluApproximation::Tanh)) {
+        const Tensor g = ag::grad({ag::sum(ag::gelu(x, approximate))}, {x}, {.create_graph = true})[0];
+        const Tensor h = ag::grad({ag::sum(g)}, {x})[0];
+        check_values(g, {6}, {0, 0, 0, 1, 1, 1});
+        check_values(h, {6}, {0, 0, 0, 0, 0, 0});
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(gradgradcheck_of_a_gradient) {
   const Tensor a = input({2, 1, 3}, 95), b = uniform_input({4, 3}, 0.5, 2.0, 96);
   auto gradient = [](const TensorList& in) {

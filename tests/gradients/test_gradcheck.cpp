@@ -340,6 +340,10 @@ BOOST_AUTO_TEST_CASE(gradgradcheck_checks_forward_mode_of_the_gradient_too) {
   auto good = ag::gradgradcheck([](const TensorList& in) { return ag::sum(ag::exp(in[0]) * in[0]); }, {x});
   BOOST_TEST(good.ok);
   BOOST_TEST(good.forward_checked);
+  // Each check names itself in its printout.
+  BOOST_TEST(fmt::format("{}", good).find("gradgradcheck ok: ") == 0u, fmt::format("{}", good));
+  BOOST_TEST(fmt::format("{}", ag::gradcheck([](const TensorList& in) { return ag::exp(in[0]); }, {x}))
+                 .find("gradcheck ok: ") == 0u);
   ag::GradcheckOptions bad_directions;
   bad_directions.forward_directions = 0;
   BOOST_CHECK_THROW(ag::gradcheck([](const TensorList& in) { return in[0] * 2.0; }, {x}, bad_directions),

@@ -81,7 +81,7 @@ std::vector<Case> cases() {
       {"attention packed, causal, no weights",
        [](const TensorList& x) {
          return TensorList{
-             ag::scaled_dot_product_attention_packed(x[0], 2, {.is_causal = true, .need_weights = false}).output};
+             ag::scaled_dot_product_attention_packed(x[0], 2, {.need_weights = false, .is_causal = true}).output};
        },
        {randn64({2, 3, 12}, 18)}});
   return c;

@@ -134,7 +134,7 @@ BOOST_AUTO_TEST_CASE(pruned_grad_matches_backward_through_multi_input_ops) {
   check_pruned_against_backward(
       "flash attention with mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = x[3], .need_weights = false}).output;
+        return ag::scaled_dot_product_attention(x[0], x[1], x[2], {.need_weights = false, .attn_mask = x[3]}).output;
       },
       {randn64({1, 2, 64, 4}, 32), randn64({1, 2, 64, 4}, 33), randn64({1, 2, 64, 3}, 34), randn64({64, 64}, 35)});
   check_pruned_against_backward("packed attention with mask",
@@ -146,7 +146,7 @@ BOOST_AUTO_TEST_CASE(pruned_grad_matches_backward_through_multi_input_ops) {
   check_pruned_against_backward("packed flash attention with mask",
                                 [](const TensorList& x) {
                                   return ag::scaled_dot_product_attention_packed(
-                                             x[0], 2, {.attn_mask = x[1], .is_causal = true, .need_weights = false})
+                                             x[0], 2, {.need_weights = false, .attn_mask = x[1], .is_causal = true})
                                       .output;
                                 },
                                 {randn64({1, 64, 12}, 38), randn64({64, 64}, 39)});
@@ -906,28 +906,28 @@ BOOST_AUTO_TEST_CASE(pruned_grad_through_tiled_attention) {
   check_pruned_against_backward(
       "tiled attention with mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = x[3], .need_weights = false}).output;
+        return ag::scaled_dot_product_attention(x[0], x[1], x[2], {.need_weights = false, .attn_mask = x[3]}).output;
       },
       {randn64({1, 2, 5, 4}, 60), randn64({1, 2, 7, 4}, 61), randn64({1, 2, 7, 3}, 62), randn64({5, 7}, 63)});
   check_pruned_against_backward(
       "tiled causal attention with broadcast mask",
       [](const TensorList& x) {
         return ag::scaled_dot_product_attention(x[0], x[1], x[2],
-                                                {.attn_mask = x[3], .is_causal = true, .need_weights = false})
+                                                {.need_weights = false, .attn_mask = x[3], .is_causal = true})
             .output;
       },
       {randn64({2, 1, 6, 2}, 64), randn64({2, 1, 6, 2}, 65), randn64({2, 1, 6, 2}, 66), randn64({1, 6}, 67)});
   check_pruned_against_backward(
       "tiled packed attention with mask",
       [](const TensorList& x) {
-        return ag::scaled_dot_product_attention_packed(x[0], 2, {.attn_mask = x[1], .need_weights = false}).output;
+        return ag::scaled_dot_product_attention_packed(x[0], 2, {.need_weights = false, .attn_mask = x[1]}).output;
       },
       {randn64({1, 7, 12}, 68), randn64({7, 7}, 69)});
   check_pruned_against_backward(
       "tiled heads-last attention with mask",
       [](const TensorList& x) {
         return ag::scaled_dot_product_attention_heads_last(x[0], x[1], x[2], 2,
-                                                           {.attn_mask = x[3], .need_weights = false})
+                                                           {.need_weights = false, .attn_mask = x[3]})
             .output;
       },
       {randn64({1, 5, 4}, 70), randn64({1, 7, 4}, 71), randn64({1, 7, 6}, 72), randn64({5, 7}, 73)});

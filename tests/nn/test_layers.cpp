@@ -99,6 +99,17 @@ BOOST_AUTO_TEST_CASE(layer_norm_rejects_a_mismatched_input) {
   check_message([&] { ln(ag::zeros({2, 4}, F64)); }, "layer_norm: dtypes differ");
 }
 
+BOOST_AUTO_TEST_CASE(layer_norm_with_eps_zero_refuses_a_constant_row_with_and_without_hooks) {
+  nn::LayerNorm ln(nn::LayerNormOptions{.normalized_shape = {3}, .eps = 0.0, .dtype = F64});
+  const ag::Tensor x = ag::tensor({1.0, 2.0, 4.0, 5.0, 5.0, 5.0}, {2, 3}, F64);
+  const std::string message = "layer_norm: with eps = 0, row 1 of the input [2, 3] (normalized_shape [3]) has zero variance";
+  check_message([&] { ln(x); }, message);
+  const auto handle = ln.add_hook("scale", [](const ag::Tensor& v, const std::string&) { return v; });
+  check_message([&] { ln(x); }, message);  // the composed form that hooks run
+  // Rows that vary normalise with eps = 0.
+  BOOST_TEST(test_support::all_finite(ln(ag::narrow(x, 0, 0, 1))));
+}
+
 // ---- Embedding ----
 
 BOOST_AUTO_TEST_CASE(embedding_returns_the_rows_of_its_table) {

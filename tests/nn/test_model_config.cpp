@@ -125,7 +125,7 @@ BOOST_AUTO_TEST_CASE(train_heads_models_are_rebuilt_from_the_file_alone) {
                                      .mlp = mlp};
     heads::HeadsModel model(o, gen);
     const ag::Tensor x = tokens(3, 5, 7, 2);
-    const auto out = model.forward(x, true);
+    const auto out = model.forward_with_weights(x);
     for (const bool torch : {false, true}) {
       BOOST_TEST_CONTEXT("mlp " << mlp << ", torch naming " << torch) {
         const std::string path = dir.file(torch ? "m.torch.safetensors" : "m.safetensors");
@@ -140,7 +140,7 @@ BOOST_AUTO_TEST_CASE(train_heads_models_are_rebuilt_from_the_file_alone) {
         if (mlp) BOOST_TEST(back.d_ff == o.d_ff);
         const auto rebuilt = heads::load_heads_model(path);
         BOOST_TEST(same_bits(snapshot(*rebuilt), snapshot(model)));
-        const auto again = rebuilt->forward(x, true);
+        const auto again = rebuilt->forward_with_weights(x);
         BOOST_TEST(same_bits({again.logits.to_vector(), again.weights.to_vector()},
                              {out.logits.to_vector(), out.weights.to_vector()}));
       }

@@ -46,7 +46,7 @@ Result run(int route, double p, bool masked, std::uint64_t seed) {
     out = ag::matmul(ag::dropout(w, p, true, gen), v);
   } else {
     out = ag::scaled_dot_product_attention(
-              q, k, v, {.attn_mask = m, .dropout_p = p, .generator = &gen, .need_weights = route == 1})
+              q, k, v, {.need_weights = route == 1, .attn_mask = m, .dropout_p = p, .generator = &gen})
               .output;
   }
   ag::sum(ag::mul(out, g)).backward();

@@ -286,11 +286,11 @@ BOOST_AUTO_TEST_CASE(mismatched_factors_are_refused_naming_the_shapes) {
 
 BOOST_AUTO_TEST_CASE(empty_and_non_finite_factors_are_refused_before_a_decomposition) {
   const auto f64 = [](ag::Shape s) { return ag::ones(s, Dtype::Float64); };
-  for (const auto& [a, b] : {std::pair{ag::Shape{4, 0}, ag::Shape{0, 5}}, std::pair{ag::Shape{0, 3}, ag::Shape{3, 5}},
-                             std::pair{ag::Shape{4, 3}, ag::Shape{3, 0}}})
-    test_support::check_message([&] { FactoredMatrix(f64(a), f64(b)); },
+  for (const auto& ab : {std::pair{ag::Shape{4, 0}, ag::Shape{0, 5}}, std::pair{ag::Shape{0, 3}, ag::Shape{3, 5}},
+                         std::pair{ag::Shape{4, 3}, ag::Shape{3, 0}}})
+    test_support::check_message([&] { FactoredMatrix(f64(ab.first), f64(ab.second)); },
                                 "circuits::FactoredMatrix: the matrix dimensions must be positive, got A " +
-                                    ag::shape_str(a) + " and B " + ag::shape_str(b));
+                                    ag::shape_str(ab.first) + " and B " + ag::shape_str(ab.second));
   std::vector<double> v(12, 1.0);
   v[5] = std::nan("");
   const FactoredMatrix nan_a(ag::tensor(v, {4, 3}, Dtype::Float64), test_support::input({3, 4}, 2));

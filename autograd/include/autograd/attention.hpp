@@ -47,14 +47,17 @@ struct SdpaResult {
 };
 
 // The settings of one call, every one optional: ag::scaled_dot_product_attention(q, k, v,
-// {.attn_mask = m, .is_causal = true, .need_weights = false}).
+// {.need_weights = false, .attn_mask = m, .is_causal = true}).
+// The fields that nn::AttentionOptions also has come in its order (need_weights, attn_mask,
+// is_causal), the others in PyTorch's (attn_mask, dropout_p, is_causal, scale), so that one
+// designated initializer reads alike in both.
 struct SdpaOptions {
+  bool need_weights = true;
   Tensor attn_mask = {};  // undefined: no mask
+  double dropout_p = 0.0;
   bool is_causal = false;
   double scale = 0.0;  // 0 means 1/sqrt(d_k)
-  double dropout_p = 0.0;
   Generator* generator = nullptr;  // for dropout; null: default_generator()
-  bool need_weights = true;
 };
 
 // The path a call with T queries, S keys and these options takes (SdpaResult::path), without

@@ -66,6 +66,7 @@ struct GradcheckResult {
   double forward_dot_error = 0.0;    // worst |⟨u, J·v⟩ - ⟨Jᵀu, v⟩| / (Σ|u||J·v| + Σ|Jᵀu||v|)
   double forward_max_abs_error = 0.0;  // worst |J·v - central difference| over output elements
   std::string forward_message;       // why the forward-mode check failed, when it did
+  const char* check = "gradcheck";   // which check made it: "gradcheck" or "gradgradcheck" (its printout starts so)
 };
 
 using GradcheckFn = std::function<Tensor(const std::vector<Tensor>&)>;

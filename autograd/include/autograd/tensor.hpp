@@ -82,6 +82,8 @@ template <class T>
 using MatrixMap = Eigen::Map<RowMatrix<T>, Eigen::Aligned64>;
 template <class T>
 using ConstMatrixMap = Eigen::Map<const RowMatrix<T>, Eigen::Aligned64>;
+template <class T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Aligned64>;
 
 class Tensor {
  public:
@@ -124,6 +126,10 @@ class Tensor {
   // version counter; call mark_modified() if it is done to a tensor a graph may have saved.
   template <class T>
   MatrixMap<T> as_matrix() const;
+  // Every element, in row-major order, seen as a flat Eigen array, no copy (any rank; the same
+  // caveat on mark_modified()).
+  template <class T>
+  ArrayMap<T> as_array() const;
 
   std::vector<double> to_vector() const;  // Int64 values above 2^53 in magnitude are rounded
   double item() const;  // one-element tensors only
@@ -172,7 +178,8 @@ class Tensor {
   Tensor& mul_(double value);                             // Float32 and Float64 only
   // Replaces this tensor's data, shape and dtype by other's (sharing other's storage), keeping
   // the handle: every copy of this handle sees the change (PyTorch's `t.data = other`).
-  // Clears .grad. Not recorded in any graph.
+  // Clears .grad. Not recorded in any graph. A graph recorded before still reaches the leaf while
+  // shape and dtype stay; after a change, its backward refuses (the gradient is of the old shape).
   Tensor& set_data(const Tensor& other);
   void mark_modified() const;
   std::uint64_t version() const;
@@ -214,6 +221,11 @@ template <class T>
 MatrixMap<T> Tensor::as_matrix() const {
   if (dim() != 2) fail("as_matrix", "needs a 2-D tensor, got shape {}", shape_str(shape()));
   return MatrixMap<T>(data<T>(), shape()[0], shape()[1]);
+}
+
+template <class T>
+ArrayMap<T> Tensor::as_array() const {
+  return ArrayMap<T>(data<T>(), numel());
 }
 
 // s as messages and labels quote it: a byte that would not print as itself (a control byte such

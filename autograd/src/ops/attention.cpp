@@ -136,6 +136,32 @@ void check_logical(std::string_view op, const Shape& qs, const Shape& ks, const 
   if (!(dropout_p >= 0.0 && dropout_p <= 1.0)) fail(op, "dropout_p must be in [0, 1], got {}", dropout_p);
 }
 
+// Whether every element of t is finite (one pass that vectorises; no early exit).
+bool all_finite(const Tensor& t) {
+  bool ok = true;
+  dispatch(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = t.data<T>();
+    int bad = 0;
+    for (std::int64_t i = 0, n = t.numel(); i < n; ++i) bad += std::isfinite(x[i]) ? 0 : 1;
+    ok = bad == 0;
+  });
+  return ok;
+}
+
+// Finite q, k and v (and a mask of finite numbers and -inf, checked before) give a finite output
+// unless the scaled scores overflowed the dtype: a scale finite but too large for these inputs.
+// Refused, naming the scale, rather than returned as NaN. The output is one pass (T·d_v per
+// slice against the T·S·d of the call); the inputs are read only when it is not finite.
+void check_output_finite(std::string_view op, const Tensor& output, const Operands& in, double scale) {
+  if (all_finite(output)) return;
+  for (const Tensor* t : {&in.q, &in.k, &in.v})
+    if (t->defined() && !all_finite(*t)) return;  // NaN or inf in, NaN out, as in PyTorch
+  fail(op, "the scaled scores overflowed {}: q, k and v are finite, but a score q·kᵀ·scale (scale = {}) is not, "
+       "so the softmax would be NaN; use smaller inputs or a smaller scale (the default is 1/sqrt(d_k))",
+       dtype_name(output.dtype()), scale);
+}
+
 // ---- the op ----
 
 // The backward rule: the kernel's gradients (sdpa::input_grads records them as the backward
@@ -218,7 +244,11 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
     stream = philox::DropoutStream(gen.next_u64(), dropout_p);
   }
   const SdpaPath path = sdpa_path(d.T, d.S, options);
-  if (path.core == SdpaCore::Tiled) return sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale, stream);
+  if (path.core == SdpaCore::Tiled) {
+    SdpaResult r = sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale, stream);
+    check_output_finite(op, r.output, in, scale);
+    return r;
+  }
   const Dtype dtype = in.q.dtype();
   const Tensor& k = in.packed() ? in.q : in.k;
   const Tensor& v = in.packed() ? in.q : in.v;
@@ -235,10 +265,11 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
                                     ptr(keep),       weights.data<T>(), output.data<T>()};
     sdpa::forward<T>(d, data, ms, static_cast<T>(scale), is_causal);
   });
+  check_output_finite(op, output, in, scale);
 
   GradList inputs = node_inputs(in);
   const std::span<const Tensor> input_span(inputs.begin(), inputs.size());
-  if (!needs_grad(input_span)) return {output, need_weights ? weights : Tensor(), path};
+  if (!needs_grad(input_span)) return {output, need_weights ? weights : Tensor::undefined(sdpa::kNoWeights), path};
   const std::array<Tensor, 2> outputs{output, weights};
   record(op, input_span, outputs,
          AttentionBackward{{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(in.mask), d, scale,
@@ -247,7 +278,7 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
   // An output nobody used (usually `weights`) reaches the rule undefined, read as zero: no
   // [B, H, T, S] tensor of zeros is made and added.
   output.grad_fn()->materialize_grads = false;
-  return {output, need_weights ? weights : Tensor(), path};
+  return {output, need_weights ? weights : Tensor::undefined(sdpa::kNoWeights), path};
 }
 
 }  // namespace

@@ -65,13 +65,13 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
   GradList inputs = node_inputs(in);
   const std::span<const Tensor> input_span(inputs.begin(), inputs.size());
   const SdpaPath path{SdpaCore::Tiled, {}};
-  if (!needs_grad(input_span)) return {output, Tensor(), path};
+  if (!needs_grad(input_span)) return {output, Tensor::undefined(kNoWeights), path};
   const std::array<Tensor, 1> outputs{output};
   record(op, input_span, outputs,
          FlashBackward{{op, SavedTensor(in.q), SavedTensor(in.k), SavedTensor(in.v), SavedTensor(in.mask), d, scale,
                         is_causal},
                        SavedTensor(output), SavedTensor(lse), dropout});
-  return {output, Tensor(), path};
+  return {output, Tensor::undefined(kNoWeights), path};
 }
 
 }  // namespace autograd::sdpa

@@ -15,6 +15,9 @@
 
 namespace autograd::sdpa {
 
+// What SdpaResult::weights says when they were not asked for.
+inline constexpr const char* kNoWeights = "need_weights = false: the attention weights were not formed";
+
 // What the op reads: q, k and v, or (packed) one tensor holding all three, whose column blocks
 // the layouts in sdpa::Dims pick; and the additive mask, if any.
 struct Operands {

@@ -67,6 +67,9 @@ constexpr double kSqrt1_2 = 0.70710678118654752440;     // 1/√2
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/√(2π)
 constexpr double kSqrt2OverPi = 0.79788456080286535588; // √(2/π)
 constexpr double kGeluCubic = 0.044715;
+// Beyond |x| = 40 gelu's curvature terms are exactly 0 in float32 and float64 (φ(40) = e^-800 and
+// 1 - tanh²(u) both round to 0), so the derivatives may take x clamped there.
+constexpr double kGeluFlat = 40.0;
 
 // φ(x) = e^(-x²/2) / √(2π), from differentiable ops.
 Tensor normal_pdf(const Tensor& x) { return mul(exp(mul(square(x), -0.5)), kInvSqrt2Pi); }
@@ -209,13 +212,17 @@ Tensor gelu(const Tensor& x, GeluApproximation approximate) {
     });
     if (!needs_grad(x)) return y;
     // dx = dy·s(x),  s = (1 + t)/2 + x/2 · (1 - t²)·u',  t = tanh u,  u' = √(2/π)·(1 + 3·0.044715·x²);
-    // d/dx of that: dy·(1 - t²)·(u' + 3·√(2/π)·0.044715·x² - x·t·u'²)
-    return record("gelu", {x}, y, rule_of("gelu_backward", x, pointwise([](const auto& dy, const auto& v) {
+    // d/dx of that: dy·(1 - t²)·(u' + 3·√(2/π)·0.044715·x² - x·t·u'²).
+    // Both are computed at x clamped to ±kGeluFlat: beyond it t = ±1 exactly (1 - t² = 0), so the
+    // values are the same, and a huge x does not make x·(1 - t²)·u' a 0·inf NaN.
+    return record("gelu", {x}, y, rule_of("gelu_backward", x, pointwise([](const auto& dy, const auto& x_in) {
         using T = scalar_t<decltype(dy)>;
+        const auto v = x_in.max(T(-kGeluFlat)).min(T(kGeluFlat));
         const auto t = (T(kSqrt2OverPi) * (v + T(kGeluCubic) * v.cube())).tanh();
         const auto du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v.square());
         return dy * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t.square()) * du);
-      }), [](const Tensor& gg, const Tensor& dy, const Tensor& v) {
+      }), [](const Tensor& gg, const Tensor& dy, const Tensor& x_in) {
+        const Tensor v = clamp(x_in, -kGeluFlat, kGeluFlat);
         const Tensor x2 = square(v);
         const Tensor t = tanh(mul(add(v, mul(mul(x2, v), kGeluCubic)), kSqrt2OverPi));
         const Tensor du = mul(add(mul(x2, 3 * kGeluCubic), 1.0), kSqrt2OverPi);
@@ -232,7 +239,8 @@ Tensor gelu(const Tensor& x, GeluApproximation approximate) {
     });
   }
   if (!needs_grad(x)) return y;
-  // dx = dy·(Φ(x) + x·φ(x)),  φ(x) = e^(-x²/2) / √(2π);  d/dx of that: dy·φ(x)·(2 - x²)
+  // dx = dy·(Φ(x) + x·φ(x)),  φ(x) = e^(-x²/2) / √(2π);  d/dx of that: dy·φ(x)·(2 - x²), with x²
+  // taken at x clamped to ±kGeluFlat, where φ is already 0 (so a huge x gives 0, not 0·inf = NaN)
   return record("gelu", {x}, y, rule_of("gelu_backward", x, [](const Tensor& dy, const Tensor& v) {
       Tensor dx = gelu_backward_kernel(dy, v);
       if (dx.defined()) return dx;
@@ -241,7 +249,7 @@ Tensor gelu(const Tensor& x, GeluApproximation approximate) {
         return g * (T(0.5) * (T(1) + (e * T(kSqrt1_2)).erf()) + e * T(kInvSqrt2Pi) * (T(-0.5) * e.square()).exp());
       });
     }, [](const Tensor& gg, const Tensor& dy, const Tensor& v) {
-      return mul(gg_dy(gg, dy), mul(normal_pdf(v), rsub(square(v), 2.0)));
+      return mul(gg_dy(gg, dy), mul(normal_pdf(v), rsub(square(clamp(v, -kGeluFlat, kGeluFlat)), 2.0)));
     }));
 }
 

@@ -409,6 +409,13 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     forward_rows<T>(rows, x.data<T>(), weight.defined() ? weight.data<T>() : nullptr,
                     bias.defined() ? bias.data<T>() : nullptr, eps, stats.data<double>(), y.data<T>());
   });
+  if (eps == 0.0) {  // a row of zero variance has r = 1/√0: refused, not returned as NaN
+    const double* st = stats.data<double>();
+    for (std::int64_t n = 0; n < rows.n; ++n)
+      if (std::isinf(st[2 * n + 1]))
+        fail(kOp, "with eps = 0, row {} of the input {} (normalized_shape {}) has zero variance, so 1/sqrt(var + eps) "
+             "is infinite; use eps > 0 (e.g. 1e-5)", n, shape_str(x.shape()), shape_str(normalized_shape));
+  }
   std::array<Tensor, 3> all_inputs{x};
   std::size_t n_inputs = 1;
   if (weight.defined()) all_inputs[n_inputs++] = weight;

@@ -4,6 +4,7 @@
 // (reshape, matmul, add, reshape) and no intermediate tensor.
 #include <array>
 
+#include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
 #include "kernels/gemm.hpp"
@@ -173,21 +174,28 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
   if (!needs_grad(inputs)) return y;
   bool any_weight_grad = false;
   for (std::size_t i = 0; i < n; ++i) any_weight_grad = any_weight_grad || weights[i].requires_grad();
-  SavedTensor saved_x(any_weight_grad ? x : Tensor());
-  CatWeights saved_ws;  // for dX
-  if (x.requires_grad())
+  SavedTensor saved_x(any_weight_grad ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
+  CatWeights saved_ws;  // for dX when a graph of the backward is built
+  if (x.requires_grad() && any_weight_grad)
     for (std::size_t i = 0; i < n; ++i) saved_ws[i] = SavedTensor(weights[i]);
   // Y = X·W + 1·bᵀ with W = [W_0 | W_1 | …], b = [b_0 | b_1 | …]  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,
   // db = Σ_rows dY, and dW_i, db_i are the columns of piece i of dW, db. dX and dW are the
-  // gradients of the product X·W (product.hpp), whose derivative is its own; W is packed again
-  // from the weights (packed_weight), so that dX depends on them. Inputs: x, the n weights, the n biases.
-  record(op, inputs, std::span<const Tensor>(&y, 1), [saved_x, saved_ws, l](const TensorList& g, const Node& node) {
+  // gradients of the product X·W (product.hpp), whose derivative is its own. dX reads the
+  // forward's packed W; when a graph of the backward is built, W is packed again from the
+  // weights as a recorded op (packed_weight), so that dX depends on them. Inputs: x, the n
+  // weights, the n biases.
+  record(op, inputs, std::span<const Tensor>(&y, 1),
+         [saved_x, saved_w, saved_ws, l](const TensorList& g, const Node& node) {
     CatGrads grads(1 + 2 * l.n);
     const MatmulPlan plan = folded_plan(node.input_meta[0].shape, l.in, l.out);
     if (node.needs_input_grad(0)) {
-      std::array<Tensor, kMaxCat> ws;
-      for (std::size_t i = 0; i < l.n; ++i) ws[i] = saved_ws[i].get("linear_cat");
-      grads[0] = product(Slot::A, plan, packed_weight(std::span<const Tensor>(ws.data(), l.n), l), g[0]);
+      Tensor w = saved_w.get("linear_cat");
+      if (is_grad_enabled() && saved_ws[0].defined()) {
+        std::array<Tensor, kMaxCat> ws;
+        for (std::size_t i = 0; i < l.n; ++i) ws[i] = saved_ws[i].get("linear_cat");
+        w = packed_weight(std::span<const Tensor>(ws.data(), l.n), l);
+      }
+      grads[0] = product(Slot::A, plan, w, g[0]);
     }
     bool any_dw = false, any_db = false;
     for (std::size_t i = 0; i < l.n; ++i) {
