@@ -110,7 +110,10 @@ void print_table(const std::vector<CurvatureRun>& runs) {
       fmt::print("{:>4} {:>5} {:>6} {:>8.4f} {:>6.3f} {:>8.4f} {:>10.4f} {:>6} {:>9.1e}{} {:>7.2f} {:>7.2f}\n", r.seed,
                  r.heads, p.step, p.loss, p.accuracy, p.grad_norm, p.top.eigenvalue, p.top.iterations, p.top.residual,
                  p.top.converged ? " " : "*", p.hvp_ms, p.step_ms);
-  fmt::print("(* the power iteration stopped before its residual reached the tolerance)\n");
+  bool any_stopped = false;
+  for (const auto& r : runs)
+    for (const auto& p : r.points) any_stopped = any_stopped || !p.top.converged;
+  if (any_stopped) fmt::print("(* the power iteration stopped before its residual reached the tolerance)\n");
   fmt::print("\ngradient-penalty step, P = L + λ‖∇_θ L‖², one SGD step on ∇P (by backward through ∇L):\n");
   fmt::print("{:>4} {:>5} {:>6} {:>8} {:>10} {:>14} {:>14} {:>9} {:>9} {:>9} {:>8} {:>10}\n", "seed", "heads", "λ",
              "L", "‖∇L‖²", "∇P·d backward", "∇P·d central", "rel err", "vs 2λH∇L", "lr", "L after", "‖∇L‖² after");

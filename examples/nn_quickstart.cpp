@@ -13,6 +13,7 @@ namespace ag = autograd;
 
 // Linear in-projection -> self-attention (with a residual) -> linear read-out.
 struct TinyModel : nn::Module {
+  TinyModel() : nn::Module("TinyModel") {}  // the name it prints as
   std::shared_ptr<nn::Linear> in = register_module("in", std::make_shared<nn::Linear>(5, 8));
   std::shared_ptr<nn::MultiHeadAttention> attn =
       register_module("attn", std::make_shared<nn::MultiHeadAttention>(8, 2));

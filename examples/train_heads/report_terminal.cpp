@@ -62,7 +62,7 @@ void print_attention_map(const RunRecord& r) {
   auto title_width = [&](std::int64_t h) {
     return std::max<std::int64_t>(2 * T + 6, static_cast<std::int64_t>(titles[static_cast<std::size_t>(h)].size()) + 2);
   };
-  fmt::print("  attention on a test sequence (rows: query position, columns: key position; ░▒▓█ = more weight)\n");
+  fmt::print("  attention on a test sequence (rows: query positions, labelled by their token; columns: key position; ░▒▓█ = more weight)\n");
   std::string header = "    ";
   for (std::int64_t h = 0; h < w.heads; ++h) {
     std::string title = titles[static_cast<std::size_t>(h)];

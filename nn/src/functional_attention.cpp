@@ -109,8 +109,8 @@ CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::in
 
 // Every head at once, on the core the call asked for. The fused ops read head h from columns
 // h·d_k .. (h+1)·d_k - 1 of q, k, v in place and write the concat directly: no split into
-// (B, H, L, d_k) copies, no merge. Without need_weights the fused ops run their tiled core,
-// whose memory grows linearly in T, and return no weights. `path` receives the core that ran
+// (B, H, L, d_k) copies, no merge. Without need_weights they return no weights, and from
+// T·S ≥ 2^20 run their tiled core, whose memory grows linearly in T (ag::sdpa_path says which). `path` receives the core that ran
 // (the fused op's own report) and why.
 CoreResult attend(const Projected& p, const detail::Masks& m, const MultiHeadAttentionConfig& c,
                   std::string_view why_composed, bool need_weights, AttentionStudy* study, ag::SdpaPath& path) {

@@ -32,7 +32,7 @@ struct Masks {
 };
 
 // The masks of a call whose arguments passed check_arguments, in `dtype`. Built from autograd
-// ops, outside the graph (a mask is an input, not a parameter).
+// ops, outside the graph unless a float attn_mask requires grad (it then gets its gradient).
 Masks build_masks(const AttentionOptions& options, const Geometry& g, bool causal_flag, ag::Dtype dtype);
 
 }  // namespace nn::functional::detail

@@ -21,7 +21,7 @@ constexpr std::size_t kResultPoint = 8;
 constexpr std::size_t kOutPoint = 9;
 // What attention_path says for a hook on each point before out (which runs the Composed core).
 constexpr std::array<std::string_view, kOutPoint> kHookReasons = {
-    "hook on q", "hook on k", "hook on v", "hook on raw_scores", "hook on scores",
+    "hook on q", "hook on k", "hook on v", "hook on raw_scores", "hook on attn_scores",
     "hook on pattern", "hook on z", "hook on concat", "hook on result"};
 
 // The first hooked point among q .. concat and result (those run on the Composed core), or kOutPoint.

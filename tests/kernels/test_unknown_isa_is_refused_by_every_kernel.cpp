@@ -50,7 +50,8 @@ std::vector<std::pair<std::string, std::function<void()>>> kernel_calls() {
     calls.emplace_back("gelu" + at, [rows] { ag::gelu(randn({rows, 256})); });
     calls.emplace_back("add" + at, [rows] { ag::add(randn({rows, 256}), randn({rows, 256})); });
     calls.emplace_back("mul by a scalar" + at, [rows] { ag::mul(randn({rows, 256}), 2.0); });
-    calls.emplace_back("sum over dim 0" + at, [rows] { ag::sum(randn({rows, 256}), 0); });
+    // (rows of 512 or more: shorter ones are summed inline, with no kernel to choose)
+    calls.emplace_back("sum over dim 0 [" + std::to_string(rows) + ", 1024]", [rows] { ag::sum(randn({rows, 1024}), 0); });
     calls.emplace_back("matmul" + at, [rows] { ag::matmul(randn({rows, 256}), randn({256, 64})); });
     calls.emplace_back("cross_entropy" + at, [rows] {
       ag::cross_entropy(randn({rows, 256}), std::vector<std::int64_t>(static_cast<std::size_t>(rows), 3));

@@ -79,7 +79,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
 // Jacobian from a second backward against central differences of first-order gradients. The
 // result names the worst element as gradcheck's does; its output element counts through the
 // checked inputs' gradients laid end to end, and a failure's `message` says which input's
-// gradient, and which element of it, that is. (Printed, the result still says "gradcheck".)
+// gradient, and which element of it, that is. Printed, the result says "gradgradcheck".
 // u comes from options.seed. Inputs must be float64 leaves, as for gradcheck.
 GradcheckResult gradgradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inputs,
                               const GradcheckOptions& options = {});

@@ -52,8 +52,13 @@ Shape reduced_shape(const Shape& s, const DimMask& mask, bool keepdim) {
 }
 
 // out += in, n elements, through the float32 kernels of kernels/exact.hpp (the same bits: one addition
-// an element); false (nothing done) for other types or the generic variant.
-bool add_rows(const float* in, float* out, std::int64_t n) { return exact::binary(exact::Op::Add, out, 1, in, 1, out, n); }
+// an element); false (nothing done) for other types, the generic variant, and rows shorter than
+// kKernelRow, where the call costs more than the additions (a linear layer's bias gradient sums
+// hundreds of rows of 32 to 128).
+constexpr std::int64_t kKernelRow = 512;
+bool add_rows(const float* in, float* out, std::int64_t n) {
+  return n >= kKernelRow && exact::binary(exact::Op::Add, out, 1, in, 1, out, n);
+}
 template <class T>
 bool add_rows(const T*, T*, std::int64_t) {
   return false;
@@ -127,18 +132,41 @@ class ReduceWalk {
   template <class T, class A>
   void sum_at(const T* in, A* out, std::size_t k) const {
     const Group& g = groups_[k];
+    if constexpr (std::is_same_v<T, A>) {
+      if (g.reduced && k + 2 == groups_.size() && groups_[k + 1].size < kKernelRow) {
+        sum_rows(in, out, g.size, groups_[k + 1].size);  // (rows, short kept row): a bias gradient
+        return;
+      }
+    }
     if (k + 1 == groups_.size()) {
       if constexpr (!std::is_same_v<T, A>) {
         for (std::int64_t i = 0; i < g.size; ++i) out[g.reduced ? 0 : i] += in[i];
       } else if (g.reduced) {
         *out += ConstArrayView<T>(in, g.size).sum();
       } else if (!add_rows(in, out, g.size)) {
-        ArrayView<T>(out, g.size) += ConstArrayView<T>(in, g.size);
+        for (std::int64_t i = 0; i < g.size; ++i) out[i] += in[i];  // (vectorised; no call for short rows)
       }
       return;
     }
     for (std::int64_t i = 0; i < g.size; ++i)
       sum_at(in + i * in_stride_[k], out + (g.reduced ? 0 : i * out_stride_[k]), k + 1);
+  }
+
+  // out[j] += Σ_r in[r·cols + j], r in row order (the bits of adding the rows one by one), a block
+  // of columns at a time held in registers across all the rows.
+  template <class T>
+  static void sum_rows(const T* in, T* out, std::int64_t rows, std::int64_t cols) {
+    constexpr std::int64_t kBlock = 128 / sizeof(T);  // two 512-bit registers
+    std::int64_t j = 0;
+    for (; j + kBlock <= cols; j += kBlock) {
+      T acc[kBlock];
+      for (std::int64_t b = 0; b < kBlock; ++b) acc[b] = out[j + b];
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t b = 0; b < kBlock; ++b) acc[b] += in[r * cols + j + b];
+      for (std::int64_t b = 0; b < kBlock; ++b) out[j + b] = acc[b];
+    }
+    for (std::int64_t r = 0; j < cols && r < rows; ++r)
+      for (std::int64_t c = j; c < cols; ++c) out[c] += in[r * cols + c];
   }
 
   template <class T>

@@ -15,8 +15,9 @@
 //   attn_mask (T, S) or (B·num_heads, T, S) ((num_heads, T, S) unbatched). A Float32/Float64
 //     mask is added to the scaled scores; -inf blocks. It holds finite numbers and -inf: NaN and
 //     +inf are refused. An Int64 mask (what ag::gt, ag::eq, ... return) is boolean, as PyTorch's
-//     bool mask: nonzero = blocked (-inf), zero = allowed. Row b·num_heads + h of a 3-D mask belongs to batch b, head h. It is an input,
-//     not a parameter: no gradient flows into it.
+//     bool mask: nonzero = blocked (-inf), zero = allowed. Row b·num_heads + h of a 3-D mask belongs to batch b, head h. A float mask
+//     that requires grad gets its gradient (dL/d scores summed to its shape), as in PyTorch; the
+//     other masks are constants.
 //   is_causal: query i attends to keys 0..i only (needs T == S). It may be combined with the other
 //     masks. (PyTorch treats is_causal as a hint that attn_mask already is the causal mask; here it
 //     is a mask of its own.)
