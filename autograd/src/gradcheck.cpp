@@ -55,7 +55,7 @@ Tensor evaluate(std::string_view op, const GradcheckFn& fn, const std::vector<Te
   Tensor y = fn(inputs);
   if (!y.defined()) fail(op, "the function returned an undefined tensor");
   if (y.dtype() != Dtype::Float64)
-    fail(op, "the function returned a {} tensor; {} needs Float64 throughout", dtype_name(y.dtype()), op);
+    fail(op, "the function returned a tensor of dtype {}; {} needs Float64 throughout", dtype_name(y.dtype()), op);
   return y;
 }
 
@@ -128,7 +128,8 @@ std::vector<std::size_t> checked_gradcheck_inputs(std::string_view op, const std
 }
 
 void check_gradcheck_options(std::string_view op, const GradcheckOptions& opt) {
-  if (!(opt.eps > 0)) fail(op, "eps must be positive, got {}", opt.eps);
+  if (!(opt.eps > 0) || !std::isfinite(opt.eps)) fail(op, "eps must be positive and finite, got {}", opt.eps);
+  if (opt.max_full_jacobian < 0) fail(op, "max_full_jacobian must not be negative, got {}", opt.max_full_jacobian);
   if (!(opt.atol >= 0) || !(opt.rtol >= 0) || !std::isfinite(opt.atol) || !std::isfinite(opt.rtol))
     fail(op, "atol and rtol must be finite and >= 0, got atol = {}, rtol = {}", opt.atol, opt.rtol);
   if (opt.num_projections < 0) fail(op, "num_projections must not be negative, got {}", opt.num_projections);

@@ -25,7 +25,7 @@ Tensor evaluate_with_graph(const char* op, const GradcheckFn& fn, const std::vec
   Tensor y = fn(inputs);
   if (!y.defined()) fail(op, "the function returned an undefined tensor");
   if (y.dtype() != Dtype::Float64)
-    fail(op, "the function returned a {} tensor; {} needs Float64 throughout", dtype_name(y.dtype()), op);
+    fail(op, "the function returned a tensor of dtype {}; {} needs Float64 throughout", dtype_name(y.dtype()), op);
   return y;
 }
 

@@ -3,6 +3,7 @@
 // functional_attention_checks.cpp.
 #include <array>
 #include <cmath>
+#include <limits>
 
 #include "functional_attention_detail.hpp"
 #include "nn/module.hpp"
@@ -88,15 +89,42 @@ struct CoreResult {
 // The attention core written out as separate autograd ops: the readable reference that the
 // fused op is tested against. Each intermediate passes through its hook point `at`; fills
 // `study` with them when it is given.
+// Whether every element is finite (all = true), or below +inf and not NaN (all = false: -inf,
+// which the mask uses to block, allowed).
+bool bounded(const ag::Tensor& t, bool all) {
+  bool ok = true;
+  ag::dispatch(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const auto a = t.as_array<T>();
+    ok = all ? a.isFinite().all() : (a < std::numeric_limits<T>::infinity()).all();
+  });
+  return ok;
+}
+
+// The composed core's scores overflowed the dtype from finite values: refused, rather than a NaN
+// softmax (the fused ops refuse the same). qk is q·kᵀ before its hook, raw after it, scaled the
+// scores before theirs; a hook's own non-finite values pass as they are.
+void check_scores(const ag::Tensor& q, const ag::Tensor& k, const ag::Tensor& qk, const ag::Tensor& raw,
+                  const ag::Tensor& scaled) {
+  const char* what = nullptr;
+  if (!bounded(qk, true) && bounded(q, true) && bounded(k, true)) what = "a product q·kᵀ of finite q and k";
+  else if (bounded(raw, true) && !bounded(scaled, false)) what = "a score q·kᵀ/√d_k + mask of finite terms";
+  if (what == nullptr) return;
+  ag::fail("MultiHeadAttention", "the scores overflowed {} on the composed core: {} is not finite, so the softmax "
+           "would be NaN; the inputs or the weights are too large", ag::dtype_name(qk.dtype()), what);
+}
+
 CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::int64_t H, double dropout_p,
                              ag::Generator& gen, const Points& at, AttentionStudy* study) {
   const ag::Tensor q = at("q", split_heads(p.q, H));  // (B, H, T, d_k)
   const ag::Tensor k = at("k", split_heads(p.k, H));  // (B, H, S', d_k)
   const ag::Tensor v = at("v", split_heads(p.v, H));  // (B, H, S', d_k)
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));  // 1/√d_k
-  const ag::Tensor raw_scores = at("raw_scores", ag::matmul(q, ag::transpose(k, -2, -1)));  // (B,H,T,d_k)·(B,H,d_k,S')
+  const ag::Tensor qk = ag::matmul(q, ag::transpose(k, -2, -1));   // (B,H,T,d_k)·(B,H,d_k,S')
+  const ag::Tensor raw_scores = at("raw_scores", qk);
   ag::Tensor attn_scores = raw_scores * scale;                      // (B, H, T, S')
   if (mask.defined()) attn_scores = attn_scores + mask;              // + the mask (broadcast); -inf blocks
+  check_scores(q, k, qk, raw_scores, attn_scores);
   attn_scores = at("attn_scores", attn_scores);
   // A row whose scores are all -inf (every key blocked) gets zero weights and zero gradients.
   const ag::Tensor pattern = at("pattern", ag::softmax(attn_scores, -1));  // (B, H, T, S'), rows sum to 1 (or 0)

@@ -158,7 +158,8 @@ Masks build_masks(const AttentionOptions& o, const Geometry& g, bool causal_flag
     add(m.dim() == 2 ? m : ag::reshape(m, {g.B, g.H, g.T, g.S}));
   }
   if (o.key_padding_mask.defined()) {  // (B, S) -> (B, 1, 1, S): -inf on the padding keys
-    const ag::Tensor padding = ag::reshape(o.key_padding_mask.detach(), {g.B, 1, 1, g.S});
+    // nonzero tested in the mask's own dtype (a tiny float64 entry is still padding in a float32 layer)
+    const ag::Tensor padding = ag::ne(ag::reshape(o.key_padding_mask.detach(), {g.B, 1, 1, g.S}), 0.0);
     add(ag::masked_fill(ag::zeros(padding.shape(), dtype), padding, kNegInf));
   }
   if (o.is_causal && !causal_flag) add(causal_mask(g.T, g.S, dtype));

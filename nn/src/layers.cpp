@@ -1,7 +1,10 @@
 #include "nn/layers.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "nn/init.hpp"
@@ -42,6 +45,42 @@ std::string Embedding::extra_repr() const {
 
 // ---- LayerNorm ----
 
+namespace {
+
+// For x seen as rows of `row` elements: per row, the power of two s = 2^-e with max|x| in
+// [2^(e-1), 2^e), when some row's max|x| lies outside [2^-50, 2^50] (its squares summed could
+// overflow or underflow); shaped as x with the row's dims 1. For a tiny row e is held at -63
+// (float32) or -511 (float64), so that s² stays finite; for a huge one s is at least 2^-1024,
+// which the dtype holds (as a subnormal). Undefined when every row is in range (then s = 1).
+ag::Tensor row_power_of_two(const ag::Tensor& x, std::int64_t row, std::int64_t row_dims) {
+  if (row <= 0 || x.numel() == 0) return {};
+  const std::int64_t rows = x.numel() / row;
+  std::vector<double> s(static_cast<std::size_t>(rows), 1.0);
+  bool any = false;
+  ag::dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T>) {
+      const int limit = std::is_same_v<T, float> ? 63 : 511;
+      const T* v = x.data<T>();
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double top = 0;
+        for (std::int64_t i = 0; i < row; ++i) top = std::max(top, std::fabs(static_cast<double>(v[r * row + i])));
+        if (!(top > 0x1p50 || (top > 0 && top < 0x1p-50)) || !std::isfinite(top)) continue;
+        int e = 0;
+        std::frexp(top, &e);  // top in [2^(e-1), 2^e)
+        s[static_cast<std::size_t>(r)] = std::ldexp(1.0, -std::max(e, -limit));
+        any = true;
+      }
+    }
+  });
+  if (!any) return {};
+  ag::Shape shape = x.shape();
+  for (std::int64_t d = x.dim() - row_dims; d < x.dim(); ++d) shape[static_cast<std::size_t>(d)] = 1;
+  return ag::tensor(s, shape, x.dtype());
+}
+
+}  // namespace
+
 LayerNorm::LayerNorm(std::int64_t normalized_size, double eps)
     : LayerNorm(LayerNormOptions{.normalized_shape = {normalized_size}, .eps = eps}) {}
 
@@ -51,6 +90,9 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
   for (auto d : options.normalized_shape)
     if (d <= 0) ag::fail("LayerNorm", "normalized_shape {} must be positive", ag::shape_str(options.normalized_shape));
   if (!(options.eps >= 0.0)) ag::fail("LayerNorm", "eps must be >= 0, got {}", options.eps);
+  if (options.dtype == ag::Dtype::Float32 && options.eps > 0.0 && static_cast<float>(options.eps) == 0.0f)
+    ag::fail("LayerNorm", "eps = {} is 0 in Float32, the layer's dtype (the hook points' form would divide by 0); "
+             "use a float32 number or 0", options.eps);
   if (!ag::is_floating(options.dtype))
     ag::fail("LayerNorm", "dtype must be Float32 or Float64, got {}", ag::dtype_name(options.dtype));
   if (options.elementwise_affine) {
@@ -72,18 +114,27 @@ ag::Tensor LayerNorm::forward(const ag::Tensor& x) const {
                                 options_.eps);
     return y;
   }
-  // Composed, so that the scale point's value is the one the output is divided by.
+  // Composed, so that the scale point's value is the one the output is divided by. The op runs
+  // first for its errors (shapes, dtypes; with eps = 0, a row of zero variance), which the
+  // composed ops would not give.
   const auto n = static_cast<std::int64_t>(options_.normalized_shape.size());
-  // Its errors, which the composed ops would not give: too few dims; with eps = 0, a row of zero variance.
-  if (x.dim() < n || options_.eps == 0.0) {
+  {
     const ag::NoGradGuard no_grad;
     (void)ag::layer_norm(x, options_.normalized_shape, weight_, bias_, options_.eps);
   }
   std::vector<std::int64_t> dims;
   for (std::int64_t d = x.dim() - n; d < x.dim(); ++d) dims.push_back(d);
-  const ag::Tensor centred = ag::sub(x, ag::mean(x, dims, true));
-  const ag::Tensor scale = at.run(0, ag::sqrt(ag::add(ag::mean(ag::square(centred), dims, true), options_.eps)));
-  ag::Tensor y = ag::div(centred, scale);
+  // A row far from 1 in magnitude (its squares would overflow or underflow) is first multiplied
+  // by a power of two s that brings it near 1, exactly: y and the scale point are the same
+  // functions of x, the point's value √(var + eps) = √(var(s·x) + eps·s²) / s.
+  const ag::Tensor s = row_power_of_two(x, ag::shape_numel(options_.normalized_shape), n);
+  const ag::Tensor xs = s.defined() ? ag::mul(x, s) : x;
+  const ag::Tensor centred = ag::sub(xs, ag::mean(xs, dims, true));
+  const ag::Tensor eps = s.defined() ? ag::mul(ag::square(s), options_.eps) : ag::Tensor();
+  const ag::Tensor var = ag::mean(ag::square(centred), dims, true);
+  const ag::Tensor scaled = ag::sqrt(s.defined() ? ag::add(var, eps) : ag::add(var, options_.eps));
+  const ag::Tensor scale = at.run(0, s.defined() ? ag::div(scaled, s) : scaled);
+  ag::Tensor y = ag::div(centred, s.defined() ? ag::mul(scale, s) : scale);
   if (weight_.defined()) y = ag::mul(y, weight_);
   if (bias_.defined()) y = ag::add(y, bias_);
   return at.run(1, y);

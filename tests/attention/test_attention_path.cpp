@@ -75,6 +75,16 @@ BOOST_AUTO_TEST_CASE(sdpa_path_refuses_what_the_ops_refuse) {
              "sdpa_path: scale must be finite, got nan");
   BOOST_TEST(message([] { ag::sdpa_path(2, 2, {.dropout_p = 2.0}); }) ==
              "sdpa_path: dropout_p must be in [0, 1], got 2");
+  // the masks the ops refuse, as far as T and S tell
+  BOOST_TEST(message([] { ag::sdpa_path(5, 5, {.attn_mask = ag::zeros({3, 3})}); }) ==
+             "sdpa_path: attn_mask of shape [3, 3] does not broadcast to (B, H, T, S) with T = 5, S = 5");
+  BOOST_TEST(message([] { ag::sdpa_path(2, 2, {.attn_mask = ag::zeros({2, 2}, ag::Dtype::Int64)}); }).find(
+                 "sdpa_path: attn_mask is Int64") == 0u);
+  BOOST_TEST(message([] {
+               ag::sdpa_path(1, 2, {.attn_mask = ag::tensor({0.0, std::numeric_limits<double>::infinity()}, {1, 2})});
+             }) == "sdpa_path: attn_mask of shape [1, 2] holds +inf at index [0, 1]; it may hold finite numbers and -inf "
+                   "(blocked)");
+  BOOST_TEST(message([] { ag::sdpa_path(4, 2, {.attn_mask = ag::zeros({1, 2})}); }) == "(no exception)");
   // and the ops give the same verdict on the same arguments
   Inputs in(3);
   BOOST_TEST(message([&] { ag::scaled_dot_product_attention(in.q, in.k, in.v, {.dropout_p = 2.0}); }) ==

@@ -774,3 +774,30 @@ BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
   BOOST_TEST((out32.dtype() == ag::Dtype::Float32));
   BOOST_TEST(max_abs_diff(out32.to(F64), out64) < 1e-5);
 }
+
+BOOST_AUTO_TEST_CASE(scores_that_overflow_from_finite_inputs_are_refused_on_the_composed_core) {
+  ag::Generator gen(2);
+  nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions{.embed_dim = 8, .num_heads = 2, .dtype = ag::Dtype::Float64},
+                             gen);
+  mha.set_core(AttentionCore::Composed);
+  const ag::Tensor x = ag::mul(ag::randn({1, 3, 8}, ag::Dtype::Float64, gen), 1e156);  // q·kᵀ beyond float64
+  test_support::check_message([&] { (void)mha.forward(x); },
+                              "MultiHeadAttention: the scores overflowed Float64 on the composed core: a product q·kᵀ");
+  // A hook's own infinite scores are the user's: they pass as they are (NaN weights, no refusal).
+  const ag::Tensor small = ag::randn({1, 3, 8}, ag::Dtype::Float64, gen);
+  const auto handle = mha.add_hook("raw_scores", [](const ag::Tensor& v, const std::string&) {
+    return ag::add(ag::mul(v, 0.0), std::numeric_limits<double>::infinity());
+  });
+  BOOST_TEST(!test_support::all_finite(mha.forward(small, small, small).weights));
+}
+
+BOOST_AUTO_TEST_CASE(a_tiny_nonzero_key_padding_entry_pads_in_a_float32_layer_too) {
+  // 1e-320 is nonzero (padding) as a float64, though it would round to 0 as a float32.
+  ag::Generator gen(5);
+  nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions{.embed_dim = 4, .num_heads = 2}, gen);
+  const ag::Tensor x = ag::randn({1, 3, 4}, ag::Dtype::Float32, gen);
+  nn::AttentionOptions ao;
+  ao.key_padding_mask = ag::tensor({0.0, 1e-320, 0.0}, {1, 3}, F64);
+  const std::vector<double> w = mha.forward(x, x, x, ao).weights.to_vector();  // (1, 3, 3), averaged
+  for (std::size_t t = 0; t < 3; ++t) BOOST_TEST(w[t * 3 + 1] == 0.0, "query " << t);
+}

@@ -64,8 +64,10 @@ BOOST_AUTO_TEST_CASE(gradgradcheck_refuses_bad_options_before_running_the_functi
     return ag::sum(ag::mul(ag::mul(in[0], in[0]), in[0]));
   };
   const std::vector<std::pair<ag::GradcheckOptions, std::string>> cases = {
-      {{.eps = 0.0}, "gradgradcheck: eps must be positive, got 0"},
-      {{.eps = -1e-6}, "gradgradcheck: eps must be positive, got -1e-06"},
+      {{.eps = 0.0}, "gradgradcheck: eps must be positive and finite, got 0"},
+      {{.eps = -1e-6}, "gradgradcheck: eps must be positive and finite, got -1e-06"},
+      {{.eps = kInf}, "gradgradcheck: eps must be positive and finite, got inf"},
+      {{.max_full_jacobian = -1}, "gradgradcheck: max_full_jacobian must not be negative, got -1"},
       {{.atol = -1.0}, "gradgradcheck: atol and rtol must be finite and >= 0, got atol = -1, rtol = 1e-06"},
       {{.rtol = kNaN}, "gradgradcheck: atol and rtol must be finite and >= 0"},
       {{.num_projections = -2}, "gradgradcheck: num_projections must not be negative, got -2"},

@@ -110,6 +110,40 @@ BOOST_AUTO_TEST_CASE(layer_norm_with_eps_zero_refuses_a_constant_row_with_and_wi
   BOOST_TEST(test_support::all_finite(ln(ag::narrow(x, 0, 0, 1))));
 }
 
+BOOST_AUTO_TEST_CASE(layer_norm_with_a_scale_hook_equals_the_plain_layer_on_rows_far_from_one) {
+  // The hooked form is composed from ops; rows whose squares overflow or underflow the dtype must
+  // still give the plain layer's values and gradients (rows {1, -2, 3, 0.5}·m).
+  const std::vector<std::pair<ag::Dtype, double>> cases = {
+      {F64, 1e154}, {F64, 1e300}, {F64, 1e-200}, {ag::Dtype::Float32, 1.8e19}, {ag::Dtype::Float32, 1e38},
+      {ag::Dtype::Float32, 1e-30}, {F64, 1.0}};
+  for (const auto& [dtype, m] : cases) {
+    BOOST_TEST_CONTEXT(ag::dtype_name(dtype) << ", m = " << m) {
+      nn::LayerNorm ln(nn::LayerNormOptions{.normalized_shape = {4}, .dtype = dtype});
+      const std::vector<double> row = {1.0 * m, -2.0 * m, 3.0 * m, 0.5 * m};
+      ag::Tensor x = ag::tensor(row, {1, 4}, dtype).requires_grad_();
+      const ag::Tensor w = ag::tensor({0.3, -1.0, 2.0, 0.7}, {1, 4}, dtype);
+      const ag::Tensor plain = ln(x);
+      const ag::Tensor plain_grad = ag::grad({ag::sum(ag::mul(plain, w))}, {x})[0];
+      const auto handle = ln.add_hook("scale", [](const ag::Tensor& v, const std::string&) { return v; });
+      const ag::Tensor hooked = ln(x);
+      const ag::Tensor hooked_grad = ag::grad({ag::sum(ag::mul(hooked, w))}, {x})[0];
+      const double tol = dtype == F64 ? 1e-12 : 1e-5;
+      test_support::check_values(hooked, {1, 4}, plain.to_vector(), tol);
+      const std::vector<double> g = plain_grad.to_vector();
+      BOOST_TEST(test_support::all_finite(hooked_grad));
+      const double gscale = std::abs(g[0]) + std::abs(g[1]) + std::abs(g[2]) + std::abs(g[3]);
+      for (std::size_t i = 0; i < 4; ++i)
+        BOOST_TEST(std::abs(hooked_grad.to_vector()[i] - g[i]) <= tol * gscale, "element " << i);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_float32_layer_norm_refuses_an_eps_that_rounds_to_zero) {
+  check_message([] { nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {4}, .eps = 1e-46}); },
+                "LayerNorm: eps = 1e-46 is 0 in Float32");
+  nn::LayerNorm ok(nn::LayerNormOptions{.normalized_shape = {4}, .eps = 1e-46, .dtype = F64});  // float64 holds it
+}
+
 // ---- Embedding ----
 
 BOOST_AUTO_TEST_CASE(embedding_returns_the_rows_of_its_table) {

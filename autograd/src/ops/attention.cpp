@@ -157,9 +157,9 @@ void check_output_finite(std::string_view op, const Tensor& output, const Operan
   if (all_finite(output)) return;
   for (const Tensor* t : {&in.q, &in.k, &in.v})
     if (t->defined() && !all_finite(*t)) return;  // NaN or inf in, NaN out, as in PyTorch
-  fail(op, "the scaled scores overflowed {}: q, k and v are finite, but a score q·kᵀ·scale (scale = {}) is not, "
+  fail(op, "the scaled scores overflowed {}: q, k and v are finite, but a score q·kᵀ·scale{} (scale = {}) is not, "
        "so the softmax would be NaN; use smaller inputs or a smaller scale (the default is 1/sqrt(d_k))",
-       dtype_name(output.dtype()), scale);
+       dtype_name(output.dtype()), in.mask.defined() ? " + attn_mask" : "", scale);
 }
 
 // ---- the op ----
@@ -218,6 +218,16 @@ SdpaPath sdpa_path(std::int64_t T, std::int64_t S, const SdpaOptions& options) {
   if (!std::isfinite(options.scale)) fail("sdpa_path", "scale must be finite, got {}", options.scale);
   if (!(options.dropout_p >= 0.0 && options.dropout_p <= 1.0))
     fail("sdpa_path", "dropout_p must be in [0, 1], got {}", options.dropout_p);
+  if (const Tensor& mask = options.attn_mask; mask.defined()) {  // what the ops check of it without B and H
+    const Shape& ms = mask.shape();
+    const std::size_t r = ms.size();
+    if (r > 4 || (r >= 1 && ms[r - 1] != S && ms[r - 1] != 1) || (r >= 2 && ms[r - 2] != T && ms[r - 2] != 1))
+      fail("sdpa_path", "attn_mask of shape {} does not broadcast to (B, H, T, S) with T = {}, S = {}", shape_str(ms),
+           T, S);
+    if (!is_floating(mask.dtype()))
+      fail("sdpa_path", "attn_mask is {}: the ops take an additive float mask (-inf blocks)", dtype_name(mask.dtype()));
+    check_mask_values("sdpa_path", mask);
+  }
   // (T·S formed without overflow: an empty slice with huge T and S does not wrap.)
   const std::int64_t min_scores = sdpa::flash_tiles().min_tiled_scores;
   const bool large = min_scores <= 0 || (T > 0 && S >= (min_scores + T - 1) / T);
