@@ -101,9 +101,20 @@ bool bounded(const ag::Tensor& t, bool all) {
   return ok;
 }
 
-// The composed core's scores overflowed the dtype from finite values: refused, rather than a NaN
-// softmax (the fused ops refuse the same). qk is q·kᵀ before its hook, raw after it, scaled the
-// scores before theirs; a hook's own non-finite values pass as they are.
+// Whether the sum of t's elements is finite (one vectorised pass): for softmax weights, in [0, 1],
+// exactly when none is NaN.
+bool finite_sum(const ag::Tensor& t) {
+  bool ok = true;
+  ag::dispatch(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    ok = std::isfinite(t.as_array<T>().sum());
+  });
+  return ok;
+}
+
+// Called when the softmax gave NaN: refused when the scores overflowed the dtype from finite
+// values, rather than returned (the fused ops refuse the same). qk is q·kᵀ before its hook, raw
+// after it, scaled the scores before theirs; a hook's own non-finite values pass as they are.
 void check_scores(const ag::Tensor& q, const ag::Tensor& k, const ag::Tensor& qk, const ag::Tensor& raw,
                   const ag::Tensor& scaled) {
   const char* what = nullptr;
@@ -124,10 +135,12 @@ CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::in
   const ag::Tensor raw_scores = at("raw_scores", qk);
   ag::Tensor attn_scores = raw_scores * scale;                      // (B, H, T, S')
   if (mask.defined()) attn_scores = attn_scores + mask;              // + the mask (broadcast); -inf blocks
-  check_scores(q, k, qk, raw_scores, attn_scores);
+  const ag::Tensor scaled = attn_scores;
   attn_scores = at("attn_scores", attn_scores);
   // A row whose scores are all -inf (every key blocked) gets zero weights and zero gradients.
-  const ag::Tensor pattern = at("pattern", ag::softmax(attn_scores, -1));  // (B, H, T, S'), rows sum to 1 (or 0)
+  const ag::Tensor weights = ag::softmax(attn_scores, -1);  // (B, H, T, S'), rows sum to 1 (or 0)
+  if (!finite_sum(weights)) check_scores(q, k, qk, raw_scores, scaled);
+  const ag::Tensor pattern = at("pattern", weights);
   const ag::Tensor dropped = dropout_p > 0.0 ? ag::dropout(pattern, dropout_p, true, gen) : pattern;
   const ag::Tensor z = at("z", ag::matmul(dropped, v));  // (B,H,T,S')·(B,H,S',d_k) = (B, H, T, d_k)
   const ag::Tensor concat = at("concat", merge_heads(z));  // (B, T, E)
