@@ -86,9 +86,6 @@ struct CoreResult {
   ag::Tensor weights;  // (B, H, T, S')
 };
 
-// The attention core written out as separate autograd ops: the readable reference that the
-// fused op is tested against. Each intermediate passes through its hook point `at`; fills
-// `study` with them when it is given.
 // Whether every element is finite (all = true), or below +inf and not NaN (all = false: -inf,
 // which the mask uses to block, allowed).
 bool bounded(const ag::Tensor& t, bool all) {
@@ -125,6 +122,9 @@ void check_scores(const ag::Tensor& q, const ag::Tensor& k, const ag::Tensor& qk
            "would be NaN; the inputs or the weights are too large", ag::dtype_name(qk.dtype()), what);
 }
 
+// The attention core written out as separate autograd ops: the readable reference that the
+// fused op is tested against. Each intermediate passes through its hook point `at`; fills
+// `study` with them when it is given.
 CoreResult compose_attention(const Projected& p, const ag::Tensor& mask, std::int64_t H, double dropout_p,
                              ag::Generator& gen, const Points& at, AttentionStudy* study) {
   const ag::Tensor q = at("q", split_heads(p.q, H));  // (B, H, T, d_k)

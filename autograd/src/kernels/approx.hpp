@@ -12,6 +12,11 @@
 
 namespace autograd::approx {
 
+// Beyond |x| = 40 gelu's curvature terms are exactly 0 in float32 and float64 (φ(40) = e^-800 and
+// 1 - tanh²(u) both round to 0), so its derivatives may take x clamped there (the kernel below and
+// the rules of ops/elementwise_unary.cpp).
+inline constexpr double kGeluFlat = 40.0;
+
 // y = x/2 · (1 + erf(x/√2)), n elements.
 void gelu_avx512(const float* x, float* y, std::int64_t n);
 void gelu_avx2(const float* x, float* y, std::int64_t n);

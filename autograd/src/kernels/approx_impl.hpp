@@ -66,12 +66,13 @@ inline __attribute__((always_inline)) typename W::R gelu_of(typename W::R v) {
 
 template <class W>
 inline __attribute__((always_inline)) typename W::R gelu_slope_of(typename W::R dy, typename W::R v) {
-  // dy·(1/2·(1 + erf(x·√½)) + (x·(1/√(2π)))·exp(-1/2·x²)), the second term at x clamped to ±40:
-  // exp clamps its argument, so exp(-1/2·x²) is ~3e-39, not 0, far out, and x times that would
-  // not vanish for |x| > 1e30; at ±40 the term is below 1e-37.
+  // dy·(1/2·(1 + erf(x·√½)) + (x·(1/√(2π)))·exp(-1/2·x²)), the second term at x clamped to
+  // ±kGeluFlat: exp clamps its argument, so exp(-1/2·x²) is ~3e-39, not 0, far out, and x times
+  // that would not vanish for |x| > 1e30; at ±40 the term is below 1e-37.
   using R = typename W::R;
   const R cdf = W::mul(W::set1(0.5f), W::add(W::set1(1.f), erf<W>(W::mul(v, W::set1(kSqrt1_2)))));
-  const R vc = W::max(W::min(v, W::set1(40.f)), W::set1(-40.f));
+  constexpr float flat = static_cast<float>(kGeluFlat);
+  const R vc = W::max(W::min(v, W::set1(flat)), W::set1(-flat));
   const R pdf = W::mul(W::mul(vc, W::set1(kInvSqrt2Pi)), exp<W>(W::mul(W::set1(-0.5f), W::mul(vc, vc))));
   return W::mul(dy, W::add(cdf, pdf));
 }

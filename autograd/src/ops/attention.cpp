@@ -99,6 +99,17 @@ void check_mask_values(std::string_view op, const Tensor& mask) {
   });
 }
 
+// An Int64 (boolean) mask is refused, saying what the ops take instead; q_dtype, when known,
+// is named as the dtype the float mask must have.
+void check_not_boolean(std::string_view op, const Tensor& mask, const Dtype* q_dtype) {
+  if (mask.dtype() != Dtype::Int64) return;
+  fail(op, "attn_mask is Int64: this op takes an additive float mask{} (a 0/1 mask converted with .to() "
+           "blocks nothing; the boolean form is nn::MultiHeadAttention's)",
+       q_dtype != nullptr ? fmt::format(" of q's dtype ({}; -inf blocks), e.g. masked_fill(zeros(shape), blocked, -inf)",
+                                        dtype_name(*q_dtype))
+                          : std::string(" (-inf blocks), e.g. masked_fill(zeros(shape), blocked, -inf)"));
+}
+
 // The mask broadcasts to (B, H, T, S) = target and has the dtype of q.
 void check_mask(std::string_view op, const Tensor& mask, const Shape& target, Dtype dtype) {
   const Shape& ms = mask.shape();
@@ -108,10 +119,7 @@ void check_mask(std::string_view op, const Tensor& mask, const Shape& target, Dt
     ok = ms[i] == want || ms[i] == 1;
   }
   if (!ok) fail(op, "attn_mask of shape {} does not broadcast to (B, H, T, S) = {}", shape_str(ms), shape_str(target));
-  if (mask.dtype() == Dtype::Int64)
-    fail(op, "attn_mask is Int64: this op takes an additive float mask of q's dtype ({}; -inf blocks), "
-             "e.g. masked_fill(zeros(shape), blocked, -inf) (a 0/1 mask converted with .to() blocks nothing; "
-             "the boolean form is nn::MultiHeadAttention's)", dtype_name(dtype));
+  check_not_boolean(op, mask, &dtype);
   if (mask.dtype() != dtype)
     fail(op, "attn_mask dtype {} differs from q's {}", dtype_name(mask.dtype()), dtype_name(dtype));
   check_mask_values(op, mask);
@@ -224,8 +232,7 @@ SdpaPath sdpa_path(std::int64_t T, std::int64_t S, const SdpaOptions& options) {
     if (r > 4 || (r >= 1 && ms[r - 1] != S && ms[r - 1] != 1) || (r >= 2 && ms[r - 2] != T && ms[r - 2] != 1))
       fail("sdpa_path", "attn_mask of shape {} does not broadcast to (B, H, T, S) with T = {}, S = {}", shape_str(ms),
            T, S);
-    if (!is_floating(mask.dtype()))
-      fail("sdpa_path", "attn_mask is {}: the ops take an additive float mask (-inf blocks)", dtype_name(mask.dtype()));
+    check_not_boolean("sdpa_path", mask, nullptr);
     check_mask_values("sdpa_path", mask);
   }
   // (T·S formed without overflow: an empty slice with huge T and S does not wrap.)

@@ -67,9 +67,7 @@ constexpr double kSqrt1_2 = 0.70710678118654752440;     // 1/√2
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/√(2π)
 constexpr double kSqrt2OverPi = 0.79788456080286535588; // √(2/π)
 constexpr double kGeluCubic = 0.044715;
-// Beyond |x| = 40 gelu's curvature terms are exactly 0 in float32 and float64 (φ(40) = e^-800 and
-// 1 - tanh²(u) both round to 0), so the derivatives may take x clamped there.
-constexpr double kGeluFlat = 40.0;
+using approx::kGeluFlat;
 
 // φ(x) = e^(-x²/2) / √(2π), from differentiable ops.
 Tensor normal_pdf(const Tensor& x) { return mul(exp(mul(square(x), -0.5)), kInvSqrt2Pi); }
