@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "per_example_capture.hpp"
@@ -73,30 +74,6 @@ double max_abs_t(const ag::Tensor& t) {
 double max_abs(const ag::Tensor& t) {
   if (!t.defined()) return 0.0;
   return t.dtype() == ag::Dtype::Float64 ? max_abs_t<double>(t) : max_abs_t<float>(t);
-}
-
-// a ≈ b to the dtype's tolerance of the larger magnitude (at least floor); an undefined tensor is zero.
-// One pass: the largest difference and the largest magnitude together.
-template <class T>
-bool close_t(const ag::Tensor& a, const ag::Tensor& b, double floor) {
-  const double tol = tolerance(a.defined() ? a.dtype() : b.dtype());
-  if (!a.defined() || !b.defined()) {
-    const double m = max_abs(a.defined() ? a : b);
-    return m <= tol * std::max(m, floor);
-  }
-  const T* pa = a.data<T>();
-  const T* pb = b.data<T>();
-  double diff = 0.0, scale = floor;
-  for (std::int64_t i = 0, n = a.numel(); i < n; ++i) {
-    const double x = static_cast<double>(pa[i]), y = static_cast<double>(pb[i]);
-    diff = std::max(diff, std::abs(x - y));
-    scale = std::max(scale, std::max(std::abs(x), std::abs(y)));
-  }
-  return diff <= tol * std::max(scale, 1e-300);
-}
-bool close(const ag::Tensor& a, const ag::Tensor& b, double floor) {
-  const ag::Dtype d = a.defined() ? a.dtype() : b.defined() ? b.dtype() : ag::Dtype::Float64;
-  return d == ag::Dtype::Float64 ? close_t<double>(a, b, floor) : close_t<float>(a, b, floor);
 }
 
 // The independence check at one output: weighted (seeded with c) = c_b · plain (seeded with ones), row by row
@@ -198,6 +175,35 @@ std::string unusable(const ParameterUse& u, std::int64_t B) {
   return {};
 }
 
+// The graph behind `losses`, walked once: its nodes, and for each leaf (by its impl) the nodes
+// that take it as an input directly (those with an edge into its AccumulateGrad).
+struct GraphUses {
+  std::unordered_map<const ag::TensorImpl*, std::vector<const ag::Node*>> consumers;
+  std::unordered_set<const ag::Node*> seen;
+};
+GraphUses graph_uses(const ag::Tensor& losses) {
+  GraphUses uses;
+  auto& [consumers, seen] = uses;
+  std::vector<const ag::Node*> stack;
+  if (const ag::Edge root = ag::gradient_edge(losses); root.valid() && !root.node->accumulates_into_leaf())
+    stack.push_back(root.node.get());
+  while (!stack.empty()) {
+    const ag::Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const ag::Edge& e : n->next_edges) {
+      if (!e.valid()) continue;
+      if (e.node->accumulates_into_leaf()) {
+        auto& list = consumers[static_cast<const ag::AccumulateGrad&>(*e.node).leaf().get()];
+        if (std::find(list.begin(), list.end(), n) == list.end()) list.push_back(n);
+      } else if (!seen.contains(e.node.get())) {
+        stack.push_back(e.node.get());
+      }
+    }
+  }
+  return uses;
+}
+
 struct ParamState {
   std::string name;
   ag::Tensor param;
@@ -291,11 +297,8 @@ PerExampleGrads per_example_gradients(Module& model, const ag::Tensor& batch, co
     for (ParamState& p : params)
       if (p.uses.empty()) p.reason = "no layer with a fast per-example form used it";
 
-    ag::TensorList inputs(outputs.begin(), outputs.end());
-    if (options.verify)
-      for (const ParamState& p : params) inputs.push_back(p.param);
-    if (!inputs.empty()) {
-      const ag::TensorList g = ag::grad({losses}, inputs,
+    if (!outputs.empty()) {
+      const ag::TensorList g = ag::grad({losses}, ag::TensorList(outputs.begin(), outputs.end()),
                                         {.grad_outputs = {ag::ones({B}, loss_dtype)}, .retain_graph = true,
                                          .allow_unused = true});
       const ag::NoGradGuard no_grad;
@@ -370,24 +373,38 @@ PerExampleGrads per_example_gradients(Module& model, const ag::Tensor& batch, co
                                         "that couples the batch)", ag::shape_str(u.y.shape()));
           }
         }
-        // Completeness: the fast gradients sum to the batch gradient, to the tolerance of the largest
-        // batch gradient element in the model (a gradient that is zero in exact arithmetic, as a key
-        // bias's is, is rounding noise on both sides).
-        double largest = 0.0;
-        for (std::size_t k = 0; k < params.size(); ++k) largest = std::max(largest, max_abs(g[outputs.size() + k]));
-        for (std::size_t k = 0; k < params.size(); ++k) {
-          ParamState& p = params[k];
-          const ag::Tensor& G = g[outputs.size() + k];
-          if (p.uses.empty() && !G.defined()) {  // the losses do not depend on it: every example's gradient is zero
-            p.reason.clear();
-            p.fast = ag::zeros(batched(B, p.param.shape()), p.param.dtype());
-            continue;
-          }
-          if (!p.reason.empty()) continue;
-          if (!close(ag::sum(p.fast, 0), G, largest))
-            p.reason = "the sum of its fast per-example gradients is not its batch gradient: it is also used "
-                       "outside the layers with a fast form (tied weights?)";
+      }
+    }
+    if (options.verify) {
+      // Completeness, from the graph: every node that takes the parameter as an input must be the
+      // node of one of its recorded uses, and every recorded use the losses reach must be such a
+      // node. A parameter the losses do not reach at all has a zero gradient for every example.
+      const GraphUses graph = graph_uses(losses);
+      for (ParamState& p : params) {
+        const auto it = graph.consumers.find(p.param.impl().get());
+        if (it == graph.consumers.end()) {
+          p.reason.clear();
+          p.fast = ag::zeros(batched(B, p.param.shape()), p.param.dtype());
+          continue;
         }
+        if (!p.reason.empty()) continue;
+        std::vector<const ag::Node*> use_nodes;
+        for (const std::size_t i : p.uses)
+          if (const ag::Edge e = ag::gradient_edge(capture.uses[i].y); e.valid()) use_nodes.push_back(e.node.get());
+        const auto among = [](const std::vector<const ag::Node*>& list, const ag::Node* n) {
+          return std::find(list.begin(), list.end(), n) != list.end();
+        };
+        const bool outside = std::any_of(it->second.begin(), it->second.end(),
+                                         [&](const ag::Node* n) { return !among(use_nodes, n); });
+        const bool lost = std::any_of(p.uses.begin(), p.uses.end(), [&](std::size_t i) {
+          const ag::Node* n = ag::gradient_edge(capture.uses[i].y).node.get();
+          return graph.seen.contains(n) && !among(it->second, n);
+        });
+        if (outside)
+          p.reason = "it is also used outside the layers with a fast form (tied weights?): the graph takes it "
+                     "as an input of another op";
+        else if (lost)
+          p.reason = "a layer recorded it, but the op that made that layer's output does not take it as an input";
       }
     }
   } else {

@@ -236,6 +236,57 @@ BOOST_AUTO_TEST_CASE(tied_embeddings_take_the_fallback_and_stay_right) {
   BOOST_TEST(compare(g, alone(model, x, y), &where) < 1e-12);
 }
 
+// x -> l1 -> l2, each example's loss its sum of squares plus a weight penalty on l1's weight (a
+// use of the weight outside its layer, in every example's loss); l3 is never used.
+class Penalised : public nn::Module {
+ public:
+  explicit Penalised(ag::Generator& gen) : nn::Module("Penalised") {
+    l1_ = register_module("l1", std::make_shared<nn::Linear>(nn::LinearOptions{3, 4, true, Dtype::Float64}, gen));
+    l2_ = register_module("l2", std::make_shared<nn::Linear>(nn::LinearOptions{4, 2, true, Dtype::Float64}, gen));
+    l3_ = register_module("l3", std::make_shared<nn::Linear>(nn::LinearOptions{2, 2, true, Dtype::Float64}, gen));
+  }
+  Tensor losses(const Tensor& x) const {
+    const Tensor fit = ag::sum(ag::square(l2_->forward(ag::tanh(l1_->forward(x)))), 1);  // (B)
+    return ag::add(fit, ag::mul(ag::sum(ag::square(l1_->weight())), 0.5));                // (B)
+  }
+
+ private:
+  std::shared_ptr<nn::Linear> l1_, l2_, l3_;
+};
+
+BOOST_AUTO_TEST_CASE(a_weight_used_outside_its_layer_takes_the_fallback_and_an_unused_one_is_zero) {
+  ag::Generator gen(18);
+  Penalised model(gen);
+  std::vector<double> v;
+  for (int i = 0; i < 15; ++i) v.push_back(std::cos(1.3 * i));
+  const Tensor x = ag::tensor(v, {5, 3}, Dtype::Float64);
+  const auto g = nn::per_example_gradients(model, x, [&](const Tensor& b) { return model.losses(b); });
+  for (const auto& f : g.fallback) BOOST_TEST_MESSAGE("fallback: " << f.name << ": " << f.reason);
+  BOOST_TEST(g.took_fallback("l1.weight"));
+  BOOST_TEST_REQUIRE(g.fallback.size() == 1u);
+  BOOST_TEST(g.fallback[0].reason.find("also used outside") != std::string::npos);
+  BOOST_TEST(!g.took_fallback("l3.weight"));
+  BOOST_TEST(worst(g["l3.weight"], ag::zeros({5, 2, 2}, Dtype::Float64)) == 0.0);
+  // Against each example alone.
+  ag::TensorList params;
+  for (auto& [name, p] : model.named_parameters()) params.push_back(p);
+  double w = 0.0;
+  for (std::int64_t b = 0; b < 5; ++b) {
+    const ag::TensorList want = ag::grad({ag::sum(model.losses(ag::narrow(x, 0, b, 1)))}, params, {.allow_unused = true});
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const Tensor got = ag::squeeze(ag::narrow(g.grads[k].second, 0, b, 1), 0);
+      w = std::max(w, worst(got, want[k].defined() ? want[k] : ag::zeros_like(got)));
+    }
+  }
+  BOOST_TEST(w < 1e-12);
+  // Without the checks the penalty's share is missed: the fast path alone is wrong here.
+  const auto unchecked = nn::per_example_gradients(model, x, [&](const Tensor& b) { return model.losses(b); },
+                                                   {.verify = false});
+  BOOST_TEST(!unchecked.took_fallback("l1.weight"));
+  const ag::TensorList want0 = ag::grad({ag::sum(model.losses(ag::narrow(x, 0, 0, 1)))}, params, {.allow_unused = true});
+  BOOST_TEST(worst(ag::squeeze(ag::narrow(unchecked["l1.weight"], 0, 0, 1), 0), want0[0]) > 1e-3);
+}
+
 // x -> l1 -> minus the batch mean (examples interact) -> l2 -> per-example sum of squares.
 class Mixing : public nn::Module {
  public:

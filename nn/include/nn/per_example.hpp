@@ -30,18 +30,19 @@
 //   - independence: a second backward, seeded with distinct weights c_b, must give c_b · gy[b]
 //     at every recorded output; a layer whose output gradient mixes examples (BatchNorm-like
 //     layers after it, a loss that couples examples) sends its parameters to the fallback.
-//   - completeness: Σ_b of the fast gradients must equal the batch gradient (computed in the
-//     same backward); a parameter also used outside the recorded layers (tied weights, e.g. an
-//     embedding reused as the unembedding) is sent to the fallback.
-//   Both compare to a relative tolerance, 1e-9 in Float64 and 1e-3 in Float32: of the largest
-//   magnitude compared (independence), of the largest batch gradient element of the whole model
-//   (completeness; a missed share smaller than that is not seen).
+//   - completeness, from the graph: every op that takes the parameter as an input must be one of
+//     its recorded layers' ops; a parameter also used outside them (tied weights, e.g. an
+//     embedding reused as the unembedding; a weight penalty added to each loss) is sent to the
+//     fallback. A parameter the losses do not reach gets zeros on the fast path.
+//   Independence compares to a relative tolerance of the largest magnitude compared, 1e-9 in
+//   Float64 and 1e-3 in Float32; completeness is exact (a walk over the graph's edges).
 //
 // Memory: the result holds B × (the model's parameter count) elements. The fast path also keeps,
 // until it returns, every recorded layer's input and output and the output's gradient (as a
 // training step keeps its activations, plus one gradient per recorded output; with verify, one
 // more), and the forward's graph (kept until the fallback, if any, is done).
-// Time: forward + one backward (+ a partial backward with verify) + the outer products; each
+// Time: forward + one backward to the recorded outputs (+ a second one with verify) + the outer
+// products; each
 // fallback parameter set adds B backwards of the whole graph.
 // Backward hooks (Module::add_backward_hook, Tensor::register_hook) on the model fire in every one
 // of those backwards: with verify, once more with the weighted seeds c_b; on the fallback, once per
