@@ -12,6 +12,10 @@ last position (what headgrad's TransformerLM::forward_last does; the same number
 
 Usage: python3 benchmarks/grokking_torch.py --ours build/examples/grokking/grokking [--p 113]
        [--train-fraction 0.3] [--steps 100] [--threads 1]
+       python3 benchmarks/grokking_torch.py --ours build/examples/grokking/grokking --steps 25000 --test-curve 500
+           torch alone (the "last" forward) from the example's initial weights and training pairs,
+           the whole run, printing step, test loss, test accuracy and train loss every 500 steps
+           (the test pairs are the others), to set beside the example's own --summary curve.
 """
 import argparse
 import json
@@ -66,6 +70,39 @@ def train(initial, tokens, labels, p, n_heads, steps, last_only, lr, wd, betas):
     return losses, time.perf_counter() - start
 
 
+def test_curve(initial, p, n_heads, steps, every, lr, wd, betas):
+    """Trains torch alone from `initial` and prints the test curve every `every` steps."""
+    rows = initial["data.train_indices"].long()
+    held = torch.ones(p * p, dtype=torch.bool)
+    held[rows] = False
+    test_rows = torch.arange(p * p)[held]
+
+    def pairs(r):
+        return torch.stack([r // p, r % p, torch.full_like(r, p)], dim=1), (r // p + r % p) % p
+
+    (tokens, labels), (test_tokens, test_labels) = pairs(rows), pairs(test_rows)
+    w = {k: v.clone() for k, v in initial.items() if not k.startswith("data.")}
+    trained = [v.requires_grad_(True) for k, v in w.items() if k.split(".")[-1].startswith("W_")]
+    opt = torch.optim.AdamW(trained, lr=lr, weight_decay=wd, betas=betas)
+    print("step\ttest_loss\ttest_accuracy\ttrain_loss", flush=True)
+    train_loss = float("nan")
+    for step in range(steps + 1):
+        if step % every == 0 or step == steps:
+            with torch.no_grad():
+                logits = model_forward(w, test_tokens, p, n_heads, True).to(torch.float64)
+                loss = torch.nn.functional.cross_entropy(logits, test_labels).item()
+                acc = (logits.argmax(1) == test_labels).double().mean().item()
+            print(f"{step}\t{loss:.4g}\t{acc:.4f}\t{train_loss:.3g}", flush=True)
+        if step == steps:
+            break
+        loss = torch.nn.functional.cross_entropy(model_forward(w, tokens, p, n_heads, True).to(torch.float64), labels)
+        train_loss = loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ours", required=True)
@@ -75,12 +112,15 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--float64", action="store_true", help="both sides in float64: the losses agree to rounding")
+    ap.add_argument("--test-curve", type=int, default=0, metavar="N",
+                    help="torch alone for --steps steps, the test curve every N steps (see above)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as d:
         weights, summary = os.path.join(d, "initial.safetensors"), os.path.join(d, "summary.json")
-        cmd = [a.ours, "--p", str(a.p), "--train-fraction", str(a.train_fraction), "--steps", str(a.steps),
-               "--eval-interval", "1", "--snapshot-interval", str(a.steps), "--seed", str(a.seed), "--threads",
+        ours_steps = 1 if a.test_curve else a.steps  # the curve needs only the initial weights
+        cmd = [a.ours, "--p", str(a.p), "--train-fraction", str(a.train_fraction), "--steps", str(ours_steps),
+               "--eval-interval", "1", "--snapshot-interval", str(ours_steps), "--seed", str(a.seed), "--threads",
                str(a.threads), "--save-initial", weights, "--summary", summary, "--quiet"]
         if a.float64:
             cmd.append("--float64")
@@ -89,12 +129,15 @@ def main():
         with open(summary) as f:
             s = json.load(f)
     p = a.p
+    cfg = s["config"]
+    if a.test_curve:
+        return test_curve(initial, p, cfg["n_heads"], a.steps, a.test_curve, cfg["lr"], cfg["weight_decay"],
+                          tuple(cfg["betas"]))
     rows = initial["data.train_indices"].long()
     tokens = torch.stack([rows // p, rows % p, torch.full_like(rows, p)], dim=1)
     labels = (rows // p + rows % p) % p
     ours_losses = [c["train_loss"] for c in s["curve"]][: a.steps]
     ours_sps = a.steps / s["train_seconds"]
-    cfg = s["config"]
     args = (p, cfg["n_heads"], a.steps)
     opt = dict(lr=cfg["lr"], wd=cfg["weight_decay"], betas=tuple(cfg["betas"]))
     full_losses, full_s = train(initial, tokens, labels, *args, last_only=False, **opt)
