@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from timing import calibrate
 
 SHAPES = [  # name, B, T, E, H, causal, group (as bench_common.hpp; `all` is the short group)
     ("seed", 1, 2, 4, 2, False, "short"),
@@ -158,18 +159,6 @@ def make_step(B, T, E, H, causal, dropout=0.0):
         out.sum().backward()
 
     return step
-
-
-def calibrate(f, min_time):
-    reps = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            f()
-        t = time.perf_counter() - t0
-        if t >= min_time or reps >= 1 << 24:
-            return max(1, int(round(min_time / (t / reps)))) if t > 0 else reps
-        reps *= 8 if t < min_time / 16 else 2
 
 
 def samples(f, reps, n, clock=time.perf_counter):

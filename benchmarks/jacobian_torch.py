@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from timing import calibrate, sample
 
 D, H = 64, 256  # bench_jacobian.cpp's kDim, kHidden
 
@@ -70,28 +71,6 @@ def make_bench(data, dtype, gelu):
 
     jacrev, jacfwd = torch.func.jacrev(block), torch.func.jacfwd(block)
     return (lambda: jacrev(x)), (lambda: jacfwd(x))
-
-
-def calibrate(f, min_time):
-    reps = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            f()
-        t = time.perf_counter() - t0
-        if t >= min_time or reps >= 1 << 24:
-            return max(1, int(round(min_time / (t / reps)))) if t > 0 else reps
-        reps *= 8 if t < min_time / 16 else 2
-
-
-def sample(f, reps):
-    """The median time of `reps` calls, each timed alone (as bench_common.hpp's sample)."""
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f()
-        t.append(time.perf_counter() - t0)
-    return statistics.median(t)
 
 
 def run_ours(binary, dtype, threads, n, min_time, gelu):

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from timing import calibrate, sample
 
 SHAPES = {  # name: B, T, E, H, causal (benchmarks/bench_common.hpp)
     "seed": (1, 2, 4, 2, False),
@@ -68,29 +69,6 @@ def make_bench(B, T, E, H, causal):
             return torch.autograd.grad(g, params, grad_outputs=v)
 
     return step, step_math, hvp
-
-
-def calibrate(f, min_time):
-    reps = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            f()
-        t = time.perf_counter() - t0
-        if t >= min_time or reps >= 1 << 24:
-            return max(1, int(round(min_time / (t / reps)))) if t > 0 else reps
-        reps *= 8 if t < min_time / 16 else 2
-
-
-def sample(f, reps, clock=time.perf_counter):
-    """The median time of `reps` calls, each timed alone (as bench_common.hpp's sample);
-    clock=time.process_time gives process CPU seconds (steadier on a loaded machine)."""
-    t = []
-    for _ in range(reps):
-        t0 = clock()
-        f()
-        t.append(clock() - t0)
-    return statistics.median(t)
 
 
 def run_ours(binary, shape, threads, n, min_time, core):

@@ -125,6 +125,13 @@ double compare(const nn::PerExampleGrads& g, const std::vector<ag::TensorList>& 
   return w;
 }
 
+// Five examples of three features, sin(step·i + phase) for i = 0 .. 14 (float64).
+Tensor wave(double step, double phase) {
+  std::vector<double> v;
+  for (int i = 0; i < 15; ++i) v.push_back(std::sin(step * i + phase));
+  return ag::tensor(v, {5, 3}, Dtype::Float64);
+}
+
 auto message_has(std::vector<std::string> parts) {
   return [parts](const std::exception& e) {
     const std::string m = e.what();
@@ -257,9 +264,7 @@ class Penalised : public nn::Module {
 BOOST_AUTO_TEST_CASE(a_weight_used_outside_its_layer_takes_the_fallback_and_an_unused_one_is_zero) {
   ag::Generator gen(18);
   Penalised model(gen);
-  std::vector<double> v;
-  for (int i = 0; i < 15; ++i) v.push_back(std::cos(1.3 * i));
-  const Tensor x = ag::tensor(v, {5, 3}, Dtype::Float64);
+  const Tensor x = wave(1.3, 0.5);
   const auto g = nn::per_example_gradients(model, x, [&](const Tensor& b) { return model.losses(b); });
   for (const auto& f : g.fallback) BOOST_TEST_MESSAGE("fallback: " << f.name << ": " << f.reason);
   BOOST_TEST(g.took_fallback("l1.weight"));
@@ -307,9 +312,7 @@ class Mixing : public nn::Module {
 BOOST_AUTO_TEST_CASE(examples_that_interact_take_the_fallback_where_needed) {
   ag::Generator gen(17);
   Mixing model(gen);
-  std::vector<double> v;
-  for (int i = 0; i < 15; ++i) v.push_back(std::sin(1.7 * i));
-  const Tensor x = ag::tensor(v, {5, 3}, Dtype::Float64);
+  const Tensor x = wave(1.7, 0.0);
   const auto loss = [&](const Tensor& batch) { return model.forward(batch); };
   const auto g = nn::per_example_gradients(model, x, loss);
   for (const auto& f : g.fallback) BOOST_TEST_MESSAGE("fallback: " << f.name << ": " << f.reason);

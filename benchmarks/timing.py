@@ -1,0 +1,29 @@
+"""Timing helpers the PyTorch-side benchmark scripts share, as bench_common.hpp's calibrate and
+sample do for ours: how many calls make one sample last `min_time` seconds, and the median of
+calls timed one by one."""
+import statistics
+import time
+
+
+def calibrate(f, min_time):
+    """The number of calls of f that take about min_time seconds (at least one)."""
+    reps = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            f()
+        t = time.perf_counter() - t0
+        if t >= min_time or reps >= 1 << 24:
+            return max(1, int(round(min_time / (t / reps)))) if t > 0 else reps
+        reps *= 8 if t < min_time / 16 else 2
+
+
+def sample(f, reps, clock=time.perf_counter):
+    """The median time of `reps` calls, each timed alone; clock=time.process_time gives process
+    CPU seconds (steadier on a loaded machine)."""
+    t = []
+    for _ in range(reps):
+        t0 = clock()
+        f()
+        t.append(clock() - t0)
+    return statistics.median(t)
