@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
 
   const BlockData data;
   if (!tsv) {
-    fmt::print("y = x + W2·gelu(W1·x + b1) + b2, x [{}], hidden {}, gelu {}; ag::jacobian with respect to x\n", kDim,
+    fmt::print("y = x + W2·gelu(W1·x + b1) + b2, x [{}], hidden {}, gelu {} (none: exact, erf; tanh: the approximation); ag::jacobian with respect to x\n", kDim,
                kHidden, gelu);
     fmt::print("{:<10} {:>7} {:>14} {:>14} {:>16}\n", "dtype", "threads", "reverse", "forward", "forward/reverse");
   }

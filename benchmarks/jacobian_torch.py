@@ -115,7 +115,7 @@ def main():
     else:
         data = own_data()
 
-    print(f"# torch {torch.__version__}; y = x + W2·gelu(W1·x + b1) + b2, x [{D}], hidden {H}, gelu {args.gelu}; "
+    print(f"# torch {torch.__version__}; y = x + W2·gelu(W1·x + b1) + b2, x [{D}], hidden {H}, gelu {args.gelu} (none: exact, erf; tanh: the approximation); "
           f"Jacobian with respect to x; wall-clock medians of interleaved samples", file=sys.stderr)
     if "J64_rev" in data:  # agreement, at one thread
         torch.set_num_threads(1)

@@ -20,6 +20,14 @@ namespace ag = autograd;
 
 constexpr std::int64_t kVocab = 16, kT = 8, kE = 32, kH = 4, kHead = 2, kQuery = 5;
 
+// Hooks that stay for one scope: removed when it ends, also by an exception.
+struct ScopedHooks {
+  std::vector<nn::HookHandle> handles;
+  ~ScopedHooks() {
+    for (auto& h : handles) h.remove();
+  }
+};
+
 double max_abs_diff(const ag::Tensor& a, const ag::Tensor& b) {
   const std::vector<double> x = a.to_vector(), y = b.to_vector();
   double d = x.size() == y.size() ? 0.0 : INFINITY;
@@ -39,33 +47,31 @@ int main() {
     ok = ok && pass;
   };
 
-  // The residual stream entering layer 1 and layer 1's pattern, read at their hook points.
-  ag::Tensor resid, pattern;
+  // The residual stream entering layer 1, (1, T, E), and layer 1's pattern, (1, H, T, T).
+  const ag::Tensor resid = model.residual_at(tokens, 1);
+  ag::Tensor pattern;
   {
     const ag::NoGradGuard no_grad;
-    nn::HookHandle a = model.add_hook("blocks.1.resid_pre", [&](const ag::Tensor& x, const std::string&) {
-      resid = x.clone();  // (1, T, E)
+    const ScopedHooks hooks{{model.add_hook("blocks.1.attn.pattern", [&](const ag::Tensor& p, const std::string&) {
+      pattern = p.clone();
       return ag::Tensor();
-    });
-    nn::HookHandle b = model.add_hook("blocks.1.attn.pattern", [&](const ag::Tensor& p, const std::string&) {
-      pattern = p.clone();  // (1, H, T, T)
-      return ag::Tensor();
-    });
+    })}};
     model.forward(tokens);
-    a.remove(), b.remove();
   }
 
   // resid ↦ z of layer 1's head kHead at position kQuery, (d_head): the residual stream is
-  // replaced by the function's argument and z read where the head forms it.
+  // replaced by the function's argument and z read where the head forms it. (Hook handles are
+  // not RAII: ScopedHooks removes them also when forward throws.)
   const auto head_z = [&](const std::vector<ag::Tensor>& in) {
     ag::Tensor z;
-    nn::HookHandle put = model.add_hook("blocks.1.resid_pre", [&](const ag::Tensor&, const std::string&) { return in[0]; });
-    nn::HookHandle read = model.add_hook("blocks.1.attn.z", [&](const ag::Tensor& v, const std::string&) {
-      z = v;  // (1, H, T, d_head)
-      return ag::Tensor();
-    });
+    const ScopedHooks hooks{{
+        model.add_hook("blocks.1.resid_pre", [&](const ag::Tensor&, const std::string&) { return in[0]; }),
+        model.add_hook("blocks.1.attn.z", [&](const ag::Tensor& v, const std::string&) {
+          z = v;  // (1, H, T, d_head)
+          return ag::Tensor();
+        }),
+    }};
     model.forward(tokens);
-    put.remove(), read.remove();
     return ag::reshape(ag::narrow(ag::narrow(z, 1, kHead, 1), 2, kQuery, 1), {-1});
   };
   const ag::Tensor J = ag::jacobian(head_z, {resid})[0];  // (d_head, 1, T, E)
@@ -93,7 +99,8 @@ int main() {
   }
   check(causal, "the positions after the query have a Jacobian of exactly zero");
 
-  // Each example's gradient: six sequences, the fourth a copy of the first.
+  // Each example's gradient of its mean next-token loss: six sequences, the fourth a copy of
+  // the first; the targets are the tokens shifted by one (the last wraps to the first).
   ag::Tensor batch = ag::randint(0, kVocab, {6, kT}, gen);
   batch = ag::cat({ag::narrow(batch, 0, 0, 3), ag::narrow(batch, 0, 0, 1), ag::narrow(batch, 0, 4, 2)}, 0);
   const ag::Tensor targets = ag::cat({ag::narrow(batch, 1, 1, kT - 1), ag::narrow(batch, 1, 0, 1)}, 1);
