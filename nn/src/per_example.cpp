@@ -176,7 +176,7 @@ std::string unusable(const ParameterUse& u, std::int64_t B) {
 }
 
 // The graph behind `losses`, walked once: its nodes, and for each leaf (by its impl) the nodes
-// that take it as an input directly (those with an edge into its AccumulateGrad).
+// that take it as an input directly, once per edge into its AccumulateGrad.
 struct GraphUses {
   std::unordered_map<const ag::TensorImpl*, std::vector<const ag::Node*>> consumers;
   std::unordered_set<const ag::Node*> seen;
@@ -194,8 +194,8 @@ GraphUses graph_uses(const ag::Tensor& losses) {
     for (const ag::Edge& e : n->next_edges) {
       if (!e.valid()) continue;
       if (e.node->accumulates_into_leaf()) {
-        auto& list = consumers[static_cast<const ag::AccumulateGrad&>(*e.node).leaf().get()];
-        if (std::find(list.begin(), list.end(), n) == list.end()) list.push_back(n);
+        // One entry per edge: a node that takes the leaf twice (a layer run on its own weight) is listed twice.
+        consumers[static_cast<const ag::AccumulateGrad&>(*e.node).leaf().get()].push_back(n);
       } else if (!seen.contains(e.node.get())) {
         stack.push_back(e.node.get());
       }
@@ -281,6 +281,11 @@ PerExampleGrads per_example_gradients(Module& model, const ag::Tensor& batch, co
         if (!why.empty() && p->reason.empty()) p->reason = why;
       }
     }
+    // A gradient hook on the parameter (register_hook) sees what reaches the parameter: the fast
+    // path never forms that, so the hook would not run.
+    for (ParamState& p : params)
+      if (p.reason.empty() && !p.param.impl()->leaf_hooks.empty())
+        p.reason = "it has a gradient hook (register_hook), which would see its batch gradient, not each example's";
     // The outputs whose gradients are needed, each once (linear_cat's three weights share one).
     std::vector<ag::Tensor> outputs;
     std::unordered_map<const ag::TensorImpl*, std::size_t> output_of;
@@ -388,21 +393,28 @@ PerExampleGrads per_example_gradients(Module& model, const ag::Tensor& batch, co
           continue;
         }
         if (!p.reason.empty()) continue;
+        // The edges the recorded uses account for: one per role (weight, bias) in each use's node.
         std::vector<const ag::Node*> use_nodes;
-        for (const std::size_t i : p.uses)
-          if (const ag::Edge e = ag::gradient_edge(capture.uses[i].y); e.valid()) use_nodes.push_back(e.node.get());
-        const auto among = [](const std::vector<const ag::Node*>& list, const ag::Node* n) {
-          return std::find(list.begin(), list.end(), n) != list.end();
+        for (const std::size_t i : p.uses) {
+          const ParameterUse& u = capture.uses[i];
+          const ag::Edge e = ag::gradient_edge(u.y);
+          if (!e.valid()) continue;
+          if (owner(u.weight) == &p) use_nodes.push_back(e.node.get());
+          if (owner(u.bias) == &p) use_nodes.push_back(e.node.get());
+        }
+        const auto count = [](const std::vector<const ag::Node*>& list, const ag::Node* n) {
+          return std::count(list.begin(), list.end(), n);
         };
-        const bool outside = std::any_of(it->second.begin(), it->second.end(),
-                                         [&](const ag::Node* n) { return !among(use_nodes, n); });
+        const bool outside = std::any_of(it->second.begin(), it->second.end(), [&](const ag::Node* n) {
+          return count(it->second, n) != count(use_nodes, n);
+        });
         const bool lost = std::any_of(p.uses.begin(), p.uses.end(), [&](std::size_t i) {
           const ag::Node* n = ag::gradient_edge(capture.uses[i].y).node.get();
-          return graph.seen.contains(n) && !among(it->second, n);
+          return graph.seen.contains(n) && count(it->second, n) == 0;
         });
         if (outside)
           p.reason = "it is also used outside the layers with a fast form (tied weights?): the graph takes it "
-                     "as an input of another op";
+                     "as an input of another op, or of its layer's op in another place";
         else if (lost)
           p.reason = "a layer recorded it, but the op that made that layer's output does not take it as an input";
       }

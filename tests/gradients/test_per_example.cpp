@@ -1,7 +1,8 @@
 // nn::per_example_gradients: each example's gradient of every parameter equals a backward of that
 // example's loss alone (the model run on that example only), on the fast path and on the fallback;
-// the per-example gradients sum to the batch gradient; tied weights and examples that interact take
-// the fallback and stay right; bad requests are refused naming the function and the shapes.
+// the per-example gradients sum to the batch gradient; tied weights, a hooked weight, a weight used
+// outside its layer and examples that interact take the fallback and stay right; bad requests are
+// refused naming the function and the shapes.
 #define BOOST_TEST_MODULE per_example
 #include <boost/test/unit_test.hpp>
 
@@ -290,6 +291,30 @@ BOOST_AUTO_TEST_CASE(a_weight_used_outside_its_layer_takes_the_fallback_and_an_u
   BOOST_TEST(!unchecked.took_fallback("l1.weight"));
   const ag::TensorList want0 = ag::grad({ag::sum(model.losses(ag::narrow(x, 0, 0, 1)))}, params, {.allow_unused = true});
   BOOST_TEST(worst(ag::squeeze(ag::narrow(unchecked["l1.weight"], 0, 0, 1), 0), want0[0]) > 1e-3);
+}
+
+// A Linear(3, 3) whose weight has a gradient hook, or that also runs on its own weight (the
+// weight's rows as three more inputs, one per example of a batch of three).
+BOOST_AUTO_TEST_CASE(a_hooked_weight_and_a_layer_run_on_its_own_weight_take_the_fallback) {
+  ag::Generator gen(19);
+  for (const bool on_itself : {false, true}) {
+    BOOST_TEST_CONTEXT((on_itself ? "run on its own weight" : "hooked weight")) {
+      nn::Linear lin(nn::LinearOptions{3, 3, true, Dtype::Float64}, gen);
+      if (!on_itself) lin.weight().register_hook([](const Tensor& g) { return ag::mul(g, 2.0); });
+      const auto losses = [&](const Tensor& b) {
+        Tensor y = lin.forward(b);                                       // (3, 3)
+        if (on_itself) y = ag::add(y, lin.forward(lin.weight()));        // row b: example b's
+        return ag::sum(ag::square(ag::tanh(y)), 1);                      // (3)
+      };
+      const Tensor x = ag::narrow(wave(0.9, 0.2), 0, 0, 3);
+      const auto g = nn::per_example_gradients(lin, x, losses);
+      for (const auto& f : g.fallback) BOOST_TEST_MESSAGE("fallback: " << f.name << ": " << f.reason);
+      BOOST_TEST(g.took_fallback("weight"));
+      BOOST_TEST(!g.took_fallback("bias"));
+      const auto ref = nn::per_example_gradients(lin, x, losses, {.method = nn::PerExampleMethod::Fallback});
+      for (std::size_t k = 0; k < g.grads.size(); ++k) BOOST_TEST(worst(g.grads[k].second, ref.grads[k].second) < 1e-12);
+    }
+  }
 }
 
 // x -> l1 -> minus the batch mean (examples interact) -> l2 -> per-example sum of squares.

@@ -30,12 +30,17 @@
 //   - independence: a second backward, seeded with distinct weights c_b, must give c_b · gy[b]
 //     at every recorded output; a layer whose output gradient mixes examples (BatchNorm-like
 //     layers after it, a loss that couples examples) sends its parameters to the fallback.
-//   - completeness, from the graph: every op that takes the parameter as an input must be one of
-//     its recorded layers' ops; a parameter also used outside them (tied weights, e.g. an
-//     embedding reused as the unembedding; a weight penalty added to each loss) is sent to the
-//     fallback. A parameter the losses do not reach gets zeros on the fast path.
+//   - completeness, from the graph: every edge into the parameter must be its weight or bias
+//     place in one of its recorded layers' ops; a parameter also used outside them (tied
+//     weights, e.g. an embedding reused as the unembedding; a weight penalty added to each loss;
+//     a layer run on its own weight) is sent to the fallback. A parameter the losses do not reach
+//     gets zeros on the fast path.
 //   Independence compares to a relative tolerance of the largest magnitude compared, 1e-9 in
-//   Float64 and 1e-3 in Float32; completeness is exact (a walk over the graph's edges).
+//   Float64 and 1e-3 in Float32; it is one projection with fixed weights c_b, so a coupling
+//   built to cancel along exactly those weights passes it. Completeness is exact (a walk over
+//   the graph's edges).
+// A parameter with a gradient hook (Tensor::register_hook) takes the fallback, checks or not:
+// the hook sees what reaches the parameter, which the fast path never forms.
 //
 // Memory: the result holds B × (the model's parameter count) elements. The fast path also keeps,
 // until it returns, every recorded layer's input and output and the output's gradient (as a
