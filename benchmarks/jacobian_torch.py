@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from timing import calibrate, sample
+from timing import calibrate, ours_samples, sample
 
 D, H = 64, 256  # bench_jacobian.cpp's kDim, kHidden
 
@@ -76,12 +76,7 @@ def make_bench(data, dtype, gelu):
 def run_ours(binary, dtype, threads, n, min_time, gelu):
     cmd = [binary, "--tsv", "--dtypes", dtype, "--threads", str(threads), "--samples", str(n),
            "--min-time", str(min_time), "--gelu", gelu]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        f = line.split("\t")
-        if f[0] == "ours" and f[1] == dtype:
-            return [[float(s) for s in f[i].split(",")] for i in (5, 6)]
-    raise RuntimeError(f"no result from {' '.join(cmd)}:\n{out}")
+    return ours_samples(cmd, dtype, (5, 6))
 
 
 def us(t):

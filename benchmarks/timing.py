@@ -1,7 +1,8 @@
 """Timing helpers the PyTorch-side benchmark scripts share, as bench_common.hpp's calibrate and
-sample do for ours: how many calls make one sample last `min_time` seconds, and the median of
-calls timed one by one."""
+sample do for ours: how many calls make one sample last `min_time` seconds, the median of calls
+timed one by one, and our benchmark's samples read from its --tsv lines."""
 import statistics
+import subprocess
 import time
 
 
@@ -27,3 +28,14 @@ def sample(f, reps, clock=time.perf_counter):
         f()
         t.append(clock() - t0)
     return statistics.median(t)
+
+
+def ours_samples(cmd, key, columns):
+    """Runs one of our benchmarks (cmd, with --tsv) and returns, from its line "ours<TAB>key<TAB>...",
+    the comma-separated samples of each of `columns` (field indices) as lists of floats."""
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        f = line.split("\t")
+        if f[0] == "ours" and f[1] == key:
+            return [[float(s) for s in f[i].split(",")] for i in columns]
+    raise RuntimeError(f"no result from {' '.join(cmd)}:\n{out}")

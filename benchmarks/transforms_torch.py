@@ -20,10 +20,9 @@ Each row is given twice: wall-clock medians and process-CPU-time medians.
 """
 import argparse
 import statistics
-import subprocess
 import sys
 import time
-from timing import calibrate, sample
+from timing import calibrate, ours_samples, sample
 
 SHAPES = {  # name: B, T, E, H, causal (benchmarks/bench_common.hpp)
     "seed": (1, 2, 4, 2, False),
@@ -68,12 +67,7 @@ def make_bench(B, T, E, H, causal):
 def run_ours(binary, shape, threads, n, min_time):
     cmd = [binary, "--tsv", "--shapes", shape, "--threads", str(threads), "--samples", str(n),
            "--min-time", str(min_time)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        f = line.split("\t")
-        if f[0] == "ours" and f[1] == shape:
-            return [[float(s) for s in f[i].split(",")] for i in (5, 6, 9, 10)]
-    raise RuntimeError(f"no result from {' '.join(cmd)}:\n{out}")
+    return ours_samples(cmd, shape, (5, 6, 9, 10))
 
 
 def us(t):

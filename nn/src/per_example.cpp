@@ -381,9 +381,9 @@ PerExampleGrads per_example_gradients(Module& model, const ag::Tensor& batch, co
       }
     }
     if (options.verify) {
-      // Completeness, from the graph: every node that takes the parameter as an input must be the
-      // node of one of its recorded uses, and every recorded use the losses reach must be such a
-      // node. A parameter the losses do not reach at all has a zero gradient for every example.
+      // Completeness, from the graph: each node takes the parameter as an input exactly as many
+      // times as its recorded uses there name it (weight, bias), and every recorded use the losses
+      // reach is such a node. A parameter the losses do not reach has a zero gradient for every example.
       const GraphUses graph = graph_uses(losses);
       for (ParamState& p : params) {
         const auto it = graph.consumers.find(p.param.impl().get());

@@ -349,7 +349,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
   keep_eigen_single_threaded();
   // A few rows of C against a transposed B (a vector's backward through a linear, gy·W): dot
   // products along K, before libxsmm, whose copy of B would cost more than the product.
-  if (alpha != T(0) && nt_kernel_fits(trans_a, trans_b, M, N, K) &&
+  if (nt_kernel_fits(trans_a, trans_b, M, N, K) &&
       small_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
     return;
   // libxsmm generates code for the CPU it finds, like the BLAS; HEADGRAD_ISA=generic (no vector
