@@ -139,6 +139,14 @@ std::vector<Product> products() {
   add_linear(v, "gpt mlp2", rows, 4 * E, E, false);
   add_linear(v, "gpt head", rows, E, 65, false);
   add_heads(v, "gpt", 64, E / 4, E, false);
+  // examples/grokking's full batch: 3,831 training pairs of 3 tokens, d_model 128, MLP 512, p = 113;
+  // the keys and values at every position, the rest at the last one only.
+  const I pairs = 3831;
+  add_linear(v, "grok qkv", 3 * pairs, E, 3 * E, false);
+  add_linear(v, "grok out", pairs, E, E, false);
+  add_linear(v, "grok mlp1", pairs, E, 4 * E, false);
+  add_linear(v, "grok mlp2", pairs, 4 * E, E, false);
+  add_linear(v, "grok unembed", pairs, E, 113, false);
   return v;
 }
 

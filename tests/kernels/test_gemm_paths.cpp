@@ -290,3 +290,94 @@ BOOST_AUTO_TEST_CASE(the_avx512_and_avx2_kernels_give_the_same_bits) {
   check_variants_agree<float>("float32");
   check_variants_agree<double>("float64");
 }
+
+namespace {
+
+// op(A)·op(B) and Σ|a·b| in long double for every element of C, computed once for a shape and
+// its operands, to check several alpha and beta against (the large products below).
+struct Sums {
+  std::vector<long double> s, abs;
+};
+
+template <class T>
+Sums sums_of(const Case& c, const Operands<T>& o) {
+  Sums r{std::vector<long double>(static_cast<std::size_t>(c.M * c.N)), std::vector<long double>(static_cast<std::size_t>(c.M * c.N))};
+  for (std::int64_t i = 0; i < c.M; ++i)
+    for (std::int64_t j = 0; j < c.N; ++j) {
+      long double s = 0, abs_sum = 0;
+      for (std::int64_t k = 0; k < c.K; ++k) {
+        const long double p = static_cast<long double>(c.ta ? o.a[k * o.lda + i] : o.a[i * o.lda + k]) *
+                              static_cast<long double>(c.tb ? o.b[j * o.ldb + k] : o.b[k * o.ldb + j]);
+        s += p;
+        abs_sum += std::fabs(p);
+      }
+      r.s[i * c.N + j] = s;
+      r.abs[i * c.N + j] = abs_sum;
+    }
+  return r;
+}
+
+// worst_excess with the sums given.
+template <class T>
+double worst_excess_of(const Case& c, const Operands<T>& o, const Sums& sums, const std::vector<T>& got) {
+  const long double u = std::numeric_limits<T>::epsilon() / 2, alpha = c.alpha, beta = c.beta;
+  double worst = 0;
+  for (std::int64_t i = 0; i < c.M; ++i) {
+    for (std::int64_t j = 0; j < c.N; ++j) {
+      const long double c0 = c.beta == 0 ? 0.0L : static_cast<long double>(o.c0[i * o.ldc + j]);
+      const long double want = alpha * sums.s[i * c.N + j] + beta * c0;
+      const long double bound =
+          (c.K + 3) * u * (std::fabs(alpha) * sums.abs[i * c.N + j] + std::fabs(beta * c0)) + std::numeric_limits<T>::min();
+      const long double err = std::fabs(static_cast<long double>(got[i * o.ldc + j]) - want);
+      worst = std::max(worst, std::isnan(static_cast<double>(err)) ? std::numeric_limits<double>::infinity()
+                                                                  : static_cast<double>(err / bound));
+    }
+    for (std::int64_t j = c.N; j < o.ldc; ++j)
+      if (got[i * o.ldc + j] != static_cast<T>(kPadValue)) worst = std::numeric_limits<double>::infinity();
+  }
+  return worst;
+}
+
+// 1030 x 300 x 520 = 1.6e8 multiply-adds, past libxsmm's single-call bound (2^27): the BLAS, or,
+// where OpenBLAS runs AVX2 kernels on an AVX-512 core, libxsmm in blocks of 512 rows, 256 columns
+// and 512 terms, every edge a partial block (1030 = 2·512 + 6, 300 = 256 + 44, 520 = 512 + 8).
+template <class T>
+void check_large_products(const char* type) {
+  const int threads_before = ag::get_num_threads();
+  std::uint64_t seed = 700;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Case shape{ta, tb, 1030, 300, 520, 1.0, 1.0};
+      const Operands<T> o = operands<T>(shape, seed++);  // c0 finite: beta 0 cases put NaN in below
+      const Sums sums = sums_of(shape, o);
+      for (double alpha : {1.0, 0.37})
+        for (double beta : {0.0, 1.0, -0.5}) {
+          const Case c{ta, tb, shape.M, shape.N, shape.K, alpha, beta};
+          Operands<T> oc = o;
+          if (beta == 0)
+            for (std::int64_t i = 0; i < c.M; ++i)
+              for (std::int64_t j = 0; j < c.N; ++j) oc.c0[i * oc.ldc + j] = std::numeric_limits<T>::quiet_NaN();
+          ag::set_num_threads(1);
+          const std::vector<T> one = run(c, oc);
+          BOOST_TEST(worst_excess_of(c, oc, sums, one) <= 1.0, describe(c, type));
+          for (int t : {2, 3}) {
+            ag::set_num_threads(t);
+            BOOST_TEST(same_bits(run(c, oc), one), describe(c, type) << ": bits at " << t << " threads");
+          }
+          if (ta && tb && alpha == 1.0 && beta == 0.0) {  // negative control: one element 0.01 off
+            std::vector<T> wrong = one;                   // (the float32 bound is ~5e-3 here)
+            wrong[700 * oc.ldc + 299] += T(0.01);
+            BOOST_TEST(worst_excess_of(c, oc, sums, wrong) > 1.0);
+          }
+        }
+    }
+  ag::set_num_threads(threads_before);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(products_past_libxsmms_bound) {
+  BOOST_TEST_MESSAGE("large products in libxsmm blocks: " << (ag::large_products_in_blocks() ? "yes" : "no"));
+  check_large_products<float>("float32");
+  check_large_products<double>("float64");
+}

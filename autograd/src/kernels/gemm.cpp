@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -307,7 +308,58 @@ void xsmm_piece(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std:
   eigen_gemm<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// Products from libxsmm's upper bound (2^27 multiply-adds) up, cut into blocks that libxsmm's
+// kernels take one after another: C in blocks of kTileRows x kTileCols, each the sum over K in runs
+// of kTileK terms, added in order (beta for the first run, 1 for the rest). A block of B (kTileK x
+// kTileCols, 512 KiB in float32) stays in the core's L2 while it meets every block of rows. The
+// blocks depend on the shape alone, so every element is summed the same way at any thread count.
+// Used where OpenBLAS runs narrower kernels than headgrad's (large_products_in_blocks).
+constexpr std::int64_t kTileRows = 512, kTileCols = 256, kTileK = 512;
+
+template <class T>
+void xsmm_tiled(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+                std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  for (std::int64_t n0 = 0; n0 < N; n0 += kTileCols) {
+    const std::int64_t nb = std::min(kTileCols, N - n0);
+    for (std::int64_t k0 = 0; k0 < K; k0 += kTileK) {
+      const std::int64_t kb = std::min(kTileK, K - k0);
+      const T* b = B + k0 * ldb + n0;
+      for (std::int64_t m0 = 0; m0 < M; m0 += kTileRows) {
+        const std::int64_t mb = std::min(kTileRows, M - m0);
+        const T* a = trans_a ? A + k0 * lda + m0 : A + m0 * lda + k0;
+        xsmm_piece<T>(trans_a, trans_b, mb, nb, kb, alpha, a, lda, b, ldb, k0 == 0 ? beta : T(1), C + m0 * ldc + n0,
+                      ldc);
+      }
+    }
+  }
+}
+
+// Whether the BLAS is narrower than an AVX-512 core: OpenBLAS running its AVX2 kernels (cores
+// "Haswell", "Zen"), or no BLAS at all (Eigen would take the product). OpenBLAS chooses by a
+// table of the CPUs its release knew, or by OPENBLAS_CORETYPE, which some machines set to Haswell
+// for CPUs that older releases get wrong (0.3.21 does not know Zen 5). Read once.
+bool blas_is_narrow() {
+#ifdef HEADGRAD_HAVE_BLAS
+  static const bool narrow = [] {
+    const std::string core = openblas_get_corename();
+    return core == "Haswell" || core == "Zen";
+  }();
+  return narrow;
+#else
+  return true;
+#endif
+}
+
 }  // namespace
+
+// On an AVX-512 core OpenBLAS's AVX2 kernels reach half of the peak: on a Zen 5 (family 26,
+// OPENBLAS_CORETYPE=Haswell) its sgemm ran 115-133 GFLOP/s on the grokking and large-shape
+// projections, where libxsmm's AVX-512 kernels in blocks ran 201-268 (bench_gemm_libs, one thread;
+// docs/gemm_choice.md). Only the kernel variant in use (HEADGRAD_ISA, set_kernel_isa) can change
+// the answer within a process, as it changes the other kernels' bits.
+bool large_products_in_blocks() {
+  return xsmm::available() && blas_is_narrow() && isa::active() == isa::Isa::Avx512;
+}
 
 // One rounding per element (none when alpha = 1): the same values whatever the instruction set.
 template <class T>
@@ -364,6 +416,16 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
   }
   if (isa::active() != isa::Isa::Generic && xsmm::fits<T>(trans_b, M, N, K, alpha, lda, ldb, beta, ldc)) {
     cut_product<T>(xsmm_piece<T>, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  // From 2^27 multiply-adds, where OpenBLAS's kernels are narrower: libxsmm in blocks (a
+  // transposed B laid out first, times alpha, as above).
+  if (alpha != T(0) && (beta == T(0) || beta == T(1)) && large_products_in_blocks() &&
+      std::min({M, N, K}) >= 32 && std::max({M, N, K, lda, ldb, ldc}) <= INT_MAX &&
+      M * N * K >= (std::int64_t{1} << 27)) {
+    const T* b = trans_b ? transposed(B, ldb, N, K, alpha) : B;
+    const T a = trans_b ? T(1) : alpha;
+    cut_product<T>(xsmm_tiled<T>, false, trans_a, false, M, N, K, a, A, lda, b, trans_b ? N : ldb, beta, C, ldc);
     return;
   }
   if (use_blas(M, N, K, lda, ldb, ldc)) {

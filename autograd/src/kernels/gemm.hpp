@@ -11,7 +11,8 @@
 // tiny products (at most 512 multiply-adds) a plain loop, or the small kernel where it fits;
 // products of 2^12 to 2^27 multiply-adds libxsmm's JIT kernels when the build has it
 // (HEADGRAD_LIBXSMM, gemm_xsmm.hpp; a transposed B laid out [K, N] first, times alpha); large products the BLAS found at configure time (OpenBLAS,
-// HEADGRAD_BLAS); small ones (below about 1e5 multiply-adds) a small kernel of our own (AVX-512
+// HEADGRAD_BLAS), or libxsmm in cache-sized blocks where OpenBLAS runs narrower kernels than
+// ours (large_products_in_blocks); small ones (below about 1e5 multiply-adds) a small kernel of our own (AVX-512
 // or AVX2, chosen at run time: kernels/isa.hpp) when N is a whole number of 32 bytes or, for A·Bᵀ,
 // C has fewer than 16 rows; else Eigen. Threads
 // (ag::set_num_threads, i.e. OpenMP's count): a large product is cut into pieces by its shape
@@ -27,6 +28,11 @@ namespace autograd {
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc);
+
+// True when products from 2^27 multiply-adds go to libxsmm in blocks instead of OpenBLAS: the
+// build has libxsmm, headgrad's kernels are AVX-512 and OpenBLAS's are AVX2 (its cores "Haswell"
+// and "Zen") or there is no BLAS. Changes within a process only with the kernel variant (HEADGRAD_ISA, set_kernel_isa).
+bool large_products_in_blocks();
 
 // out[c·ldo + r] = alpha·B[r·ldb + c] for r < rows, c < cols: B [rows, cols] transposed into
 // out [cols, rows], each element times alpha (exact copies when alpha = 1), with the vector

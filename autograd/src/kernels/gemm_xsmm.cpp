@@ -17,7 +17,8 @@ namespace {
 constexpr std::int64_t kMinWork = std::int64_t{1} << 12;  // M·N·K, from
 // Up to the medium shape's projections (2048x384x128 = 2^26.6, cut into pieces of 2^24.6):
 // 1.03-1.2x OpenBLAS's time per call there, and on the char GPT's MLP (docs/gemm_choice.md);
-// the large shape's (2^28 and up) stay with the BLAS, which is faster there.
+// the large shape's (2^28 and up) stay with the BLAS where it runs AVX-512 kernels (faster there
+// than one libxsmm call), and go to libxsmm in blocks where it does not (gemm.cpp).
 constexpr std::int64_t kMaxWork = std::int64_t{1} << 27;  // M·N·K, below
 
 // One kernel of libxsmm, by everything it was generated for. In libxsmm's column-major terms
@@ -106,6 +107,7 @@ bool product(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, T alp
 }
 
 const char* target() { return libxsmm_get_target_arch(); }
+bool available() { return true; }
 
 #else  // built without libxsmm
 
@@ -119,6 +121,7 @@ bool product(bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::i
   return false;
 }
 const char* target() { return ""; }
+bool available() { return false; }
 
 #endif  // HEADGRAD_HAVE_LIBXSMM
 

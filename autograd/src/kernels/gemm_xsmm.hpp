@@ -32,4 +32,7 @@ bool product(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, T alp
 // The instruction set libxsmm generates code for ("" when built without it).
 const char* target();
 
+// Whether the build has libxsmm.
+bool available();
+
 }  // namespace autograd::xsmm
