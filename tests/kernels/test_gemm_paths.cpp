@@ -98,27 +98,43 @@ std::vector<T> run(const Case& c, const Operands<T>& o) {
   return out;
 }
 
+// op(A)·op(B) and Σ|a·b| in long double for every element of C, computed once for a shape and
+// its operands (the large products below check several alpha and beta against one).
+struct Sums {
+  std::vector<long double> s, abs;
+};
+
+template <class T>
+Sums sums_of(const Case& c, const Operands<T>& o) {
+  Sums r{std::vector<long double>(static_cast<std::size_t>(c.M * c.N)), std::vector<long double>(static_cast<std::size_t>(c.M * c.N))};
+  for (std::int64_t i = 0; i < c.M; ++i)
+    for (std::int64_t j = 0; j < c.N; ++j) {
+      long double s = 0, abs_sum = 0;
+      for (std::int64_t k = 0; k < c.K; ++k) {
+        const long double p = static_cast<long double>(c.ta ? o.a[k * o.lda + i] : o.a[i * o.lda + k]) *
+                              static_cast<long double>(c.tb ? o.b[j * o.ldb + k] : o.b[k * o.ldb + j]);
+        s += p;
+        abs_sum += std::fabs(p);
+      }
+      r.s[i * c.N + j] = s;
+      r.abs[i * c.N + j] = abs_sum;
+    }
+  return r;
+}
+
 // The largest error of `got` against the long double definition, over the error bound
 // (K + 3)·u·(|alpha|·Σ|a||b| + |beta·c|) + the smallest normal: at most 1 when right. A pad
 // element changed counts as infinitely wrong.
 template <class T>
-double worst_excess(const Case& c, const Operands<T>& o, const std::vector<T>& got) {
-  const long double u = std::numeric_limits<T>::epsilon() / 2;
+double worst_excess_of(const Case& c, const Operands<T>& o, const Sums& sums, const std::vector<T>& got) {
+  const long double u = std::numeric_limits<T>::epsilon() / 2, alpha = c.alpha, beta = c.beta;
   double worst = 0;
   for (std::int64_t i = 0; i < c.M; ++i) {
     for (std::int64_t j = 0; j < c.N; ++j) {
-      long double s = 0, abs_sum = 0;
-      for (std::int64_t k = 0; k < c.K; ++k) {
-        const long double a = c.ta ? o.a[k * o.lda + i] : o.a[i * o.lda + k];
-        const long double b = c.tb ? o.b[j * o.ldb + k] : o.b[k * o.ldb + j];
-        s += a * b;
-        abs_sum += std::fabs(a * b);
-      }
       const long double c0 = c.beta == 0 ? 0.0L : static_cast<long double>(o.c0[i * o.ldc + j]);
-      const long double want = static_cast<long double>(c.alpha) * s + static_cast<long double>(c.beta) * c0;
-      const long double bound = (c.K + 3) * u * (std::fabs(static_cast<long double>(c.alpha)) * abs_sum +
-                                                 std::fabs(static_cast<long double>(c.beta) * c0)) +
-                                std::numeric_limits<T>::min();
+      const long double want = alpha * sums.s[i * c.N + j] + beta * c0;
+      const long double bound =
+          (c.K + 3) * u * (std::fabs(alpha) * sums.abs[i * c.N + j] + std::fabs(beta * c0)) + std::numeric_limits<T>::min();
       const long double err = std::fabs(static_cast<long double>(got[i * o.ldc + j]) - want);
       worst = std::max(worst, std::isnan(static_cast<double>(err)) ? std::numeric_limits<double>::infinity()
                                                                   : static_cast<double>(err / bound));
@@ -127,6 +143,11 @@ double worst_excess(const Case& c, const Operands<T>& o, const std::vector<T>& g
       if (got[i * o.ldc + j] != static_cast<T>(kPadValue)) worst = std::numeric_limits<double>::infinity();
   }
   return worst;
+}
+
+template <class T>
+double worst_excess(const Case& c, const Operands<T>& o, const std::vector<T>& got) {
+  return worst_excess_of(c, o, sums_of(c, o), got);
 }
 
 bool same_bits(const auto& x, const auto& y) {
@@ -292,51 +313,6 @@ BOOST_AUTO_TEST_CASE(the_avx512_and_avx2_kernels_give_the_same_bits) {
 }
 
 namespace {
-
-// op(A)·op(B) and Σ|a·b| in long double for every element of C, computed once for a shape and
-// its operands, to check several alpha and beta against (the large products below).
-struct Sums {
-  std::vector<long double> s, abs;
-};
-
-template <class T>
-Sums sums_of(const Case& c, const Operands<T>& o) {
-  Sums r{std::vector<long double>(static_cast<std::size_t>(c.M * c.N)), std::vector<long double>(static_cast<std::size_t>(c.M * c.N))};
-  for (std::int64_t i = 0; i < c.M; ++i)
-    for (std::int64_t j = 0; j < c.N; ++j) {
-      long double s = 0, abs_sum = 0;
-      for (std::int64_t k = 0; k < c.K; ++k) {
-        const long double p = static_cast<long double>(c.ta ? o.a[k * o.lda + i] : o.a[i * o.lda + k]) *
-                              static_cast<long double>(c.tb ? o.b[j * o.ldb + k] : o.b[k * o.ldb + j]);
-        s += p;
-        abs_sum += std::fabs(p);
-      }
-      r.s[i * c.N + j] = s;
-      r.abs[i * c.N + j] = abs_sum;
-    }
-  return r;
-}
-
-// worst_excess with the sums given.
-template <class T>
-double worst_excess_of(const Case& c, const Operands<T>& o, const Sums& sums, const std::vector<T>& got) {
-  const long double u = std::numeric_limits<T>::epsilon() / 2, alpha = c.alpha, beta = c.beta;
-  double worst = 0;
-  for (std::int64_t i = 0; i < c.M; ++i) {
-    for (std::int64_t j = 0; j < c.N; ++j) {
-      const long double c0 = c.beta == 0 ? 0.0L : static_cast<long double>(o.c0[i * o.ldc + j]);
-      const long double want = alpha * sums.s[i * c.N + j] + beta * c0;
-      const long double bound =
-          (c.K + 3) * u * (std::fabs(alpha) * sums.abs[i * c.N + j] + std::fabs(beta * c0)) + std::numeric_limits<T>::min();
-      const long double err = std::fabs(static_cast<long double>(got[i * o.ldc + j]) - want);
-      worst = std::max(worst, std::isnan(static_cast<double>(err)) ? std::numeric_limits<double>::infinity()
-                                                                  : static_cast<double>(err / bound));
-    }
-    for (std::int64_t j = c.N; j < o.ldc; ++j)
-      if (got[i * o.ldc + j] != static_cast<T>(kPadValue)) worst = std::numeric_limits<double>::infinity();
-  }
-  return worst;
-}
 
 // 1030 x 300 x 520 = 1.6e8 multiply-adds, past libxsmm's single-call bound (2^27): the BLAS, or,
 // where OpenBLAS runs AVX2 kernels on an AVX-512 core, libxsmm in blocks of 512 rows, 256 columns
