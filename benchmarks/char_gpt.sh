@@ -42,6 +42,19 @@ mkdir -p "$results"
 
 stamp() { echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/'), OMP_WAIT_POLICY=$OMP_WAIT_POLICY"; }
 
+# The machine, so that every table names its CPU: model, family/model numbers, the widest vector
+# ISA, and the OpenBLAS core the environment forces (if any).
+machine() {
+  local name family model isa=avx2
+  name=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+  family=$(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
+  model=$(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
+  grep -q -m1 ' avx512f' /proc/cpuinfo && isa=avx512
+  grep -q -m1 ' amx_tile' /proc/cpuinfo && isa="$isa+amx"
+  echo "# machine: $name, family $family model $model, $isa, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+}
+machine
+
 speed() {
   local out=$results/speed.tsv
   stamp | tee "$out"
