@@ -205,6 +205,7 @@ BOOST_AUTO_TEST_CASE(libxsmm_takes_the_products_it_won) {
   // (gemm() lays a transposed B out first and asks for the NN or TN product).
   if (std::string(ag::xsmm::target()).empty()) {
     BOOST_TEST(!ag::xsmm::fits<float>(false, 32, 16, 32, 1.f, 32, 16, 0.f, 16));
+    BOOST_TEST(!ag::xsmm::fits_in_blocks<float>(false, 2048, 256, 256, 1.f, 256, 256, 0.f, 256));
     return;
   }
   BOOST_TEST(ag::xsmm::fits<float>(false, 32, 16, 32, 1.f, 32, 16, 0.f, 16));
@@ -213,6 +214,9 @@ BOOST_AUTO_TEST_CASE(libxsmm_takes_the_products_it_won) {
   BOOST_TEST(!ag::xsmm::fits<float>(false, 8, 8, 8, 1.f, 8, 8, 0.f, 8));              // 2^9: ours
   BOOST_TEST(ag::xsmm::fits<float>(false, 2048, 128, 128, 1.f, 128, 128, 0.f, 128));   // 2^25: medium's
   BOOST_TEST(!ag::xsmm::fits<float>(false, 2048, 256, 256, 1.f, 256, 256, 0.f, 256));  // 2^27: the BLAS
+  BOOST_TEST(ag::xsmm::fits_in_blocks<float>(false, 2048, 256, 256, 1.f, 256, 256, 0.f, 256));    // or blocks
+  BOOST_TEST(!ag::xsmm::fits_in_blocks<float>(false, 2048, 128, 128, 1.f, 128, 128, 0.f, 128));   // one call
+  BOOST_TEST(!ag::xsmm::fits_in_blocks<float>(false, 2048, 256, 256, 1.f, 256, 256, 0.5f, 256));  // beta 0.5
   BOOST_TEST(!ag::xsmm::fits<float>(false, 32, 16, 32, 1.f, 32, 16, 0.5f, 16));        // beta 0.5
   BOOST_TEST(!ag::xsmm::fits<float>(false, 32, 16, 32, 1.f, std::int64_t{1} << 31, 16, 0.f, 16));
   // A product it takes, called directly, against the route without it (small kernel or Eigen).

@@ -358,7 +358,7 @@ bool blas_is_narrow() {
 // docs/gemm_choice.md). Only the kernel variant in use (HEADGRAD_ISA, set_kernel_isa) can change
 // the answer within a process, as it changes the other kernels' bits.
 bool large_products_in_blocks() {
-  return xsmm::available() && blas_is_narrow() && isa::active() == isa::Isa::Avx512;
+  return *xsmm::target() != '\0' && blas_is_narrow() && isa::active() == isa::Isa::Avx512;
 }
 
 // One rounding per element (none when alpha = 1): the same values whatever the instruction set.
@@ -420,9 +420,8 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
   }
   // From 2^27 multiply-adds, where OpenBLAS's kernels are narrower: libxsmm in blocks (a
   // transposed B laid out first, times alpha, as above).
-  if (alpha != T(0) && (beta == T(0) || beta == T(1)) && large_products_in_blocks() &&
-      std::min({M, N, K}) >= 32 && std::max({M, N, K, lda, ldb, ldc}) <= INT_MAX &&
-      M * N * K >= (std::int64_t{1} << 27)) {
+  if (std::min({M, N, K}) >= 32 && xsmm::fits_in_blocks<T>(false, M, N, K, alpha, lda, trans_b ? N : ldb, beta, ldc) &&
+      large_products_in_blocks()) {
     const T* b = trans_b ? transposed(B, ldb, N, K, alpha) : B;
     const T a = trans_b ? T(1) : alpha;
     cut_product<T>(xsmm_tiled<T>, false, trans_a, false, M, N, K, a, A, lda, b, trans_b ? N : ldb, beta, C, ldc);

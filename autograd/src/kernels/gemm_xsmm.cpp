@@ -67,15 +67,28 @@ Kernel<T> kernel_for(const Key& key) {
 
 bool int32(std::int64_t v) { return v <= INT_MAX; }
 
+// The arguments libxsmm takes, whatever the size of the product.
+template <class T>
+bool arguments_fit(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda,
+                   std::int64_t ldb, T beta, std::int64_t ldc) {
+  if (trans_b || alpha == T(0) || (beta != T(0) && beta != T(1)) || K <= 0 || M <= 0 || N <= 0) return false;
+  return int32(M) && int32(N) && int32(K) && int32(lda) && int32(ldb) && int32(ldc);
+}
+
 }  // namespace
 
 template <class T>
 bool fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda,
           std::int64_t ldb, T beta, std::int64_t ldc) {
-  if (trans_b || alpha == T(0) || (beta != T(0) && beta != T(1)) || K <= 0 || M <= 0 || N <= 0) return false;
-  if (!int32(M) || !int32(N) || !int32(K) || !int32(lda) || !int32(ldb) || !int32(ldc)) return false;
+  if (!arguments_fit(trans_b, M, N, K, alpha, lda, ldb, beta, ldc)) return false;
   const std::int64_t work = M * N * K;  // below 2^93: no overflow past the int32 checks
   return work >= kMinWork && work < kMaxWork;
+}
+
+template <class T>
+bool fits_in_blocks(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda,
+                    std::int64_t ldb, T beta, std::int64_t ldc) {
+  return arguments_fit(trans_b, M, N, K, alpha, lda, ldb, beta, ldc) && M * N * K >= kMaxWork;
 }
 
 // Row-major C[M, N] is column-major Cᵀ (N x M, stride ldc), so libxsmm computes
@@ -107,7 +120,6 @@ bool product(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, T alp
 }
 
 const char* target() { return libxsmm_get_target_arch(); }
-bool available() { return true; }
 
 #else  // built without libxsmm
 
@@ -120,8 +132,11 @@ bool product(bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::i
              std::int64_t) {
   return false;
 }
+template <class T>
+bool fits_in_blocks(bool, std::int64_t, std::int64_t, std::int64_t, T, std::int64_t, std::int64_t, T, std::int64_t) {
+  return false;
+}
 const char* target() { return ""; }
-bool available() { return false; }
 
 #endif  // HEADGRAD_HAVE_LIBXSMM
 
@@ -129,6 +144,10 @@ template bool fits<float>(bool, std::int64_t, std::int64_t, std::int64_t, float,
                           std::int64_t);
 template bool fits<double>(bool, std::int64_t, std::int64_t, std::int64_t, double, std::int64_t, std::int64_t, double,
                            std::int64_t);
+template bool fits_in_blocks<float>(bool, std::int64_t, std::int64_t, std::int64_t, float, std::int64_t,
+                                    std::int64_t, float, std::int64_t);
+template bool fits_in_blocks<double>(bool, std::int64_t, std::int64_t, std::int64_t, double, std::int64_t,
+                                     std::int64_t, double, std::int64_t);
 template bool product<float>(bool, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
                              const float*, std::int64_t, float, float*, std::int64_t);
 template bool product<double>(bool, std::int64_t, std::int64_t, std::int64_t, double, const double*, std::int64_t,

@@ -20,6 +20,12 @@ template <class T>
 bool fits(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda,
           std::int64_t ldb, T beta, std::int64_t ldc);
 
+// The same for the products past that range, which gemm.cpp gives libxsmm in blocks (each block
+// one call): everything as fits says but M·N·K, here 2^27 and up.
+template <class T>
+bool fits_in_blocks(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda,
+                    std::int64_t ldb, T beta, std::int64_t ldc);
+
 // The product on the calling thread, for arguments that fit; false (C untouched) when libxsmm
 // gives no kernel for it (then the caller computes it another way). Every element of C is the
 // same sum whatever M, N and the strides are, so a piece of a product has the bits of the same
@@ -32,7 +38,5 @@ bool product(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, T alp
 // The instruction set libxsmm generates code for ("" when built without it).
 const char* target();
 
-// Whether the build has libxsmm.
-bool available();
 
 }  // namespace autograd::xsmm
