@@ -31,3 +31,23 @@ void once_differentiable_error(const std::string& name) {
 }
 
 }  // namespace autograd
+
+namespace autograd {
+
+void check_function_tangents(const std::string& name, const Node& node, const TensorList& tangents) {
+  if (tangents.size() != node.output_meta.size())
+    throw std::invalid_argument(fmt::format("jvp of '{}' returned {} tangents, but the function has {} outputs "
+                                            "(return one per output, of its shape and dtype)",
+                                            printable(name), tangents.size(), node.output_meta.size()));
+  for (std::size_t j = 0; j < tangents.size(); ++j) {
+    const TensorMeta& m = node.output_meta[j];
+    const Tensor& t = tangents[j];
+    if (!t.defined() || t.shape() != m.shape || t.dtype() != m.dtype)
+      throw std::invalid_argument(fmt::format(
+          "jvp of '{}' returned for output {} a tangent {}, but that output is {} {}", printable(name), j,
+          t.defined() ? fmt::format("{} {}", shape_str(t.shape()), dtype_name(t.dtype())) : std::string("undefined"),
+          shape_str(m.shape), dtype_name(m.dtype)));
+  }
+}
+
+}  // namespace autograd

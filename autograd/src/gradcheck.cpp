@@ -3,10 +3,12 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/random.hpp"
+#include "forward_mode.hpp"
 #include "gradcheck_checks.hpp"
 
 namespace autograd {
@@ -252,7 +254,8 @@ struct Check {
     return out;
   }
 
-  // Forward mode along random directions (GradcheckOptions::check_forward_ad). J·v is the
+  // Forward mode along random directions (GradcheckOptions::check_forward_ad). J·v comes from
+  // the ops' forward-mode rules where every node on the way has one; otherwise it is the
   // derivative, with respect to w, of ⟨Jᵀw, v⟩: a backward with create_graph at a cotangent w
   // that requires grad, then a backward of that through its graph against v.
   void forward_mode(GradcheckResult& r) {
@@ -269,7 +272,16 @@ struct Check {
         wrt.push_back(inputs[i]);
       }
       std::vector<double> jv(static_cast<std::size_t>(out.numel()), 0.0);
+      std::optional<TensorList> by_rules;
       if (out.requires_grad()) {
+        TensorList typed;  // each direction in its input's dtype
+        for (std::size_t c = 0; c < vs.size(); ++c) typed.push_back(vs[c].to(wrt[c].dtype()));
+        by_rules = detail::tangents_by_rules({out}, wrt, typed);
+      }
+      if (by_rules) {
+        r.forward_by_rules = true;
+        if ((*by_rules)[0].defined()) jv = (*by_rules)[0].to(Dtype::Float64).to_vector();
+      } else if (out.requires_grad()) {
         const Tensor w = zeros(out.shape(), Dtype::Float64).requires_grad_();
         GradOptions first;
         first.grad_outputs = {w};
@@ -317,9 +329,10 @@ struct Check {
         r.forward_ok = false;
         r.forward_message = fmt::format(
             "forward mode, direction {}: <u, J·v> = {:.17g} but <Jᵀu, v> = {:.17g} (difference {:.3e} > allowed "
-            "{:.3e} = forward_dot_rtol {:g} * {:.3e} + atol {:g} * |u||v| {:.3e}): forward mode (the backward's own "
-            "derivative) disagrees with reverse mode",
-            p, fwd, rev, err, allowed, opt.forward_dot_rtol, scale, opt.atol, std::sqrt(uu * vv));
+            "{:.3e} = forward_dot_rtol {:g} * {:.3e} + atol {:g} * |u||v| {:.3e}): forward mode ({}) disagrees with "
+            "reverse mode",
+            p, fwd, rev, err, allowed, opt.forward_dot_rtol, scale, opt.atol, std::sqrt(uu * vv),
+            r.forward_by_rules ? "the ops' forward-mode rules" : "the backward's own derivative");
       }
       // J·v against central differences along v.
       const auto plus = shifted(v, opt.eps), minus = shifted(v, -opt.eps);

@@ -1,5 +1,6 @@
-// Function transforms: vjp, jvp (by the double-vjp construction), jacobian and hessian, all built
-// on grad() (grad.cpp) over fresh leaves that share the inputs' data.
+// Function transforms: vjp, jvp (by the ops' forward-mode rules, or the double-vjp construction
+// where a node has none), jacobian and hessian, all built on grad() (grad.cpp) over fresh leaves
+// that share the inputs' data.
 #include "autograd/transforms.hpp"
 
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "forward_mode.hpp"
 
 namespace autograd {
 
@@ -304,7 +306,19 @@ JvpResult jvp(const std::function<TensorList(const TensorList&)>& fn, const Tens
   check_used_through_arguments("jvp", ys, inputs, leaves);
   JvpResult r;
   r.outputs = detached(ys, nested);
-  // u: a cotangent per output that depends on the inputs; g = Jᵀu, linear in u.
+  // The ops' forward-mode rules, where every node between the inputs and the outputs has one
+  // (outside another transform: their tangents are computed outside any graph).
+  if (!nested) {
+    TensorList vs;
+    for (const auto& t : tangents) vs.push_back(t.detach());
+    if (auto jv = detail::tangents_by_rules(ys, leaves, vs)) {
+      for (std::size_t j = 0; j < ys.size(); ++j)
+        r.tangents.push_back((*jv)[j].defined() ? own((*jv)[j], tangents) : zeros(ys[j].shape(), ys[j].dtype()));
+      return r;
+    }
+  }
+  // Otherwise the double-vjp construction. u: a cotangent per output that depends on the
+  // inputs; g = Jᵀu, linear in u.
   std::vector<std::size_t> live;
   TensorList roots, us;
   for (std::size_t j = 0; j < ys.size(); ++j) {

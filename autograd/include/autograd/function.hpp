@@ -29,6 +29,12 @@
 //   static constexpr bool once_differentiable = true;
 // and create_graph through it throws an error naming the function instead of giving second
 // derivatives that are silently wrong.
+//
+// Forward mode (ag::jvp, gradcheck's forward-mode check): a Function may give its own rule,
+//   static ag::TensorList jvp(ag::FunctionCtx& ctx, const ag::TensorList& input_tangents);
+// with one tangent per Tensor argument of forward (zeros where the argument does not move) and
+// returning one per output (torch.autograd.Function.jvp). It runs with grad mode off. Without it,
+// forward mode through the function takes the double-vjp construction (its backward, differentiated).
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +63,9 @@ class FunctionCtx {
 
 // Thrown when create_graph reaches a Function declared once_differentiable.
 [[noreturn]] void once_differentiable_error(const std::string& name);
+// Throws, naming the function, unless `tangents` (what its jvp returned) has one tensor per
+// output of the node, each of that output's shape and dtype.
+void check_function_tangents(const std::string& name, const Node& node, const TensorList& tangents);
 
 template <class Derived>
 struct Function {
@@ -87,17 +96,36 @@ struct Function {
       } else {
         outputs = result;
       }
-      record(ctx->op_name, inputs, outputs, [ctx](const TensorList& grad_outputs, const Node&) {
-        if constexpr (requires { Derived::once_differentiable; }) {
-          if (Derived::once_differentiable && is_grad_enabled()) once_differentiable_error(ctx->op_name);
-        }
-        return Derived::backward(*ctx, grad_outputs);
-      });
+      record(ctx->op_name, inputs, outputs, Rule{ctx});
     }
     return result;
   }
 
  private:
+  // The node's rules: the backward, and Derived::jvp when it has one.
+  struct Rule {
+    std::shared_ptr<FunctionCtx> ctx;
+
+    TensorList operator()(const TensorList& grad_outputs, const Node&) const {
+      if constexpr (requires { Derived::once_differentiable; }) {
+        if (Derived::once_differentiable && is_grad_enabled()) once_differentiable_error(ctx->op_name);
+      }
+      return Derived::backward(*ctx, grad_outputs);
+    }
+
+    TensorList tangents(const TensorList& input_tangents, const Node& node, std::uint64_t) const
+      requires requires(FunctionCtx& c, const TensorList& t) { Derived::jvp(c, t); }
+    {
+      TensorList in(input_tangents.size());
+      for (std::size_t i = 0; i < in.size(); ++i)
+        in[i] = input_tangents[i].defined() ? input_tangents[i]
+                                            : zeros(node.input_meta[i].shape, node.input_meta[i].dtype);
+      TensorList out = Derived::jvp(*ctx, in);
+      check_function_tangents(ctx->op_name, node, out);
+      return out;
+    }
+  };
+
   template <class A>
   static void collect(TensorList& inputs, const A& arg) {
     if constexpr (std::is_same_v<std::decay_t<A>, Tensor>) inputs.push_back(arg);

@@ -27,8 +27,8 @@ struct GradcheckOptions {
   int num_projections = 16;
   std::uint64_t seed = 0;
   // Forward mode as well (PyTorch's check_forward_ad): along forward_directions random directions
-  // v, J·v from jvp's construction (the derivative of the backward's graph, create_graph) is
-  // compared with reverse mode by the dot-product test ⟨u, J·v⟩ = ⟨Jᵀu, v⟩ (Jᵀu from a plain
+  // v, J·v (from the ops' forward-mode rules where every op on the way has one, as in jvp; else
+  // from the derivative of the backward's graph, create_graph) is compared with reverse mode by the dot-product test ⟨u, J·v⟩ = ⟨Jᵀu, v⟩ (Jᵀu from a plain
   // backward, exact to rounding: the difference at most forward_dot_rtol times the sums of the
   // products' magnitudes, plus atol·‖u‖‖v‖ for derivatives that are zero) and with central
   // differences (f(x + eps·v) - f(x - eps·v)) / 2eps element by element (atol, rtol). It costs
@@ -62,6 +62,9 @@ struct GradcheckResult {
   bool reverse_ok = true;
   bool forward_ok = true;
   bool forward_checked = false;      // the forward-mode check ran
+  // J·v came from the ops' forward-mode rules (Node::tangents), independent of the backward;
+  // false: from the double-vjp construction, where some op on the way has no such rule.
+  bool forward_by_rules = false;
   std::string forward_skipped;       // why it did not, when check_forward_ad asked for it
   double forward_dot_error = 0.0;    // worst |⟨u, J·v⟩ - ⟨Jᵀu, v⟩| / (Σ|u||J·v| + Σ|Jᵀu||v|)
   double forward_max_abs_error = 0.0;  // worst |J·v - central difference| over output elements

@@ -100,6 +100,15 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual void apply(const TensorList& grad_outputs, TensorList& grad_inputs) = 0;
   // Drops what was saved for backward; the node can no longer be applied.
   virtual void release_saved() {}
+  // Forward mode (ag::jvp): fills output_tangents with one tangent per output (undefined = zero)
+  // from input_tangents, one per input edge (undefined = zero, at least one defined), computed
+  // from what the node saved, outside any graph. Bit j of `wanted` says whether output j's tangent
+  // is used (outputs from 64 on always are); a rule may leave the others undefined. Returns false
+  // when the op has no forward-mode rule (jvp then takes the double-vjp construction).
+  virtual bool tangents(const TensorList& input_tangents, TensorList& output_tangents, std::uint64_t wanted) {
+    (void)input_tangents, (void)output_tangents, (void)wanted;
+    return false;
+  }
 
   std::string_view name() const { return name_; }
   bool released() const { return released_; }
@@ -143,9 +152,17 @@ class Node : public std::enable_shared_from_this<Node> {
 // Backward rule given as a function: grads of outputs -> grads of inputs.
 using BackwardFn = std::function<TensorList(const TensorList& grad_outputs, const Node& node)>;
 
+// A rule object with a forward-mode rule as well: tangents(input_tangents, node, wanted) returns
+// the output tangents (a TensorList or a GradList), as Node::tangents describes.
+template <class F>
+concept HasTangentRule = requires(const F& f, const TensorList& t, const Node& n, std::uint64_t wanted) {
+  f.tangents(t, n, wanted);
+};
+
 // A node whose backward rule is a callable F(const TensorList&, const Node&) returning a
 // TensorList or a GradList, kept inside the node: recording an op makes one allocation (node
 // and rule together), where a std::function would make a second one for the rule's captures.
+// When F also has a forward-mode rule (HasTangentRule), the node's tangents() calls it.
 template <class F>
 class FunctionNode final : public Node {
  public:
@@ -153,6 +170,17 @@ class FunctionNode final : public Node {
   void apply(const TensorList& grad_outputs, TensorList& grad_inputs) override {
     auto grads = (*fn_)(grad_outputs, *this);
     grad_inputs.assign(std::make_move_iterator(grads.begin()), std::make_move_iterator(grads.end()));
+  }
+  bool tangents(const TensorList& input_tangents, TensorList& output_tangents, std::uint64_t wanted) override {
+    if constexpr (HasTangentRule<F>) {
+      if (!fn_) return false;  // released
+      auto t = fn_->tangents(input_tangents, *this, wanted);
+      output_tangents.assign(std::make_move_iterator(t.begin()), std::make_move_iterator(t.end()));
+      return true;
+    } else {
+      (void)input_tangents, (void)output_tangents, (void)wanted;
+      return false;
+    }
   }
   void release_saved() override { fn_.reset(); }  // drops the rule's SavedTensors
 

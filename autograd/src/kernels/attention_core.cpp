@@ -182,6 +182,88 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
   });
 }
 
+// ---- forward mode ----
+// Causal slices use the forward's blocks of query rows: block [r0, r1) forms Ṡ and Ṗ against keys
+// 0..r1-1 only (P, and so Ṗ, is zero past the diagonal).
+
+template <class T>
+void tangent(const Dims& d, const TangentData<T>& x, MaskStrides ms, T scale, bool causal) {
+  const RowBlocks blocks = row_blocks(d, causal);
+  const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
+  const bool moving_scores = x.dq != nullptr || x.dk != nullptr || x.dmask != nullptr;
+  parallel_region(d.parallel(), [&] {
+    thread_local RowMatrix<T> ds, dropped;  // Ṡ then Ṗ of a block; P ⊙ Z or Ṗ ⊙ Z
+#pragma omp for schedule(static)
+    for (std::int64_t bh = 0; bh < d.slices(); ++bh) {
+      const std::int64_t b = bh / d.H, h = bh % d.H, slice = bh * d.T * d.S;
+      const T* Q = x.q + d.q.at(b, h);
+      const T* K = x.k + d.k.at(b, h);
+      const T* V = x.v + d.v.at(b, h);
+      const T* P = x.weights + slice;
+      const T* Z = x.keep != nullptr ? x.keep + slice : nullptr;
+      T* dO = x.dout + d.out.at(b, h);
+      T* dW = x.dweights != nullptr ? x.dweights + slice : nullptr;
+      for (std::int64_t r0 = 0; r0 < d.T; r0 += blocks.step) {
+        const std::int64_t r1 = std::min(d.T, r0 + blocks.step), rows = r1 - r0;
+        const std::int64_t cols = blocks.cols(r1);
+        T* Ob = dO + r0 * lo;
+        bool written = false;  // Ȯ's block holds a term
+        if (moving_scores && cols > 0) {
+          // Ṡ = scale·Q̇·Kᵀ + scale·Q·K̇ᵀ + Ṁ              [rows, d_k] x [d_k, cols] -> [rows, cols]
+          ds.resize(d.T, d.S);
+          StridedView<T>(ds.data() + r0 * d.S, rows, cols, d.S).setZero();
+          if (x.dq != nullptr)
+            gemm<T>(false, true, rows, cols, d.d_k, scale, x.dq + d.q.at(b, h) + r0 * lq, lq, K, lk, T(1),
+                    ds.data() + r0 * d.S, d.S);
+          if (x.dk != nullptr)
+            gemm<T>(false, true, rows, cols, d.d_k, scale, Q + r0 * lq, lq, x.dk + d.k.at(b, h), lk, T(1),
+                    ds.data() + r0 * d.S, d.S);
+          if (x.dmask != nullptr) add_mask(d, x.dmask, ms, b, h, r0, r1, cols, ds.data());
+          // Ṗ_ij = P_ij·(Ṡ_ij − Σ_k P_ik·Ṡ_ik), in place
+          for (std::int64_t i = r0; i < r1; ++i) {
+            auto p_row = ConstArrayView<T>(P + i * d.S, cols);
+            auto row = ArrayView<T>(ds.data() + i * d.S, cols);
+            const T row_dot = (row * p_row).sum();
+            row = p_row * (row - row_dot);
+          }
+          if (dW != nullptr) {
+            StridedView<T>(dW + r0 * d.S, rows, cols, d.S) = StridedView<const T>(ds.data() + r0 * d.S, rows, cols, d.S);
+            if (cols < d.S) StridedView<T>(dW + r0 * d.S + cols, rows, d.S - cols, d.S).setZero();
+          }
+          // Ȯ = (Ṗ ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
+          const T* dPd = ds.data() + r0 * d.S;
+          std::int64_t ld = d.S;
+          if (Z != nullptr) {
+            dropped = StridedView<const T>(dPd, rows, cols, d.S).array() *
+                      StridedView<const T>(Z + r0 * d.S, rows, cols, d.S).array();
+            dPd = dropped.data();
+            ld = cols;
+          }
+          gemm<T>(false, false, rows, d.d_v, cols, T(1), dPd, std::max<std::int64_t>(ld, 1), V, lv, T(0), Ob, lo);
+          written = true;
+        } else if (dW != nullptr) {
+          StridedView<T>(dW + r0 * d.S, rows, d.S, d.S).setZero();
+        }
+        if (x.dv != nullptr && cols > 0) {
+          // Ȯ += (P ⊙ Z)·V̇
+          const T* Pd = P + r0 * d.S;
+          std::int64_t ld = d.S;
+          if (Z != nullptr) {
+            dropped = StridedView<const T>(Pd, rows, cols, d.S).array() *
+                      StridedView<const T>(Z + r0 * d.S, rows, cols, d.S).array();
+            Pd = dropped.data();
+            ld = cols;
+          }
+          gemm<T>(false, false, rows, d.d_v, cols, T(1), Pd, std::max<std::int64_t>(ld, 1), x.dv + d.v.at(b, h), lv,
+                  written ? T(1) : T(0), Ob, lo);
+          written = true;
+        }
+        if (!written) StridedView<T>(Ob, rows, d.d_v, lo).setZero();
+      }
+    }
+  });
+}
+
 // ---- backward ----
 // Causal slices use the forward's blocks: dS is formed for block [r0, r1) x [0, r1) only (it is
 // zero above the diagonal, where P is), and the products that sum over queries (dV, dK) take key
@@ -338,6 +420,8 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
 
 template void forward<float>(const Dims&, const ForwardData<float>&, MaskStrides, float, bool);
 template void forward<double>(const Dims&, const ForwardData<double>&, MaskStrides, double, bool);
+template void tangent<float>(const Dims&, const TangentData<float>&, MaskStrides, float, bool);
+template void tangent<double>(const Dims&, const TangentData<double>&, MaskStrides, double, bool);
 template void backward<float>(const Dims&, const BackwardData<float>&, float, bool);
 template void backward<double>(const Dims&, const BackwardData<double>&, double, bool);
 

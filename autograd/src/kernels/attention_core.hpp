@@ -81,10 +81,34 @@ struct BackwardData {
   T* dscores;
 };
 
+// What the forward-mode rule reads and writes: the forward's operands, weights P and dropout
+// factors Z (null: none); the tangents of q, k, v (in their layouts) and of the mask (through
+// MaskStrides), null where zero; the output's tangent (laid out as Dims::out) and the weights'
+// (B, H, T, S; null: not wanted).
+template <class T>
+struct TangentData {
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* weights;
+  const T* keep;
+  const T* dq;
+  const T* dk;
+  const T* dv;
+  const T* dmask;
+  T* dout;
+  T* dweights;
+};
+
 // For each slice:  S = scale·Q·Kᵀ + M;  P = softmax_rows(S) (causal: columns 0..i of row i);
 //                  O = (P ⊙ Z)·V.
 template <class T>
 void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bool causal);
+
+// The forward's derivative along the tangents (forward mode), for each slice:
+//   Ṡ = scale·(Q̇·Kᵀ + Q·K̇ᵀ) + Ṁ;  Ṗ_ij = P_ij·(Ṡ_ij − Σ_k P_ik·Ṡ_ik);  Ȯ = (Ṗ ⊙ Z)·V + (P ⊙ Z)·V̇.
+template <class T>
+void tangent(const Dims& d, const TangentData<T>& x, MaskStrides ms, T scale, bool causal);
 
 // The gradients of the forward above, derived in docs/attention_backward.md.
 template <class T>

@@ -201,6 +201,32 @@ struct AttentionBackward {
     if (dscores.defined()) dg.dmask = sum_to(dscores, node.input_meta[s.mask_input()].shape);
     return sdpa::input_grads(s, in, g, dg, {pt, zt, {}});
   }
+
+  // Forward mode (sdpa::tangent): the output's tangent, and the weights' when they are used.
+  GradList tangents(const TensorList& t, const Node& node, std::uint64_t wanted) const {
+    const Operands in = s.operands(node, false);
+    const Tensor& qt = in.q;
+    const Tensor& kt = in.packed() ? qt : in.k;
+    const Tensor& vt = in.packed() ? qt : in.v;
+    const Tensor pt = weights.get(s.op), zt = keep.defined() ? keep.get(s.op) : Tensor();
+    const Tensor& dq = t[0];
+    const Tensor& dk = in.packed() ? t[0] : t[1];
+    const Tensor& dv = in.packed() ? t[0] : t[2];
+    const Tensor dmask = s.mask.defined() && s.mask_input() < t.size() ? t[s.mask_input()] : Tensor();
+    const sdpa::MaskStrides ms = dmask.defined() ? sdpa::mask_strides(dmask.shape()) : sdpa::MaskStrides{};
+    const Dtype dtype = qt.dtype();
+    Tensor dout = Tensor::empty(node.output_meta[0].shape, dtype, s.op);
+    Tensor dweights = (wanted & 2u) != 0 ? Tensor::empty(pt.shape(), dtype, s.op) : Tensor();
+    dispatch(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      auto ptr = [](const Tensor& x) -> const T* { return x.defined() ? x.data<T>() : nullptr; };
+      const sdpa::TangentData<T> data{qt.data<T>(), kt.data<T>(), vt.data<T>(), pt.data<T>(), ptr(zt),
+                                      ptr(dq),      ptr(dk),      ptr(dv),      ptr(dmask),   dout.data<T>(),
+                                      dweights.defined() ? dweights.data<T>() : nullptr};
+      sdpa::tangent<T>(s.d, data, ms, static_cast<T>(s.scale), s.causal);
+    });
+    return GradList{dout, dweights};
+  }
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 // products and a column sum at most. The same values as matmul + add, with one graph node instead of four
 // (reshape, matmul, add, reshape) and no intermediate tensor.
 #include <array>
+#include <utility>
 
 #include "autograd/grad_mode.hpp"
 #include "autograd/graph.hpp"
@@ -48,6 +49,33 @@ Shape output_shape(std::string_view op, const Tensor& x, std::int64_t out, const
 
 constexpr std::size_t kMaxCat = 4;  // weights of one linear_cat
 
+// Y = X·W + 1·bᵀ (X the rows of x)  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,  db = Σ_rows dY;
+// dX and dW are the gradients of the product X·W (product.hpp), whose derivative is its own.
+// Forward mode: Ẏ = Ẋ·W + X·Ẇ + 1·ḃᵀ. x is saved when W requires grad, W when x does: what
+// each term needs.
+struct LinearRule {
+  SavedTensor x, w;
+  std::int64_t rows, in, out;
+
+  GradList operator()(const TensorList& g, const Node& n) const {
+    const MatmulPlan plan = folded_plan(n.input_meta[0].shape, in, out);
+    return GradList{grad_if(n, 0, [&] { return product(Slot::A, plan, w.get("linear"), g[0]); }),
+                    grad_if(n, 1, [&] { return product(Slot::B, plan, x.get("linear"), g[0]); }),
+                    grad_if(n, 2, [&] { return sum(reshape(g[0], {rows, out}), 0); })};
+  }
+
+  GradList tangents(const TensorList& t, const Node& n, std::uint64_t) const {
+    Tensor y;
+    if (t[0].defined()) y = linear(t[0], w.get("linear"), t[2]);
+    if (t[1].defined()) {
+      const Tensor xw = linear(x.get("linear"), t[1], y.defined() ? Tensor() : t[2]);
+      y = y.defined() ? add(y, xw) : xw;
+    }
+    if (!y.defined()) y = add(zeros(n.output_meta[0].shape, n.output_meta[0].dtype), t[2]);
+    return GradList{y};
+  }
+};
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -65,15 +93,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
             y.data<T>(), out);
   });
   if (!needs_grad(x, w) && !needs_grad(b)) return y;
-  // Y = X·W + 1·bᵀ (X the rows of x)  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,  db = Σ_rows dY;
-  // dX and dW are the gradients of the product X·W (product.hpp), whose derivative is its own.
   SavedTensor saved_x(w.requires_grad() ? x : Tensor()), saved_w(x.requires_grad() ? w : Tensor());
-  return record("linear", {x, w, b}, y, [saved_x, saved_w, rows, in, out](const TensorList& g, const Node& n) {
-    const MatmulPlan plan = folded_plan(n.input_meta[0].shape, in, out);
-    return GradList{grad_if(n, 0, [&] { return product(Slot::A, plan, saved_w.get("linear"), g[0]); }),
-                    grad_if(n, 1, [&] { return product(Slot::B, plan, saved_x.get("linear"), g[0]); }),
-                    grad_if(n, 2, [&] { return sum(reshape(g[0], {rows, out}), 0); })};
-  });
+  return record("linear", {x, w, b}, y, LinearRule{std::move(saved_x), std::move(saved_w), rows, in, out});
 }
 
 namespace {
@@ -140,6 +161,79 @@ void linear_cat_forward(const Tensor& x, std::span<const Tensor> weights, std::s
 using CatGrads = InlineTensorList<1 + 2 * kMaxCat>;
 using CatWeights = std::array<SavedTensor, kMaxCat>;
 
+// Y = X·W + 1·bᵀ with W = [W_0 | W_1 | …], b = [b_0 | b_1 | …]  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,
+// db = Σ_rows dY, and dW_i, db_i are the columns of piece i of dW, db. dX and dW are the
+// gradients of the product X·W (product.hpp), whose derivative is its own. dX reads the
+// forward's packed W; when a graph of the backward is built, W is packed again from the
+// weights as a recorded op (packed_weight), so that dX depends on them. Inputs: x, the n
+// weights, the n biases.
+// Forward mode: Ẏ = Ẋ·W + X·[Ẇ_0 | Ẇ_1 | …] + [ḃ_0 | ḃ_1 | …] (zeros for the pieces without one).
+struct LinearCatRule {
+  SavedTensor saved_x, saved_w;
+  CatWeights saved_ws;  // for dX when a graph of the backward is built
+  CatLayout l;
+
+  CatGrads operator()(const TensorList& g, const Node& node) const {
+    CatGrads grads(1 + 2 * l.n);
+    const MatmulPlan plan = folded_plan(node.input_meta[0].shape, l.in, l.out);
+    if (node.needs_input_grad(0)) {
+      Tensor w = saved_w.get("linear_cat");
+      if (is_grad_enabled() && saved_ws[0].defined()) {
+        std::array<Tensor, kMaxCat> ws;
+        for (std::size_t i = 0; i < l.n; ++i) ws[i] = saved_ws[i].get("linear_cat");
+        w = packed_weight(std::span<const Tensor>(ws.data(), l.n), l);
+      }
+      grads[0] = product(Slot::A, plan, w, g[0]);
+    }
+    bool any_dw = false, any_db = false;
+    for (std::size_t i = 0; i < l.n; ++i) {
+      any_dw = any_dw || node.needs_input_grad(1 + i);
+      any_db = any_db || node.needs_input_grad(1 + l.n + i);
+    }
+    if (any_dw) {
+      const Tensor dw = product(Slot::B, plan, saved_x.get("linear_cat"), g[0]);
+      for (std::size_t i = 0; i < l.n; ++i)
+        if (node.needs_input_grad(1 + i)) grads[1 + i] = piece(dw, 1, l, i);
+    }
+    if (any_db) {
+      const Tensor db = sum(reshape(g[0], {l.rows, l.out}), 0);
+      for (std::size_t i = 0; i < l.n; ++i)
+        if (node.needs_input_grad(1 + l.n + i)) grads[1 + l.n + i] = piece(db, 0, l, i);
+    }
+    return grads;
+  }
+
+  GradList tangents(const TensorList& t, const Node& node, std::uint64_t) const {
+    const Dtype dtype = node.output_meta[0].dtype;
+    // [ṫ_0 | ṫ_1 | …] of the pieces t[first + i] (dim 1 of a weight, dim 0 of a bias), or
+    // undefined when none has a tangent.
+    auto packed = [&](std::size_t first, const Shape& shape) {
+      bool any = false;
+      for (std::size_t i = 0; i < l.n; ++i) any = any || t[first + i].defined();
+      if (!any) return Tensor();
+      Tensor p = zeros(shape, dtype);
+      dispatch(dtype, [&](auto zero) {
+        using T = decltype(zero);
+        const std::int64_t rows = shape.size() == 2 ? shape[0] : 1;
+        MatrixView<T> pm(p.data<T>(), rows, l.out);
+        for (std::size_t i = 0; i < l.n; ++i)
+          if (t[first + i].defined())
+            pm.middleCols(l.offset[i], l.cols(i)) = ConstMatrixView<T>(t[first + i].data<T>(), rows, l.cols(i));
+      });
+      return p;
+    };
+    const Tensor dw = packed(1, {l.in, l.out}), db = packed(1 + l.n, {l.out});
+    Tensor y;
+    if (t[0].defined()) y = linear(t[0], saved_w.get("linear_cat"), db);
+    if (dw.defined()) {
+      const Tensor xw = linear(saved_x.get("linear_cat"), dw, y.defined() ? Tensor() : db);
+      y = y.defined() ? add(y, xw) : xw;
+    }
+    if (!y.defined()) y = add(zeros(node.output_meta[0].shape, dtype), db);
+    return GradList{y};
+  }
+};
+
 }  // namespace
 
 Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<const Tensor> biases) {
@@ -178,42 +272,7 @@ Tensor linear_cat(const Tensor& x, std::span<const Tensor> weights, std::span<co
   CatWeights saved_ws;  // for dX when a graph of the backward is built
   if (x.requires_grad() && any_weight_grad)
     for (std::size_t i = 0; i < n; ++i) saved_ws[i] = SavedTensor(weights[i]);
-  // Y = X·W + 1·bᵀ with W = [W_0 | W_1 | …], b = [b_0 | b_1 | …]  =>  dX = dY·Wᵀ,  dW = Xᵀ·dY,
-  // db = Σ_rows dY, and dW_i, db_i are the columns of piece i of dW, db. dX and dW are the
-  // gradients of the product X·W (product.hpp), whose derivative is its own. dX reads the
-  // forward's packed W; when a graph of the backward is built, W is packed again from the
-  // weights as a recorded op (packed_weight), so that dX depends on them. Inputs: x, the n
-  // weights, the n biases.
-  record(op, inputs, std::span<const Tensor>(&y, 1),
-         [saved_x, saved_w, saved_ws, l](const TensorList& g, const Node& node) {
-    CatGrads grads(1 + 2 * l.n);
-    const MatmulPlan plan = folded_plan(node.input_meta[0].shape, l.in, l.out);
-    if (node.needs_input_grad(0)) {
-      Tensor w = saved_w.get("linear_cat");
-      if (is_grad_enabled() && saved_ws[0].defined()) {
-        std::array<Tensor, kMaxCat> ws;
-        for (std::size_t i = 0; i < l.n; ++i) ws[i] = saved_ws[i].get("linear_cat");
-        w = packed_weight(std::span<const Tensor>(ws.data(), l.n), l);
-      }
-      grads[0] = product(Slot::A, plan, w, g[0]);
-    }
-    bool any_dw = false, any_db = false;
-    for (std::size_t i = 0; i < l.n; ++i) {
-      any_dw = any_dw || node.needs_input_grad(1 + i);
-      any_db = any_db || node.needs_input_grad(1 + l.n + i);
-    }
-    if (any_dw) {
-      const Tensor dw = product(Slot::B, plan, saved_x.get("linear_cat"), g[0]);
-      for (std::size_t i = 0; i < l.n; ++i)
-        if (node.needs_input_grad(1 + i)) grads[1 + i] = piece(dw, 1, l, i);
-    }
-    if (any_db) {
-      const Tensor db = sum(reshape(g[0], {l.rows, l.out}), 0);
-      for (std::size_t i = 0; i < l.n; ++i)
-        if (node.needs_input_grad(1 + l.n + i)) grads[1 + l.n + i] = piece(db, 0, l, i);
-    }
-    return grads;
-  });
+  record(op, inputs, std::span<const Tensor>(&y, 1), LinearCatRule{std::move(saved_x), std::move(saved_w), std::move(saved_ws), l});
   return y;
 }
 
