@@ -16,14 +16,18 @@
 // is outside any graph (as torch.autograd.functional's without create_graph). An output that does not depend on an input gets
 // zeros for it.
 //
-// Forward mode is built from reverse mode (the double-vjp construction): with u a cotangent of the
-// outputs that requires grad, g(u) = Jᵀu is computed by a backward with create_graph; g is linear
-// in u, and the vjp of g with respect to u against v is J·v. A jvp costs one forward, one backward
-// with create_graph and one backward through that backward's graph. Every built-in op is
-// differentiable to any order, so this goes through all of them; a custom Function declared
-// once_differentiable is refused, naming it, and so is one whose backward computes with raw values
-// (the engine finds its gradient outside the graph), in jvp, forward-mode jacobian, hessian and
-// nested transforms alike.
+// Forward mode (jvp) takes the ops' forward-mode rules (Node::tangents) where every node between
+// the inputs and the outputs has one: linear, linear_cat, the fused attention core and custom
+// Functions that give a jvp; the tangents are carried through the graph of the one call of fn,
+// at about the cost of one forward more. Otherwise, and inside another transform (whose results
+// must stay in the graph), it is built from reverse mode (the double-vjp construction): with u a
+// cotangent of the outputs that requires grad, g(u) = Jᵀu is computed by a backward with
+// create_graph; g is linear in u, and the vjp of g with respect to u against v is J·v. That costs
+// one forward, one backward with create_graph and one backward through that backward's graph.
+// Every built-in op is differentiable to any order, so this goes through all of them; a custom
+// Function declared once_differentiable without a jvp is refused, naming it, and so is one whose
+// backward computes with raw values (the engine finds its gradient outside the graph), in the
+// construction's jvp, forward-mode jacobian, hessian and nested transforms alike.
 //
 // Transforms compose: one called inside another's function (jacobian of jacobian, jvp of vjp, to
 // any depth) keeps its results in the graph, so the outer one differentiates through it; only the
