@@ -122,6 +122,16 @@ std::optional<TensorList> tangents_by_rules(const TensorList& outputs, const Ten
       if (node->released()) return std::nullopt;
       out.clear();
       if (!node->tangents(in, out, w.entries[k].wanted)) return std::nullopt;
+      if (out.size() > node->output_meta.size())
+        fail("jvp", "the forward-mode rule of '{}' returned {} tangents for {} outputs", node->name(), out.size(),
+             node->output_meta.size());
+      for (std::size_t j = 0; j < out.size(); ++j) {
+        const TensorMeta& m = node->output_meta[j];
+        if (out[j].defined() && (out[j].shape() != m.shape || out[j].dtype() != m.dtype))
+          fail("jvp", "the forward-mode rule of '{}' returned for output {} a tangent {} {}, but that output is {} {}",
+               node->name(), j, shape_str(out[j].shape()), dtype_name(out[j].dtype()), shape_str(m.shape),
+               dtype_name(m.dtype));
+      }
       Walk::Entry& e = w.entries[k];
       for (std::size_t j = 0; j < out.size() && j < e.tangents.size(); ++j) e.tangents[j] = std::move(out[j]);
     }

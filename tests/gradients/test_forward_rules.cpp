@@ -1,6 +1,7 @@
 // The ops' forward-mode rules (Node::tangents), which ag::jvp and gradcheck's forward-mode check use
 // where every op between the inputs and the outputs has one: linear, linear_cat and the fused
-// attention core (the three nodes of nn::MultiHeadAttention), and custom Functions with a jvp.
+// attention core (the three nodes of nn::MultiHeadAttention), the elementwise ops, views and
+// copies of shape, cat, sums and means, softmax, dropout, matmul, and custom Functions with a jvp.
 // Each rule is checked in float64 by gradcheck's forward-mode check, now independent of the
 // backward (the dot-product test ⟨u, J·v⟩ = ⟨Jᵀu, v⟩ to 1e-10 of the products' magnitudes, and J·v
 // against central differences), and against the double-vjp construction the engine takes without
@@ -39,14 +40,21 @@ ag::GradcheckResult check(const std::string& what, const ag::GradcheckFn& fn, co
   return r;
 }
 
+// The identity as a custom Function without a jvp: no forward-mode rule.
+struct NoRule : ag::Function<NoRule> {
+  static constexpr const char* name = "no_rule";
+  static Tensor forward(ag::FunctionCtx&, const Tensor& x) { return x.clone(); }
+  static TensorList backward(ag::FunctionCtx&, const TensorList& g) { return {g[0]}; }
+};
+
 // The largest |a - b| / max(1, |b|) between jvp's tangents and those of the same function with
-// an op that has no forward-mode rule appended (x·1, so the double-vjp construction is taken).
+// an op that has no forward-mode rule appended (NoRule, so the double-vjp construction is taken).
 double rules_against_double_vjp(const ag::TensorListFn& fn, const TensorList& x, const TensorList& v) {
   const ag::JvpResult a = ag::jvp(fn, x, v);
   const ag::JvpResult b = ag::jvp(
       [&](const TensorList& in) {
         TensorList ys = fn(in);
-        for (auto& y : ys) y = ag::mul(y, ag::ones(y.shape(), y.dtype()));
+        for (auto& y : ys) y = NoRule::apply(y);
         return ys;
       },
       x, v);
@@ -215,19 +223,56 @@ BOOST_AUTO_TEST_CASE(multi_head_attention_jvp_by_rules_equals_the_double_vjp_con
   BOOST_TEST(rules_against_double_vjp(causal, x, v) <= 1e-12);
 }
 
+BOOST_AUTO_TEST_CASE(elementwise_shape_reduction_softmax_and_product_rules_pass_gradcheck) {
+  const Tensor a = randn64({2, 3, 4}, 80), b = randn64({3, 4}, 81), pos = ag::add(ag::abs(randn64({2, 3, 4}, 82)), 0.5).detach().requires_grad_();
+  const Tensor m = randn64({2, 4, 5}, 83), n = randn64({5, 3}, 84);
+  struct Op {
+    std::string name;
+    ag::GradcheckFn fn;
+    TensorList inputs;
+  };
+  const std::vector<Op> ops = {
+      {"add (broadcast)", [](const TensorList& x) { return ag::add(x[0], x[1]); }, {a, b}},
+      {"sub (broadcast)", [](const TensorList& x) { return ag::sub(x[1], x[0]); }, {a, b}},
+      {"mul (broadcast)", [](const TensorList& x) { return ag::mul(x[0], x[1]); }, {a, b}},
+      {"div (broadcast)", [](const TensorList& x) { return ag::div(x[1], x[0]); }, {pos, b}},
+      {"scalar ops", [](const TensorList& x) { return ag::div(ag::mul(ag::rsub(ag::sub(ag::add(x[0], 2.0), 0.5), 1.0), 3.0), 7.0); }, {a}},
+      {"neg, exp, tanh, sigmoid", [](const TensorList& x) { return ag::sigmoid(ag::tanh(ag::exp(ag::neg(x[0])))); }, {a}},
+      {"log, sqrt, rsqrt", [](const TensorList& x) { return ag::add(ag::log(x[0]), ag::mul(ag::sqrt(x[0]), ag::rsqrt(x[0]))); }, {pos}},
+      {"square, abs, relu, clamp", [](const TensorList& x) { return ag::clamp(ag::add(ag::relu(x[0]), ag::square(ag::abs(x[0]))), -1.0, 1.5); }, {a}},
+      {"gelu, both forms", [](const TensorList& x) { return ag::add(ag::gelu(x[0]), ag::gelu(x[0], ag::GeluApproximation::Tanh)); }, {a}},
+      {"reshape, permute, transpose, expand", [](const TensorList& x) {
+         return ag::expand(ag::transpose(ag::permute(ag::reshape(x[0], {4, 3, 2}), {2, 0, 1}), 0, 2), {2, 3, 4, 2}); }, {a}},
+      {"narrow, slice, cat", [](const TensorList& x) {
+         return ag::cat({ag::narrow(x[0], 2, 1, 2), ag::slice(x[0], 2, 0, 4, 3), ag::expand(x[1], {2, 3, 4})}, 2); }, {a, b}},
+      {"sum, mean", [](const TensorList& x) { return ag::add(ag::sum(x[0], {0, 2}, true), ag::mean(x[0], 1, true)); }, {a}},
+      {"softmax, log_softmax", [](const TensorList& x) { return ag::add(ag::softmax(x[0], 1), ag::log_softmax(x[0], -1)); }, {a}},
+      {"dropout", [](const TensorList& x) { ag::Generator gen(3); return ag::dropout(x[0], 0.4, true, gen); }, {a}},
+      {"matmul (batched, broadcast)", [](const TensorList& x) { return ag::matmul(x[0], x[1]); }, {m, n}},
+      {"matmul (vector)", [](const TensorList& x) { return ag::matmul(x[0], ag::reshape(x[1], {-1})); }, {b, randn64({4}, 85)}},
+  };
+  for (const Op& op : ops) {
+    const auto r = check(op.name, op.fn, op.inputs);
+    BOOST_TEST(r.ok, op.name << ": " << r.forward_message);
+    BOOST_TEST(r.forward_by_rules, op.name);
+    BOOST_TEST(r.forward_dot_error <= 1e-12, op.name);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(ops_without_rules_take_the_double_vjp_construction) {
-  const Tensor a = randn64({3, 4}, 50), w = randn64({4, 2}, 51);
-  const auto r = check("linear then tanh", [](const TensorList& in) { return ag::tanh(ag::linear(in[0], in[1])); }, {a, w});
+  const Tensor a = randn64({3, 4}, 50), w = randn64({4, 2}, 51), g = randn64({2}, 52);
+  const auto ln = [&](const Tensor& x) { return ag::layer_norm(x, {2}, g.detach()); };
+  const auto r = check("linear then layer_norm", [&](const TensorList& in) { return ln(ag::linear(in[0], in[1])); }, {a, w});
   BOOST_TEST(r.ok);
   BOOST_TEST(!r.forward_by_rules);
   // A node with a rule after one without: still the construction (the walk needs every node).
-  const auto r2 = check("tanh then linear", [](const TensorList& in) { return ag::linear(ag::tanh(in[0]), in[1]); }, {a, w});
+  const auto r2 = check("layer_norm then tanh", [&](const TensorList& in) { return ag::tanh(ln(ag::linear(in[0], in[1]))); }, {a, w});
   BOOST_TEST(r2.ok);
   BOOST_TEST(!r2.forward_by_rules);
-  // A part of the graph no moving input reaches needs no rule: tanh of a constant feeds linear.
-  const Tensor c = a.detach();
-  const auto r3 = check("constant tanh into linear",
-                        [&](const TensorList& in) { return ag::linear(ag::tanh(c), in[0]); }, {w});
+  // A part of the graph no moving input reaches needs no rule: layer_norm of a constant feeds linear.
+  const Tensor c = ag::linear(a, w).detach();
+  const auto r3 = check("constant layer_norm into matmul",
+                        [&](const TensorList& in) { return ag::matmul(ln(c), in[0]); }, {randn64({2, 3}, 53)});
   BOOST_TEST(r3.ok);
   BOOST_TEST(r3.forward_by_rules);
 }

@@ -8,6 +8,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/tangent_rules.hpp"
 #include "kernels/parallel.hpp"
 #include "kernels/philox.hpp"
 #include "ops/checks.hpp"
@@ -44,9 +45,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   });
   if (keep_mask) {
     // y = x · mask  =>  dx = dy · mask  (the same mask: it is kept, not redrawn)
-    return record("dropout", {x}, y, [mask = SavedTensor(mask)](const TensorList& g, const Node&) {
+    return record("dropout", {x}, y, symmetric([mask = SavedTensor(mask)](const TensorList& g, const Node&) {
       return GradList{mul(g[0], mask.get("dropout"))};
-    });
+    }));
   }
   return y;
 }

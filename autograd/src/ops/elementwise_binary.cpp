@@ -4,11 +4,13 @@
 // unless the generic variant is in use, with the same results (one IEEE operation an element).
 // Every rule here is written with these differentiable ops, once: a first-order backward runs
 // it without recording, a create_graph backward records it.
+#include <array>
 #include <cmath>
 #include <string_view>
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/tangent_rules.hpp"
 #include "kernels/broadcast.hpp"
 #include "kernels/exact_ops.hpp"
 #include "ops/checks.hpp"
@@ -56,10 +58,10 @@ Tensor add(const Tensor& a, const Tensor& b) {
   if (!y.defined()) y = broadcast::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x + z; });
   if (!needs_grad(a, b)) return y;
   // y = a + b  =>  da = sum_to(dy), db = sum_to(dy)
-  return record("add", {a, b}, y, [](const TensorList& g, const Node& n) {
+  return record("add", {a, b}, y, with_tangents([](const TensorList& g, const Node& n) {
     return GradList{grad_if(n, 0, [&] { return sum_to(g[0], n.input_meta[0].shape); }),
                       grad_if(n, 1, [&] { return sum_to(g[0], n.input_meta[1].shape); })};
-  });
+  }, [](const TensorList& t, const Node& n) { return GradList{tangent_sum(t[0], t[1], n)}; }));
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
@@ -68,10 +70,12 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   if (!y.defined()) y = broadcast::map<2>(shape, {a, b}, [](const auto& x, const auto& z) { return x - z; });
   if (!needs_grad(a, b)) return y;
   // y = a - b  =>  da = sum_to(dy), db = -sum_to(dy)
-  return record("sub", {a, b}, y, [](const TensorList& g, const Node& n) {
+  return record("sub", {a, b}, y, with_tangents([](const TensorList& g, const Node& n) {
     return GradList{grad_if(n, 0, [&] { return sum_to(g[0], n.input_meta[0].shape); }),
                       grad_if(n, 1, [&] { return neg(sum_to(g[0], n.input_meta[1].shape)); })};
-  });
+  }, [](const TensorList& t, const Node& n) {
+    return GradList{tangent_sum(t[0], t[1].defined() ? neg(t[1]) : Tensor(), n)};
+  }));
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
@@ -81,10 +85,16 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   if (!needs_grad(a, b)) return y;
   // y = a·b  =>  da = sum_to(dy·b), db = sum_to(dy·a)
   SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(a.requires_grad() ? b : Tensor());
-  return record("mul", {a, b}, y, [saved_a, saved_b](const TensorList& g, const Node& n) {
-    return GradList{grad_if(n, 0, [&] { return sum_to(mul(g[0], saved_b.get("mul")), n.input_meta[0].shape); }),
-                      grad_if(n, 1, [&] { return sum_to(mul(g[0], saved_a.get("mul")), n.input_meta[1].shape); })};
-  });
+  // ẏ = ȧ·b + a·ḃ
+  using Saved = std::array<SavedTensor, 2>;
+  return record("mul", {a, b}, y, with_tangents(Saved{std::move(saved_a), std::move(saved_b)},
+      [](const Saved& s, const TensorList& g, const Node& n) {
+    return GradList{grad_if(n, 0, [&] { return sum_to(mul(g[0], s[1].get("mul")), n.input_meta[0].shape); }),
+                      grad_if(n, 1, [&] { return sum_to(mul(g[0], s[0].get("mul")), n.input_meta[1].shape); })};
+  }, [](const Saved& s, const TensorList& t, const Node& n) {
+    return GradList{tangent_sum(t[0].defined() ? mul(t[0], s[1].get("mul")) : Tensor(),
+                                t[1].defined() ? mul(s[0].get("mul"), t[1]) : Tensor(), n)};
+  }));
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
@@ -94,14 +104,21 @@ Tensor div(const Tensor& a, const Tensor& b) {
   if (!needs_grad(a, b)) return y;
   // y = a / b  =>  da = sum_to(dy / b), db = sum_to(-dy·a / b²)
   SavedTensor saved_a(b.requires_grad() ? a : Tensor()), saved_b(b);
-  return record("div", {a, b}, y, [saved_a, saved_b](const TensorList& g, const Node& n) {
-    const Tensor bv = saved_b.get("div");
+  // ẏ = ȧ / b − a·ḃ / b²
+  using Saved = std::array<SavedTensor, 2>;
+  return record("div", {a, b}, y, with_tangents(Saved{std::move(saved_a), std::move(saved_b)},
+      [](const Saved& s, const TensorList& g, const Node& n) {
+    const Tensor bv = s[1].get("div");
     return GradList{
         grad_if(n, 0, [&] { return sum_to(div(g[0], bv), n.input_meta[0].shape); }),
         grad_if(n, 1, [&] {
-          return sum_to(div(mul(neg(g[0]), saved_a.get("div")), square(bv)), n.input_meta[1].shape);
+          return sum_to(div(mul(neg(g[0]), s[0].get("div")), square(bv)), n.input_meta[1].shape);
         })};
-  });
+  }, [](const Saved& s, const TensorList& t, const Node& n) {
+    const Tensor bv = s[1].get("div");
+    return GradList{tangent_sum(t[0].defined() ? div(t[0], bv) : Tensor(),
+                                t[1].defined() ? div(mul(neg(s[0].get("div")), t[1]), square(bv)) : Tensor(), n)};
+  }));
 }
 
 namespace {
@@ -189,7 +206,7 @@ Tensor add(const Tensor& a, double b) {
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x + scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a + c  =>  da = dy
-  return record("add", {a}, y, [](const TensorList& g, const Node&) { return GradList{g[0]}; });
+  return record("add", {a}, y, symmetric([](const TensorList& g, const Node&) { return GradList{g[0]}; }));
 }
 
 Tensor sub(const Tensor& a, double b) {
@@ -198,7 +215,7 @@ Tensor sub(const Tensor& a, double b) {
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x - scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a - c  =>  da = dy
-  return record("sub", {a}, y, [](const TensorList& g, const Node&) { return GradList{g[0]}; });
+  return record("sub", {a}, y, symmetric([](const TensorList& g, const Node&) { return GradList{g[0]}; }));
 }
 
 Tensor rsub(const Tensor& a, double b) {
@@ -207,7 +224,7 @@ Tensor rsub(const Tensor& a, double b) {
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return scalar_t<decltype(x)>(b) - x; });
   if (!needs_grad(a)) return y;
   // y = c - a  =>  da = -dy
-  return record("rsub", {a}, y, [](const TensorList& g, const Node&) { return GradList{neg(g[0])}; });
+  return record("rsub", {a}, y, symmetric([](const TensorList& g, const Node&) { return GradList{neg(g[0])}; }));
 }
 
 Tensor mul(const Tensor& a, double b) {
@@ -216,7 +233,7 @@ Tensor mul(const Tensor& a, double b) {
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x * scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a·c  =>  da = dy·c
-  return record("mul", {a}, y, [b](const TensorList& g, const Node&) { return GradList{mul(g[0], b)}; });
+  return record("mul", {a}, y, symmetric([b](const TensorList& g, const Node&) { return GradList{mul(g[0], b)}; }));
 }
 
 Tensor div(const Tensor& a, double b) {
@@ -225,7 +242,7 @@ Tensor div(const Tensor& a, double b) {
   if (!y.defined()) y = broadcast::map1(a, [b](const auto& x) { return x / scalar_t<decltype(x)>(b); });
   if (!needs_grad(a)) return y;
   // y = a / c  =>  da = dy / c
-  return record("div", {a}, y, [b](const TensorList& g, const Node&) { return GradList{div(g[0], b)}; });
+  return record("div", {a}, y, symmetric([b](const TensorList& g, const Node&) { return GradList{div(g[0], b)}; }));
 }
 
 Tensor rdiv(const Tensor& a, double b) {

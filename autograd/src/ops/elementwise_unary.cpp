@@ -12,6 +12,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/tangent_rules.hpp"
 #include "kernels/approx.hpp"
 #include "kernels/broadcast.hpp"
 #include "kernels/isa.hpp"
@@ -46,12 +47,13 @@ Tensor unary_backward(std::string_view name, const Tensor& dy, const Tensor& s, 
                 });
 }
 
-// The rule of a one-input op whose backward is unary_backward on the saved tensor s.
+// The rule of a one-input op whose backward is unary_backward on the saved tensor s. Its
+// Jacobian is diagonal, so forward mode is the same slope applied to the tangent: ẏ = f'(s)·ẋ.
 template <class Slope, class Curvature>
 auto rule_of(std::string_view name, const Tensor& s, Slope slope, Curvature curvature) {
-  return [name, slope, curvature, saved_s = SavedTensor(s)](const TensorList& g, const Node& n) {
+  return symmetric([name, slope, curvature, saved_s = SavedTensor(s)](const TensorList& g, const Node& n) {
     return GradList{unary_backward(name, g[0], saved_s.get(n.name()), slope, curvature)};
-  };
+  });
 }
 
 // An Eigen expression f(dy, s) as a slope: one pass over the buffer.
@@ -104,7 +106,7 @@ Tensor neg(const Tensor& x) {
   Tensor y = broadcast::map1(x, [](const auto& v) { return -v; });
   if (!needs_grad(x)) return y;
   // y = -x  =>  dx = -dy
-  return record("neg", {x}, y, [](const TensorList& g, const Node&) { return GradList{neg(g[0])}; });
+  return record("neg", {x}, y, symmetric([](const TensorList& g, const Node&) { return GradList{neg(g[0])}; }));
 }
 
 Tensor exp(const Tensor& x) {

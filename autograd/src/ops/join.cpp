@@ -7,6 +7,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/tangent_rules.hpp"
 #include "ops/checks.hpp"
 #include "ops/view_support.hpp"
 
@@ -175,9 +176,9 @@ Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_
   Tensor y = slice_copy(x, d, start, length, 1);
   if (needs_grad(x)) {
     // y = x[..., start : start + length, ...]  =>  dx = zeros with dy written at those positions
-    return record("narrow", {x}, y, [in_shape = x.shape(), d, start](const TensorList& g, const Node&) {
+    return record("narrow", {x}, y, with_tangents([in_shape = x.shape(), d, start](const TensorList& g, const Node&) {
       return GradList{slice_scatter(g[0], in_shape, d, start, 1)};
-    });
+    }, [d, start, length](const TensorList& t, const Node&) { return GradList{narrow(t[0], d, start, length)}; }));
   }
   return y;
 }
@@ -197,9 +198,9 @@ Tensor slice(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t
   Tensor y = slice_copy(x, d, start, count, step);
   if (needs_grad(x)) {
     // y = x[..., start : end : step, ...]  =>  dx = zeros with dy written at those positions
-    return record("slice", {x}, y, [in_shape = x.shape(), d, start, step](const TensorList& g, const Node&) {
+    return record("slice", {x}, y, with_tangents([in_shape = x.shape(), d, start, step](const TensorList& g, const Node&) {
       return GradList{slice_scatter(g[0], in_shape, d, start, step)};
-    });
+    }, [d, start, end, step](const TensorList& t, const Node&) { return GradList{slice(t[0], d, start, end, step)}; }));
   }
   return y;
 }
@@ -232,7 +233,7 @@ Tensor cat(const TensorList& xs, std::int64_t dim) {
     std::vector<std::int64_t> sizes;
     for (const auto& x : xs) sizes.push_back(x.shape()[static_cast<std::size_t>(d)]);
     // y = [x_0 | x_1 | ...] along d  =>  dx_i = dy[..., offset_i : offset_i + size_i, ...]
-    return record("cat", xs, y, [sizes, d](const TensorList& g, const Node& node) {
+    return record("cat", xs, y, with_tangents([sizes, d](const TensorList& g, const Node& node) {
       TensorList dxs(sizes.size());
       std::int64_t offset = 0;
       for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -240,7 +241,12 @@ Tensor cat(const TensorList& xs, std::int64_t dim) {
         offset += sizes[i];
       }
       return dxs;
-    });
+    }, [d](const TensorList& t, const Node& node) {  // the tangents joined, zeros for those without one
+      TensorList parts(t.size());
+      for (std::size_t i = 0; i < t.size(); ++i)
+        parts[i] = t[i].defined() ? t[i] : zeros(node.input_meta[i].shape, node.input_meta[i].dtype);
+      return GradList{cat(parts, d)};
+    }));
   }
   return y;
 }

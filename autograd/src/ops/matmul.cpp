@@ -16,6 +16,7 @@
 #include "kernels/gemm.hpp"
 #include "ops/checks.hpp"
 #include "ops/product.hpp"
+#include "ops/tangent_rules.hpp"
 
 namespace autograd {
 namespace {
@@ -213,8 +214,21 @@ Tensor record_product(Slot s, std::shared_ptr<const MatmulPlan> plan, const Tens
   const std::string_view name = node_name(s);
   // The gradient of x needs y, and that of y needs x.
   SavedTensor saved_x(y.requires_grad() ? x : Tensor()), saved_y(x.requires_grad() ? y : Tensor());
-  return record(name, {x, y}, std::move(z),
-                [s, name, plan = std::move(plan), saved_x, saved_y](const TensorList& g, const Node& n) {
+  // Forward mode: Z is bilinear in x and y, so Ż = T's gradient in slot s from (ẋ, y) plus that
+  // from (x, ẏ).
+  struct Saved {
+    Slot s;
+    std::string_view name;
+    std::shared_ptr<const MatmulPlan> plan;
+    SavedTensor x, y;
+  };
+  return record(name, {x, y}, std::move(z), with_tangents(Saved{s, name, std::move(plan), std::move(saved_x), std::move(saved_y)},
+                [](const Saved& st, const TensorList& g, const Node& n) {
+                  const Slot s = st.s;
+                  const std::string_view name = st.name;
+                  const auto& plan = st.plan;
+                  const SavedTensor& saved_x = st.x;
+                  const SavedTensor& saved_y = st.y;
                   // (plain variables, not a structured binding: the lambdas below capture them)
                   const std::array<Slot, 2> xy = others(s);
                   const Slot sx = xy[0], sy = xy[1];
@@ -228,7 +242,12 @@ Tensor record_product(Slot s, std::shared_ptr<const MatmulPlan> plan, const Tens
                   };
                   return GradList{grad_if(n, 0, [&] { return slot_grad(sx); }),
                                   grad_if(n, 1, [&] { return slot_grad(sy); })};
-                });
+                },
+                [](const Saved& st, const TensorList& t, const Node& n) {
+                  const Tensor a = t[0].defined() ? product(st.s, st.plan, t[0], st.y.get(st.name)) : Tensor();
+                  const Tensor b = t[1].defined() ? product(st.s, st.plan, st.x.get(st.name), t[1]) : Tensor();
+                  return GradList{tangent_sum(a, b, n)};
+                }));
 }
 
 }  // namespace

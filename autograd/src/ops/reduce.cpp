@@ -16,6 +16,7 @@
 
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/tangent_rules.hpp"
 #include "kernels/exact.hpp"
 #include "ops/checks.hpp"
 
@@ -223,10 +224,13 @@ Tensor scaled_sum(std::string_view op, const Tensor& x, const DimMask& mask, boo
   });
   if (needs_grad(x)) {
     // y = s · Σ_reduced x  =>  dx = s · dy broadcast back over the reduced dims
+    // Forward mode: ẏ = the same sum of ẋ.
     return record(op, {x}, y,
-                  [walk, scale, mask, mean](const TensorList& g, const Node& n) {
+                  with_tangents([walk, scale, mask, mean](const TensorList& g, const Node& n) {
                     return GradList{broadcast_back(g[0], n.input_meta[0].shape, walk, mask, scale, mean)};
-                  });
+                  }, [op, mask, keepdim, mean](const TensorList& t, const Node&) {
+                    return GradList{scaled_sum(op, t[0], mask, keepdim, mean)};
+                  }));
   }
   return y;
 }

@@ -9,6 +9,7 @@
 #include "autograd/detail/small_pool.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/ops.hpp"
+#include "ops/tangent_rules.hpp"
 #include "ops/checks.hpp"
 #include "ops/view_support.hpp"
 
@@ -29,9 +30,9 @@ Tensor view_op(std::string name, const Tensor& x, const Shape& shape) {
   Tensor y = view_as_shape(x, shape);
   if (needs_grad(x)) {
     // y = x viewed as shape  =>  dx = dy viewed as x.shape
-    return record(std::move(name), {x}, y, [in_shape = x.shape()](const TensorList& g, const Node&) {
+    return record(std::move(name), {x}, y, with_tangents([in_shape = x.shape()](const TensorList& g, const Node&) {
       return GradList{reshape(g[0], in_shape)};
-    });
+    }, [](const TensorList& t, const Node& n) { return GradList{reshape(t[0], n.output_meta[0].shape)}; }));
   }
   return y;
 }
@@ -234,9 +235,9 @@ Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims) {
     std::vector<std::int64_t> inverse(perm.size());
     for (std::size_t i = 0; i < perm.size(); ++i) inverse[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
     // y[i_0..i_k] = x[i_perm⁻¹...], y.dim(i) = x.dim(perm[i])  =>  dx = permute(dy, perm⁻¹)
-    return record("permute", {x}, y, [inverse](const TensorList& g, const Node&) {
+    return record("permute", {x}, y, with_tangents([inverse](const TensorList& g, const Node&) {
       return GradList{permute(g[0], inverse)};
-    });
+    }, [perm](const TensorList& t, const Node&) { return GradList{permute(t[0], perm)}; }));
   }
   return y;
 }
@@ -256,9 +257,9 @@ Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1) {
   Tensor y = permute_copy(x, perm);
   if (needs_grad(x)) {
     // y = x with dims d0, d1 swapped  =>  dx = dy with them swapped back
-    return record("transpose", {x}, y, [d0, d1](const TensorList& g, const Node&) {
+    return record("transpose", {x}, y, symmetric([d0, d1](const TensorList& g, const Node&) {
       return GradList{transpose(g[0], d0, d1)};
-    });
+    }));
   }
   return y;
 }
@@ -293,9 +294,9 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   });
   if (needs_grad(x)) {
     // y = broadcast(x)  =>  dx = dy summed over the broadcast dims
-    return record("expand", {x}, y, [in_shape = in](const TensorList& g, const Node&) {
+    return record("expand", {x}, y, with_tangents([in_shape = in](const TensorList& g, const Node&) {
       return GradList{sum_to(g[0], in_shape)};
-    });
+    }, [](const TensorList& t, const Node& n) { return GradList{expand(t[0], n.output_meta[0].shape)}; }));
   }
   return y;
 }

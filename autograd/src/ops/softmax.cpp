@@ -23,6 +23,7 @@
 #include "autograd/ops.hpp"
 #include "kernels/approx.hpp"
 #include "ops/checks.hpp"
+#include "ops/tangent_rules.hpp"
 #include "ops/softmax.hpp"
 
 namespace autograd {
@@ -242,9 +243,17 @@ Tensor softmax_impl(std::string_view op, const Tensor& x, std::int64_t dim, bool
   }
   if (!needs_grad(x)) return y;
   const std::int64_t d = normalize_dim(op, dim, x.dim());
-  return record(std::string(op), {x}, y, [l, log, d, saved_y = SavedTensor(y)](const TensorList& g, const Node&) {
-    return GradList{backward_op(l, d, g[0], saved_y.get(log ? "log_softmax" : "softmax"), log)};
-  });
+  // Forward mode: softmax's Jacobian diag(y) − y·yᵀ is symmetric, so ẏ is its backward applied to
+  // ẋ; log_softmax's, I − 1·softmaxᵀ, is not: ẏ = ẋ − Σ_d softmax ⊙ ẋ.
+  return record(std::string(op), {x}, y, with_tangents(SavedTensor(y),
+      [l, log, d](const SavedTensor& saved_y, const TensorList& g, const Node&) {
+        return GradList{backward_op(l, d, g[0], saved_y.get(log ? "log_softmax" : "softmax"), log)};
+      },
+      [l, log, d](const SavedTensor& saved_y, const TensorList& t, const Node&) {
+        const Tensor yv = saved_y.get(log ? "log_softmax" : "softmax");
+        if (!log) return GradList{backward_op(l, d, t[0], yv, false)};
+        return GradList{sub(t[0], sum(mul(exp(yv), t[0]), d, true))};
+      }));
 }
 
 }  // namespace
