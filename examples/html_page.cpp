@@ -148,8 +148,25 @@ std::string json_in_script(const nlohmann::json& value) {
   return out;
 }
 
+namespace {
+
+// The file a path names once its symbolic links are followed (a dangling link: the file it would
+// create), so that writing replaces that file and leaves the link in place.
+std::filesystem::path link_target(const std::filesystem::path& path) {
+  std::filesystem::path p = path;
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && std::filesystem::is_symlink(p, ec); ++hops) {
+    const std::filesystem::path next = std::filesystem::read_symlink(p, ec);
+    if (ec) break;
+    p = next.is_absolute() ? next : p.parent_path() / next;
+  }
+  return p;
+}
+
+}  // namespace
+
 void write_file(const std::string& path, const std::string& text) {
-  const std::filesystem::path target(path);
+  const std::filesystem::path target = link_target(path);
   const std::filesystem::path temp = target.parent_path() / (target.filename().string() + fmt::format(".tmp{}", ::getpid()));
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
@@ -172,7 +189,7 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 void check_writable(const std::string& path) {
-  const std::filesystem::path target(path);
+  const std::filesystem::path target = link_target(path);
   auto refuse = [&path](const std::string& reason) {
     throw std::runtime_error(fmt::format("cannot write {}: {}", path, reason));
   };

@@ -22,7 +22,8 @@ std::string json_in_script(const nlohmann::json& value);
 
 // Writes `text` to `path` through a temporary file in the same directory that is then renamed
 // over `path`, so a reader never sees half a file; throws std::runtime_error naming the path and
-// the reason when it cannot.
+// the reason when it cannot. A symbolic link is followed: the file it names is replaced, the link
+// stays.
 void write_file(const std::string& path, const std::string& text);
 
 // Throws what write_file(path, ...) would throw for want of a directory, of permission, or because

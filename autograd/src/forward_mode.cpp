@@ -17,16 +17,16 @@ namespace {
 
 // The node that carries a gradient into t and which of its outputs t is; the leaf's
 // accumulator (made if it has none yet) for a leaf that requires grad; null when t needs no
-// gradient.
-std::pair<Node*, std::uint32_t> source_of(const Tensor& t) {
+// gradient. (Owned: an accumulator nothing else holds lives as long as the walk.)
+std::pair<std::shared_ptr<Node>, std::uint32_t> source_of(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {nullptr, 0};
-  if (t.grad_fn()) return {t.grad_fn().get(), t.impl()->output_nr};
-  return {grad_accumulator(t).get(), 0};
+  if (t.grad_fn()) return {t.grad_fn(), t.impl()->output_nr};
+  return {grad_accumulator(t), 0};
 }
 
 struct Walk {
   struct Entry {
-    Node* node = nullptr;
+    std::shared_ptr<Node> node;
     TensorList tangents;     // one per output, once computed (undefined = zero)
     std::uint64_t wanted = 0;  // outputs whose tangents something downstream reads
     bool seeded = false;     // an input of the walk: its tangents are given, never computed
@@ -36,8 +36,8 @@ struct Walk {
   std::vector<Entry> entries;
   std::unordered_map<const Node*, std::size_t> index;
 
-  std::size_t add(Node* n) {
-    auto [it, inserted] = index.emplace(n, entries.size());
+  std::size_t add(const std::shared_ptr<Node>& n) {
+    auto [it, inserted] = index.emplace(n.get(), entries.size());
     if (inserted) {
       Entry e;
       e.node = n;
@@ -93,10 +93,10 @@ std::optional<TensorList> tangents_by_rules(const TensorList& outputs, const Ten
     }
     w.entries[k].expanded = true;
     if (w.entries[k].seeded || w.entries[k].node->accumulates_into_leaf()) continue;
-    Node* node = w.entries[k].node;
+    Node* node = w.entries[k].node.get();
     for (const Edge& edge : node->next_edges) {
       if (!edge.valid()) continue;
-      const std::size_t c = w.add(edge.node.get());
+      const std::size_t c = w.add(edge.node);
       mark_wanted(w.entries[c], edge.input_nr);
       if (!w.entries[c].expanded) stack.push_back(c);
     }
@@ -106,7 +106,10 @@ std::optional<TensorList> tangents_by_rules(const TensorList& outputs, const Ten
     NoGradGuard no_grad;
     TensorList in, out;
     for (const std::size_t k : order) {
-      Node* node = w.entries[k].node;
+      Node* node = w.entries[k].node.get();
+      // A node whose graph was freed (fn called backward() itself) has lost its edges: the walk
+      // cannot tell what reaches it, so it gives up (the construction then names the node).
+      if (node->released()) return std::nullopt;
       in.assign(node->next_edges.size(), Tensor());
       bool any = false;
       for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
@@ -119,7 +122,6 @@ std::optional<TensorList> tangents_by_rules(const TensorList& outputs, const Ten
         }
       }
       if (!any) continue;
-      if (node->released()) return std::nullopt;
       out.clear();
       if (!node->tangents(in, out, w.entries[k].wanted)) return std::nullopt;
       if (out.size() > node->output_meta.size())
@@ -140,7 +142,7 @@ std::optional<TensorList> tangents_by_rules(const TensorList& outputs, const Ten
   for (std::size_t j = 0; j < outputs.size(); ++j) {
     const auto [node, nr] = source_of(outputs[j]);
     if (node == nullptr) continue;
-    const Walk::Entry& e = w.entries[w.index.at(node)];
+    const Walk::Entry& e = w.entries[w.index.at(node.get())];
     if (nr < e.tangents.size()) result[j] = e.tangents[nr];
   }
   return result;

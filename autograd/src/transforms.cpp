@@ -312,8 +312,12 @@ JvpResult jvp(const std::function<TensorList(const TensorList&)>& fn, const Tens
     TensorList vs;
     for (const auto& t : tangents) vs.push_back(t.detach());
     if (auto jv = detail::tangents_by_rules(ys, leaves, vs)) {
-      for (std::size_t j = 0; j < ys.size(); ++j)
-        r.tangents.push_back((*jv)[j].defined() ? own((*jv)[j], tangents) : zeros(ys[j].shape(), ys[j].dtype()));
+      for (std::size_t j = 0; j < ys.size(); ++j) {
+        Tensor t = (*jv)[j].defined() ? own((*jv)[j], tangents) : zeros(ys[j].shape(), ys[j].dtype());
+        for (std::size_t i = 0; i < j; ++i)  // fn returning one tensor twice: two tangents of their own
+          if (t.impl()->storage == r.tangents[i].impl()->storage) t = t.clone();
+        r.tangents.push_back(std::move(t));
+      }
       return r;
     }
   }

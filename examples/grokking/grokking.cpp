@@ -275,8 +275,18 @@ Result run(const Config& config, const Outputs& outputs) {
     for (const auto& [name, p] : trained) values.push_back(p.clone());
     snapshots.emplace_back(step, std::move(values));
   };
+  // A loss that is not finite ends the run, naming the flags that make weights diverge, before
+  // anything is written.
+  const auto check_finite = [&](const char* which, double loss, std::int64_t step) {
+    if (!std::isfinite(loss))
+      throw std::runtime_error(fmt::format("grokking: the {} loss is {} at step {}: the weights diverged (lower --lr, "
+                                           "now {}, or --weight-decay, now {})",
+                                           which, loss, step, c.lr, c.weight_decay));
+  };
   const auto evaluate = [&](std::int64_t step, Measured train) {
     const Measured test = measure(model, d.test_tokens, d.test_labels);
+    check_finite("training", train.loss, step);
+    check_finite("test", test.loss, step);
     CurvePoint point{step, train.loss, train.accuracy, test.loss, test.accuracy};
     r.curve.push_back(point);
     if (!r.grokked_step && test.accuracy >= 0.99) r.grokked_step = step;
@@ -288,8 +298,7 @@ Result run(const Config& config, const Outputs& outputs) {
     const ag::Tensor logits = answer_logits(model, d.train_tokens);
     ag::Tensor loss = ag::cross_entropy(logits, d.train_labels);
     const Measured train{loss.item(), accuracy(logits, d.train_labels)};
-    if (!std::isfinite(train.loss))
-      throw std::runtime_error(fmt::format("grokking: the training loss is {} at step {}", train.loss, step));
+    check_finite("training", train.loss, step);
     r.train_seconds += seconds_since(start);
     r.train_losses.push_back(train.loss);
     if (!r.memorized_step && train.accuracy >= 0.99) r.memorized_step = step;

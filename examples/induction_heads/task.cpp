@@ -9,14 +9,18 @@ namespace induction {
 
 void TaskConfig::check() const {
   if (vocab < 2) throw std::invalid_argument(fmt::format("--vocab {}: needs at least 2 tokens", vocab));
-  if (period_min < 1)
-    throw std::invalid_argument(fmt::format("--period-min {}: the segment needs at least 1 token", period_min));
+  // (A segment of one token has nothing after its first token to predict by induction: the
+  // repeated-token loss would be a mean over no targets.)
+  if (period_min < 2)
+    throw std::invalid_argument(fmt::format(
+        "--period-min {}: the segment needs at least 2 tokens (only the tokens after the first of the repeat are "
+        "predicted by induction)", period_min));
   if (period_max < period_min)
     throw std::invalid_argument(fmt::format("--period-max {} is below --period-min {}", period_max, period_min));
-  if (2 * period_max > seq_len)
+  if (period_max > seq_len / 2)  // 2·period_max > seq_len, without overflow
     throw std::invalid_argument(fmt::format("--period-max {}: a segment of {} tokens repeated does not fit in "
-                                            "--seq-len {} (needs 2 x {} = {})",
-                                            period_max, period_max, seq_len, period_max, 2 * period_max));
+                                            "--seq-len {} (needs twice {} tokens)",
+                                            period_max, period_max, seq_len, period_max));
 }
 
 std::string TaskConfig::describe() const {

@@ -1,7 +1,8 @@
 // The ops' forward-mode rules (Node::tangents), which ag::jvp and gradcheck's forward-mode check use
 // where every op between the inputs and the outputs has one: linear, linear_cat and the fused
 // attention core (the three nodes of nn::MultiHeadAttention), the elementwise ops, views and
-// copies of shape, cat, sums and means, softmax, dropout, matmul, and custom Functions with a jvp.
+// copies of shape, cat, sums and means, softmax, layer_norm, dropout, matmul, and custom Functions
+// with a jvp.
 // Each rule is checked in float64 by gradcheck's forward-mode check, now independent of the
 // backward (the dot-product test ⟨u, J·v⟩ = ⟨Jᵀu, v⟩ to 1e-10 of the products' magnitudes, and J·v
 // against central differences), and against the double-vjp construction the engine takes without
@@ -247,6 +248,9 @@ BOOST_AUTO_TEST_CASE(elementwise_shape_reduction_softmax_and_product_rules_pass_
          return ag::cat({ag::narrow(x[0], 2, 1, 2), ag::slice(x[0], 2, 0, 4, 3), ag::expand(x[1], {2, 3, 4})}, 2); }, {a, b}},
       {"sum, mean", [](const TensorList& x) { return ag::add(ag::sum(x[0], {0, 2}, true), ag::mean(x[0], 1, true)); }, {a}},
       {"softmax, log_softmax", [](const TensorList& x) { return ag::add(ag::softmax(x[0], 1), ag::log_softmax(x[0], -1)); }, {a}},
+      {"layer_norm", [](const TensorList& x) { return ag::layer_norm(x[0], {4}, x[1], x[2]); }, {a, randn64({4}, 86), randn64({4}, 87)}},
+      {"layer_norm over two dims, no affine", [](const TensorList& x) { return ag::layer_norm(x[0], {3, 4}); }, {a}},
+      {"layer_norm, weight only", [](const TensorList& x) { return ag::layer_norm(x[0], {4}, x[1]); }, {a, randn64({4}, 88)}},
       {"dropout", [](const TensorList& x) { ag::Generator gen(3); return ag::dropout(x[0], 0.4, true, gen); }, {a}},
       {"matmul (batched, broadcast)", [](const TensorList& x) { return ag::matmul(x[0], x[1]); }, {m, n}},
       {"matmul (vector)", [](const TensorList& x) { return ag::matmul(x[0], ag::reshape(x[1], {-1})); }, {b, randn64({4}, 85)}},
@@ -260,19 +264,18 @@ BOOST_AUTO_TEST_CASE(elementwise_shape_reduction_softmax_and_product_rules_pass_
 }
 
 BOOST_AUTO_TEST_CASE(ops_without_rules_take_the_double_vjp_construction) {
-  const Tensor a = randn64({3, 4}, 50), w = randn64({4, 2}, 51), g = randn64({2}, 52);
-  const auto ln = [&](const Tensor& x) { return ag::layer_norm(x, {2}, g.detach()); };
-  const auto r = check("linear then layer_norm", [&](const TensorList& in) { return ln(ag::linear(in[0], in[1])); }, {a, w});
+  const Tensor a = randn64({3, 4}, 50), w = randn64({4, 2}, 51);
+  const auto r = check("linear then no rule", [&](const TensorList& in) { return NoRule::apply(ag::linear(in[0], in[1])); }, {a, w});
   BOOST_TEST(r.ok);
   BOOST_TEST(!r.forward_by_rules);
   // A node with a rule after one without: still the construction (the walk needs every node).
-  const auto r2 = check("layer_norm then tanh", [&](const TensorList& in) { return ag::tanh(ln(ag::linear(in[0], in[1]))); }, {a, w});
+  const auto r2 = check("no rule then tanh", [&](const TensorList& in) { return ag::tanh(NoRule::apply(ag::linear(in[0], in[1]))); }, {a, w});
   BOOST_TEST(r2.ok);
   BOOST_TEST(!r2.forward_by_rules);
-  // A part of the graph no moving input reaches needs no rule: layer_norm of a constant feeds linear.
-  const Tensor c = ag::linear(a, w).detach();
-  const auto r3 = check("constant layer_norm into matmul",
-                        [&](const TensorList& in) { return ag::matmul(ln(c), in[0]); }, {randn64({2, 3}, 53)});
+  // A part of the graph no moving input reaches needs no rule: a rule-less op on a constant feeds matmul.
+  const Tensor c = a.detach().requires_grad_();
+  const auto r3 = check("constant through no rule into matmul",
+                        [&](const TensorList& in) { return ag::matmul(NoRule::apply(c), in[0]); }, {randn64({4, 3}, 53)});
   BOOST_TEST(r3.ok);
   BOOST_TEST(r3.forward_by_rules);
 }
@@ -305,4 +308,35 @@ BOOST_AUTO_TEST_CASE(custom_function_jvp_of_the_wrong_count_or_shape_is_refused_
   test_support::check_throws<std::invalid_argument>(
       [&] { ag::jvp([](const TensorList& in) { return TensorList{WrongShape::apply(in[0])}; }, x, v); },
       {"jvp of 'wrong_shape' returned for output 0 a tangent [6] Float64, but that output is [2, 3] Float64"});
+}
+
+// Outputs that are leaves: an input returned as it is (in any order, or twice), or a leaf of the
+// function's own that does not move (zero tangent). The walk keeps the leaves' accumulators alive.
+BOOST_AUTO_TEST_CASE(outputs_that_are_leaves_get_their_own_tangents) {
+  const Tensor a = ag::ones({2}, Dtype::Float64), b = ag::ones({2}, Dtype::Float64);
+  const Tensor ta = ag::full({2}, 1.0, Dtype::Float64), tb = ag::full({2}, 10.0, Dtype::Float64);
+  const Tensor P = ag::ones({2}, Dtype::Float64).requires_grad_();
+  const auto r = ag::jvp([&](const TensorList& in) { return TensorList{in[1], in[0], P, in[0]}; }, {a, b}, {ta, tb});
+  BOOST_TEST(r.tangents[0].to_vector() == std::vector<double>({10.0, 10.0}), boost::test_tools::per_element());
+  BOOST_TEST(r.tangents[1].to_vector() == std::vector<double>({1.0, 1.0}), boost::test_tools::per_element());
+  BOOST_TEST(r.tangents[2].to_vector() == std::vector<double>({0.0, 0.0}), boost::test_tools::per_element());
+  BOOST_TEST(r.tangents[3].to_vector() == std::vector<double>({1.0, 1.0}), boost::test_tools::per_element());
+  // Two outputs that are one tensor get tangents of their own storage.
+  const auto twice = ag::jvp([](const TensorList& in) { const Tensor y = ag::linear(in[0], in[0]); return TensorList{y, y}; },
+                             {ag::ones({2, 2}, Dtype::Float64)}, {ag::ones({2, 2}, Dtype::Float64)});
+  BOOST_TEST(twice.tangents[0].impl()->storage != twice.tangents[1].impl()->storage);
+  BOOST_TEST(twice.tangents[0].to_vector() == twice.tangents[1].to_vector(), boost::test_tools::per_element());
+}
+
+// A function that frees its own graph (by calling backward()) is refused as vjp refuses it, not
+// given zero tangents.
+BOOST_AUTO_TEST_CASE(a_function_that_frees_its_graph_is_refused) {
+  const Tensor w = randn64({3, 2}, 90).detach();
+  const auto fn = [&](const TensorList& in) {
+    const Tensor y = ag::linear(in[0], w);
+    ag::sum(y).backward();
+    return TensorList{y};
+  };
+  test_support::check_throws<std::runtime_error>(
+      [&] { ag::jvp(fn, {randn64({2, 3}, 91).detach()}, {randn64({2, 3}, 92).detach()}); }, {"jvp", "freed"});
 }

@@ -33,7 +33,8 @@
 // Forward mode (ag::jvp, gradcheck's forward-mode check): a Function may give its own rule,
 //   static ag::TensorList jvp(ag::FunctionCtx& ctx, const ag::TensorList& input_tangents);
 // with one tangent per Tensor argument of forward (zeros where the argument does not move) and
-// returning one per output (torch.autograd.Function.jvp). It runs with grad mode off. Without it,
+// returning one per output (torch.autograd.Function.jvp; undefined for an Int64 output). It runs
+// with grad mode off. Without it,
 // forward mode through the function takes the double-vjp construction (its backward, differentiated).
 #include <map>
 #include <memory>
@@ -64,7 +65,7 @@ class FunctionCtx {
 // Thrown when create_graph reaches a Function declared once_differentiable.
 [[noreturn]] void once_differentiable_error(const std::string& name);
 // Throws, naming the function, unless `tangents` (what its jvp returned) has one tensor per
-// output of the node, each of that output's shape and dtype.
+// output of the node, each of that output's shape and dtype (undefined for an integer output).
 void check_function_tangents(const std::string& name, const Node& node, const TensorList& tangents);
 
 template <class Derived>
@@ -122,6 +123,8 @@ struct Function {
                                             : zeros(node.input_meta[i].shape, node.input_meta[i].dtype);
       TensorList out = Derived::jvp(*ctx, in);
       check_function_tangents(ctx->op_name, node, out);
+      for (auto& t : out)
+        if (t.defined()) t = t.detach();
       return out;
     }
   };

@@ -396,6 +396,42 @@ Grads layer_norm_backward(const Saved& st, const Tensor& dy, const Tensor& x, co
   return out;  // (the outputs share their tensors with out's, which now point at the node)
 }
 
+// layer_norm's rules. Backward: layer_norm_backward. Forward mode: with x̂ = (x − μ)·r,
+// ẏ = ẋ̂ ⊙ w + x̂ ⊙ ẇ + ḃ, where x̂'s Jacobian r·(I − 1/D − x̂·x̂ᵀ/D) is symmetric, so ẋ̂ is the
+// weightless backward applied to ẋ.
+struct LayerNormRule {
+  Saved st;
+  SavedTensor saved_x, saved_w;
+  bool has_weight = false, has_bias = false;
+
+  GradList operator()(const TensorList& g, const Node& node) const {
+    const std::size_t bias_input = has_weight ? 2 : 1;
+    const bool want_dx = node.needs_input_grad(0);
+    const Tensor wv = has_weight && want_dx ? saved_w.get(kOp) : Tensor();
+    const Grads d = layer_norm_backward(st, g[0], saved_x.get(kOp), wv, want_dx, has_weight && node.needs_input_grad(1),
+                                        has_bias && node.needs_input_grad(bias_input));
+    GradList grads{d.dx};
+    if (has_weight) grads.push_back(d.dw);
+    if (has_bias) grads.push_back(d.db);
+    return grads;
+  }
+
+  GradList tangents(const TensorList& t, const Node& node, std::uint64_t) const {
+    const std::int64_t N = st.rows.n, D = st.rows.d;
+    const Tensor xv = saved_x.get(kOp);
+    const Tensor dw = has_weight ? t[1] : Tensor(), db = has_bias ? t[has_weight ? 2 : 1] : Tensor();
+    Tensor y;  // (N, D)
+    auto plus = [&](const Tensor& term) { y = y.defined() ? add(y, term) : term; };
+    if (t[0].defined()) {
+      const Tensor dxhat = reshape(layer_norm_backward(st, t[0], xv, Tensor(), true, false, false).dx, {N, D});
+      plus(has_weight ? mul(dxhat, reshape(saved_w.get(kOp), {1, D})) : dxhat);
+    }
+    if (dw.defined()) plus(mul(normalized(st, reshape(xv, {N, D})).xhat, reshape(dw, {1, D})));
+    if (db.defined()) plus(y.defined() ? reshape(db, {1, D}) : add(zeros({N, D}, db.dtype()), reshape(db, {1, D})));
+    return GradList{reshape(y, node.output_meta[0].shape)};
+  }
+};
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
@@ -425,20 +461,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   const bool has_weight = weight.defined(), has_bias = bias.defined();
   // x is needed for dx and dw; w only for dx
   record(kOp, inputs, std::span<const Tensor>(&y, 1),
-         [st = Saved{stats, rows, normalized_shape, eps}, saved_x = SavedTensor(x),
-          saved_w = has_weight && x.requires_grad() ? SavedTensor(weight) : SavedTensor(), has_weight,
-          has_bias](const TensorList& g, const Node& node) {
-           const std::size_t bias_input = has_weight ? 2 : 1;
-           const bool want_dx = node.needs_input_grad(0);
-           const Tensor wv = has_weight && want_dx ? saved_w.get(kOp) : Tensor();
-           const Grads d = layer_norm_backward(st, g[0], saved_x.get(kOp), wv, want_dx,
-                                               has_weight && node.needs_input_grad(1),
-                                               has_bias && node.needs_input_grad(bias_input));
-           GradList grads{d.dx};
-           if (has_weight) grads.push_back(d.dw);
-           if (has_bias) grads.push_back(d.db);
-           return grads;
-         });
+         LayerNormRule{Saved{stats, rows, normalized_shape, eps}, SavedTensor(x),
+                       has_weight && x.requires_grad() ? SavedTensor(weight) : SavedTensor(), has_weight, has_bias});
   return y;
 }
 
