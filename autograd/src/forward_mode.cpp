@@ -4,7 +4,10 @@
 // a rule is needed only on the paths from the inputs to the outputs.
 #include "forward_mode.hpp"
 
+#include <fmt/format.h>
+
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "autograd/grad_mode.hpp"
@@ -61,7 +64,11 @@ Tensor sum_tangents(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 std::optional<TensorList> tangents_by_rules(const TensorList& outputs, const TensorList& inputs,
-                                            const TensorList& tangents) {
+                                            const TensorList& tangents, std::string* missing) {
+  const auto give_up = [&](std::string why) -> std::optional<TensorList> {
+    if (missing != nullptr) *missing = std::move(why);
+    return std::nullopt;
+  };
   Walk w;
   // The seeds: the inputs' nodes, their tangents given. (An input given twice gets the sum.)
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -109,7 +116,7 @@ std::optional<TensorList> tangents_by_rules(const TensorList& outputs, const Ten
       Node* node = w.entries[k].node.get();
       // A node whose graph was freed (fn called backward() itself) has lost its edges: the walk
       // cannot tell what reaches it, so it gives up (the construction then names the node).
-      if (node->released()) return std::nullopt;
+      if (node->released()) return give_up(fmt::format("'{}' (its graph was freed)", node->name()));
       in.assign(node->next_edges.size(), Tensor());
       bool any = false;
       for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
@@ -123,7 +130,7 @@ std::optional<TensorList> tangents_by_rules(const TensorList& outputs, const Ten
       }
       if (!any) continue;
       out.clear();
-      if (!node->tangents(in, out, w.entries[k].wanted)) return std::nullopt;
+      if (!node->tangents(in, out, w.entries[k].wanted)) return give_up(fmt::format("'{}'", node->name()));
       if (out.size() > node->output_meta.size())
         fail("jvp", "the forward-mode rule of '{}' returned {} tangents for {} outputs", node->name(), out.size(),
              node->output_meta.size());

@@ -276,7 +276,7 @@ struct Check {
       if (out.requires_grad()) {
         TensorList typed;  // each direction in its input's dtype
         for (std::size_t c = 0; c < vs.size(); ++c) typed.push_back(vs[c].to(wrt[c].dtype()));
-        by_rules = detail::tangents_by_rules({out}, wrt, typed);
+        by_rules = detail::tangents_by_rules({out}, wrt, typed, &r.forward_rule_missing);
       }
       if (by_rules) {
         r.forward_by_rules = true;

@@ -156,7 +156,8 @@ void check_used_through_arguments(const char* op, const TensorList& outputs, con
     if (inputs[i].requires_grad() && reaches(inputs[i]))
       fail(op, "the function's result depends on {} {} itself, not on the argument it was given for it: fn is "
            "called on fresh leaves that share the inputs' data and must compute from those (a function that "
-           "reads a module's parameters directly is not differentiated through them)",
+           "reads a module's parameters directly is not differentiated through them: pass the parameter's value "
+           "as the input and use the argument in its place, e.g. with nn::functional's forms of the layer)",
            label("input", i, inputs[i]), shape_str(inputs[i].shape()));
 }
 

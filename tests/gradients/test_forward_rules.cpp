@@ -251,6 +251,10 @@ BOOST_AUTO_TEST_CASE(elementwise_shape_reduction_softmax_and_product_rules_pass_
       {"layer_norm", [](const TensorList& x) { return ag::layer_norm(x[0], {4}, x[1], x[2]); }, {a, randn64({4}, 86), randn64({4}, 87)}},
       {"layer_norm over two dims, no affine", [](const TensorList& x) { return ag::layer_norm(x[0], {3, 4}); }, {a}},
       {"layer_norm, weight only", [](const TensorList& x) { return ag::layer_norm(x[0], {4}, x[1]); }, {a, randn64({4}, 88)}},
+      {"rdiv, pow, masked_fill", [](const TensorList& x) {
+         const Tensor mask = ag::gt(x[0].detach(), 1.0);
+         return ag::masked_fill(ag::add(ag::rdiv(x[0], 2.0), ag::pow(x[0], 3.0)), mask, 0.25); }, {pos}},
+      {"stack", [](const TensorList& x) { return ag::stack({x[0], ag::mul(ag::narrow(x[0], 1, 0, 3), 2.0)}, 1); }, {randn64({1, 3}, 89)}},
       {"dropout", [](const TensorList& x) { ag::Generator gen(3); return ag::dropout(x[0], 0.4, true, gen); }, {a}},
       {"matmul (batched, broadcast)", [](const TensorList& x) { return ag::matmul(x[0], x[1]); }, {m, n}},
       {"matmul (vector)", [](const TensorList& x) { return ag::matmul(x[0], ag::reshape(x[1], {-1})); }, {b, randn64({4}, 85)}},
@@ -268,6 +272,7 @@ BOOST_AUTO_TEST_CASE(ops_without_rules_take_the_double_vjp_construction) {
   const auto r = check("linear then no rule", [&](const TensorList& in) { return NoRule::apply(ag::linear(in[0], in[1])); }, {a, w});
   BOOST_TEST(r.ok);
   BOOST_TEST(!r.forward_by_rules);
+  BOOST_TEST(r.forward_rule_missing == "'no_rule'");
   // A node with a rule after one without: still the construction (the walk needs every node).
   const auto r2 = check("no rule then tanh", [&](const TensorList& in) { return ag::tanh(NoRule::apply(ag::linear(in[0], in[1]))); }, {a, w});
   BOOST_TEST(r2.ok);

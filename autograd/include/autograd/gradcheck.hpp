@@ -65,6 +65,7 @@ struct GradcheckResult {
   // J·v came from the ops' forward-mode rules (Node::tangents), independent of the backward;
   // false: from the double-vjp construction, where some op on the way has no such rule.
   bool forward_by_rules = false;
+  std::string forward_rule_missing;  // else the first op on the way without one ("'cross_entropy'")
   std::string forward_skipped;       // why it did not, when check_forward_ad asked for it
   double forward_dot_error = 0.0;    // worst |⟨u, J·v⟩ - ⟨Jᵀu, v⟩| / (Σ|u||J·v| + Σ|Jᵀu||v|)
   double forward_max_abs_error = 0.0;  // worst |J·v - central difference| over output elements

@@ -16,16 +16,17 @@
 // is outside any graph (as torch.autograd.functional's without create_graph). An output that does not depend on an input gets
 // zeros for it.
 //
-// Forward mode (jvp) takes the ops' forward-mode rules (Node::tangents) where every node between
-// the inputs and the outputs has one: linear, linear_cat, the fused attention core and custom
-// Functions that give a jvp; the tangents are carried through the graph of the one call of fn,
-// at about the cost of one forward more. Otherwise, and inside another transform (whose results
-// must stay in the graph), it is built from reverse mode (the double-vjp construction): with u a
+// jvp takes the ops' forward-mode rules (Node::tangents) where every node between the inputs and
+// the outputs has one (most built-in ops: docs/double_backward.md §9 lists those without, such as
+// cross_entropy and the tiled attention core; custom Functions that give a jvp); the tangents are
+// carried through the graph of the one call of fn, at about the cost of one forward more.
+// Otherwise, inside another transform (whose results must stay in the graph), and always in
+// forward-mode jacobian and hessian, it is built from reverse mode (the double-vjp construction): with u a
 // cotangent of the outputs that requires grad, g(u) = Jᵀu is computed by a backward with
 // create_graph; g is linear in u, and the vjp of g with respect to u against v is J·v. That costs
 // one forward, one backward with create_graph and one backward through that backward's graph.
 // Every built-in op is differentiable to any order, so this goes through all of them; a custom
-// Function declared once_differentiable without a jvp is refused, naming it, and so is one whose
+// Function declared once_differentiable is refused there (its jvp unused), naming it, and so is one whose
 // backward computes with raw values (the engine finds its gradient outside the graph), in the
 // construction's jvp, forward-mode jacobian, hessian and nested transforms alike.
 //

@@ -252,9 +252,9 @@ Tensor rdiv(const Tensor& a, double b) {
   if (!needs_grad(a)) return y;
   // y = c / a  =>  da = -dy·c / a² = -dy·y / a
   SavedTensor saved_a(a), saved_y(y);
-  return record("rdiv", {a}, y, [saved_a, saved_y](const TensorList& g, const Node&) {
+  return record("rdiv", {a}, y, symmetric([saved_a, saved_y](const TensorList& g, const Node&) {
     return GradList{div(mul(neg(g[0]), saved_y.get("rdiv")), saved_a.get("rdiv"))};
-  });
+  }));
 }
 
 Tensor pow(const Tensor& a, double exponent) {
@@ -274,11 +274,11 @@ Tensor pow(const Tensor& a, double exponent) {
   if (!needs_grad(a)) return y;
   // y = a^e  =>  da = dy·e·a^(e-1)   (0 when e == 0)
   SavedTensor saved_a(a);
-  return record("pow", {a}, y, [saved_a, exponent](const TensorList& g, const Node&) {
+  return record("pow", {a}, y, symmetric([saved_a, exponent](const TensorList& g, const Node&) {
     if (exponent == 0.0) return GradList{masked_fill(g[0], ones({}, g[0].dtype()), 0.0)};  // zeros, of the graph
     const Tensor av = saved_a.get("pow");
     return GradList{exponent == 2.0 ? mul(mul(g[0], av), 2.0) : mul(mul(g[0], exponent), pow(av, exponent - 1.0))};
-  });
+  }));
 }
 
 // ---- operators ----
@@ -338,9 +338,9 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   if (!needs_grad(x)) return y;
   // y = mask ? c : x  =>  dx = mask ? 0 : dy
   SavedTensor saved_mask(m);
-  return record("masked_fill", {x}, y, [saved_mask](const TensorList& g, const Node&) {
+  return record("masked_fill", {x}, y, symmetric([saved_mask](const TensorList& g, const Node&) {
     return GradList{masked_fill(g[0], saved_mask.get("masked_fill"), 0.0)};
-  });
+  }));
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {

@@ -268,12 +268,17 @@ Tensor stack(const TensorList& xs, std::int64_t dim) {
   Tensor y = cat_copy("stack", pieces, d, out_shape, xs[0].dtype());
   if (needs_grad(xs)) {
     // y[..., i, ...] = x_i  =>  dx_i = dy[..., i, ...]
-    return record("stack", xs, y, [shape, d](const TensorList& g, const Node& node) {
+    return record("stack", xs, y, with_tangents([shape, d](const TensorList& g, const Node& node) {
       TensorList dxs(node.next_edges.size());
       for (std::size_t i = 0; i < dxs.size(); ++i)
         if (node.needs_input_grad(i)) dxs[i] = reshape(narrow(g[0], d, static_cast<std::int64_t>(i), 1), shape);
       return dxs;
-    });
+    }, [d](const TensorList& t, const Node& node) {  // the tangents stacked, zeros for those without one
+      TensorList parts(t.size());
+      for (std::size_t i = 0; i < t.size(); ++i)
+        parts[i] = t[i].defined() ? t[i] : zeros(node.input_meta[i].shape, node.input_meta[i].dtype);
+      return GradList{stack(parts, d)};
+    }));
   }
   return y;
 }
