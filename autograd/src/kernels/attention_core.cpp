@@ -119,6 +119,20 @@ bool softmax_rows_shared_shift(T* p, std::int64_t rows, std::int64_t cols) {
   }
 }
 
+// C = (A ⊙ Z)·B + beta·C for a block A [rows, cols] of row stride S (Z: the dropout factors' same
+// block, or null for none) and B [cols, d_v] with rows lb apart; `dropped` is scratch for A ⊙ Z.
+template <class T>
+void dropped_times(const Dims& d, const T* A, const T* Z, std::int64_t rows, std::int64_t cols, const T* B,
+                   std::int64_t lb, T beta, T* C, std::int64_t lc, RowMatrix<T>& dropped) {
+  std::int64_t ld = d.S;
+  if (Z != nullptr) {
+    dropped = StridedView<const T>(A, rows, cols, d.S).array() * StridedView<const T>(Z, rows, cols, d.S).array();
+    A = dropped.data();
+    ld = cols;
+  }
+  gemm<T>(false, false, rows, d.d_v, cols, T(1), A, std::max<std::int64_t>(ld, 1), B, lb, beta, C, lc);
+}
+
 }  // namespace
 
 MaskStrides mask_strides(const Shape& mask_shape) {
@@ -167,16 +181,8 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
         if (causal || x.mask != nullptr || !softmax_rows_shared_shift(Pb, rows, d.S))
           for (std::int64_t i = r0; i < r1; ++i) softmax_row(P + i * d.S, d.S, causal ? i + 1 : d.S, x.mask != nullptr);
         // O = (P ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
-        const T* Pd = Pb;
-        std::int64_t ld = d.S;
-        if (Z != nullptr) {
-          dropped = StridedView<const T>(Pb, rows, cols, d.S).array() *
-                    StridedView<const T>(Z + r0 * d.S, rows, cols, d.S).array();
-          Pd = dropped.data();
-          ld = cols;
-        }
-        gemm<T>(false, false, rows, d.d_v, cols, T(1), Pd, std::max<std::int64_t>(ld, 1), V, lv, T(0), O + r0 * lo,
-                lo);
+        dropped_times<T>(d, Pb, Z != nullptr ? Z + r0 * d.S : nullptr, rows, cols, V, lv, T(0), O + r0 * lo, lo,
+                         dropped);
       }
     }
   });
@@ -231,31 +237,16 @@ void tangent(const Dims& d, const TangentData<T>& x, MaskStrides ms, T scale, bo
             if (cols < d.S) StridedView<T>(dW + r0 * d.S + cols, rows, d.S - cols, d.S).setZero();
           }
           // Ȯ = (Ṗ ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
-          const T* dPd = ds.data() + r0 * d.S;
-          std::int64_t ld = d.S;
-          if (Z != nullptr) {
-            dropped = StridedView<const T>(dPd, rows, cols, d.S).array() *
-                      StridedView<const T>(Z + r0 * d.S, rows, cols, d.S).array();
-            dPd = dropped.data();
-            ld = cols;
-          }
-          gemm<T>(false, false, rows, d.d_v, cols, T(1), dPd, std::max<std::int64_t>(ld, 1), V, lv, T(0), Ob, lo);
+          dropped_times<T>(d, ds.data() + r0 * d.S, Z != nullptr ? Z + r0 * d.S : nullptr, rows, cols, V, lv, T(0),
+                           Ob, lo, dropped);
           written = true;
         } else if (dW != nullptr) {
           StridedView<T>(dW + r0 * d.S, rows, d.S, d.S).setZero();
         }
         if (x.dv != nullptr && cols > 0) {
           // Ȯ += (P ⊙ Z)·V̇
-          const T* Pd = P + r0 * d.S;
-          std::int64_t ld = d.S;
-          if (Z != nullptr) {
-            dropped = StridedView<const T>(Pd, rows, cols, d.S).array() *
-                      StridedView<const T>(Z + r0 * d.S, rows, cols, d.S).array();
-            Pd = dropped.data();
-            ld = cols;
-          }
-          gemm<T>(false, false, rows, d.d_v, cols, T(1), Pd, std::max<std::int64_t>(ld, 1), x.dv + d.v.at(b, h), lv,
-                  written ? T(1) : T(0), Ob, lo);
+          dropped_times<T>(d, P + r0 * d.S, Z != nullptr ? Z + r0 * d.S : nullptr, rows, cols, x.dv + d.v.at(b, h), lv,
+                           written ? T(1) : T(0), Ob, lo, dropped);
           written = true;
         }
         if (!written) StridedView<T>(Ob, rows, d.d_v, lo).setZero();
