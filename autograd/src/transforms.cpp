@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -385,7 +386,28 @@ TensorList jacobian(const GradcheckFn& fn, const TensorList& inputs, const Jacob
     return J;
   }
 
-  // Column (i, n): J·e_n by the double vjp, every column through the one graph of g(u) = Jᵀu.
+  // Column (i, n): J·e_n by the ops' forward-mode rules where they cover the graph (one walk per
+  // column through the graph of the one call of fn), outside another transform.
+  if (!nested) {
+    bool covered = true;
+    for (std::size_t i = 0; covered && i < leaves.size(); ++i) {
+      const std::int64_t N = leaves[i].numel();
+      TensorList t(leaves.size());
+      for (std::int64_t n = 0; n < N; ++n) {
+        t[i] = unit(leaves[i].shape(), leaves[i].dtype(), n);
+        const std::optional<TensorList> jv = detail::tangents_by_rules({y}, leaves, t);
+        if (!jv) {
+          covered = false;
+          break;
+        }
+        if ((*jv)[0].defined()) scatter_into(J[i], n, N, (*jv)[0]);
+      }
+    }
+    if (covered) return J;
+    for (auto& Ji : J) Ji = zeros(Ji.shape(), Ji.dtype());  // (columns the rules filled before one lacked)
+  }
+  // Otherwise column (i, n) is J·e_n by the double vjp, every column through the one graph of
+  // g(u) = Jᵀu.
   const Tensor u = zeros(y.shape(), y.dtype()).requires_grad_();
   const TensorList g = grad_with_graph("jacobian", {y}, leaves, {u});
   for (std::size_t i = 0; i < leaves.size(); ++i) {

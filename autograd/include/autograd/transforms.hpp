@@ -21,7 +21,7 @@
 // cross_entropy and the tiled attention core; custom Functions that give a jvp); the tangents are
 // carried through the graph of the one call of fn, at about the cost of one forward more.
 // Otherwise, inside another transform (whose results must stay in the graph), and always in
-// forward-mode jacobian and hessian, it is built from reverse mode (the double-vjp construction): with u a
+// hessian, it is built from reverse mode (the double-vjp construction): with u a
 // cotangent of the outputs that requires grad, g(u) = Jᵀu is computed by a backward with
 // create_graph; g is linear in u, and the vjp of g with respect to u against v is J·v. That costs
 // one forward, one backward with create_graph and one backward through that backward's graph.
@@ -67,8 +67,10 @@ VjpResult vjp(const TensorListFn& fn, const TensorList& inputs, const TensorList
 
 // Reverse: the Jacobian row by row, one backward per output element with a unit cotangent, all
 // through the one graph of a single call of fn (cheaper when the output is smaller than the inputs).
-// Forward: column by column, one jvp per input element with a unit tangent, all through the one
-// graph of the backward g(u) = Jᵀu (cheaper when the inputs are smaller than the output).
+// Forward: column by column, one jvp per input element with a unit tangent: by the ops'
+// forward-mode rules through the graph of the one call of fn where they cover it, else all
+// through the one graph of the backward g(u) = Jᵀu (cheaper when the inputs are smaller than the
+// output).
 // The two agree to rounding.
 enum class JacobianMode { Reverse, Forward };
 struct JacobianOptions {
