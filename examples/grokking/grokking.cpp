@@ -81,9 +81,31 @@ Measured measured(const ag::Tensor& logits, const ag::Tensor& labels) {
   return {ag::cross_entropy(logits, labels).item(), accuracy(logits, labels)};
 }
 
+// Evaluations run without a graph over at most this many pairs at a time (all of p = 113's 12,769
+// in one), so that a large p needs memory for one chunk's activations, not for all p² pairs'.
+constexpr std::int64_t kChunk = 16384;
+
+// The mean of per-chunk means, weighted by the chunks' sizes.
+struct Mean {
+  double sum = 0;
+  std::int64_t count = 0, chunks = 0;
+  double single = 0;  // the only chunk's mean, kept exact
+  void add(double mean, std::int64_t n) {
+    if (n == 0) return;
+    sum += mean * static_cast<double>(n), count += n, single = mean, ++chunks;
+  }
+  double value() const { return chunks == 1 ? single : sum / static_cast<double>(count); }
+};
+
 Measured measure(const nn::TransformerLM& model, const ag::Tensor& tokens, const ag::Tensor& labels) {
   ag::NoGradGuard no_grad;
-  return measured(answer_logits(model, tokens), labels);
+  Mean loss, right;
+  for (std::int64_t start = 0; start < tokens.size(0); start += kChunk) {
+    const std::int64_t n = std::min(kChunk, tokens.size(0) - start);
+    const Measured m = measured(answer_logits(model, ag::narrow(tokens, 0, start, n)), ag::narrow(labels, 0, start, n));
+    loss.add(m.loss, n), right.add(m.accuracy, n);
+  }
+  return {loss.value(), right.value()};
 }
 
 // The squared norm per frequency of W_E's first p rows in the Fourier basis: [0] the constant,
@@ -123,7 +145,7 @@ ag::Tensor sum_directions(std::int64_t p, const std::vector<std::int64_t>& keys)
   return ag::tensor(v, {p * p, 2 * K}, ag::Dtype::Float64);
 }
 
-// The model as it is now, from one forward over all p² pairs: its loss and accuracy on the training
+// The model as it is now, from forwards over all p² pairs: its loss and accuracy on the training
 // and on the test pairs, and the restricted and excluded losses (Nanda et al. 2023, section 5.1)
 // from the MLP activations at the "=" position.
 struct Snapshot {
@@ -131,35 +153,89 @@ struct Snapshot {
   double restricted_loss = 0, excluded_loss = 0;
 };
 
-Snapshot progress_measures(nn::TransformerLM& model, const Data& d, const ag::Tensor& directions) {
+// One chunk of pairs at the "=" position, Float64: the MLP's hidden activations (n, d_mlp), the
+// residual stream before the MLP (n, d_model) and the logits (n, p).
+struct LastPosition {
+  ag::Tensor acts, resid_mid, logits;
+};
+
+LastPosition last_position(nn::TransformerLM& model, const ag::Tensor& tokens) {
   ag::NoGradGuard no_grad;
   const nn::ActivationCache cache =
-      nn::run_with_cache(model, [&] { return model.forward(d.tokens); },
+      nn::run_with_cache(model, [&] { return model.forward(tokens); },
                          {.names = {"blocks.0.mlp_hidden", "blocks.0.resid_mid", "logits"}});
   const auto last = [](const ag::Tensor& t) {
     return ag::reshape(ag::narrow(t, 1, 2, 1), {t.size(0), t.size(2)}).to(ag::Dtype::Float64);
   };
-  const ag::Tensor acts = last(cache["blocks.0.mlp_hidden"]);   // (p², d_mlp)
-  const ag::Tensor resid_mid = last(cache["blocks.0.resid_mid"]);
-  const ag::Tensor logits = last(cache["logits"]);
+  return {last(cache["blocks.0.mlp_hidden"]), last(cache["blocks.0.resid_mid"]), last(cache["logits"])};
+}
+
+// The restricted loss keeps each neuron's mean over all pairs plus its key-frequency components
+// (the projection on the columns of `directions`, also over all pairs), so a first pass over the
+// chunks sums those; a second pass takes the losses chunk by chunk (one chunk: no second forward).
+Snapshot progress_measures(nn::TransformerLM& model, const Data& d, const ag::Tensor& directions) {
+  ag::NoGradGuard no_grad;
+  const std::int64_t n = d.tokens.size(0), chunks = (n + kChunk - 1) / kChunk;
+  const auto chunk = [&](std::int64_t i) {
+    const std::int64_t start = i * kChunk;
+    return std::pair{start, std::min(kChunk, n - start)};
+  };
+  std::optional<LastPosition> kept;
+  ag::Tensor sum_acts, projected, sum_logits;  // (1, d_mlp), (2K, d_mlp), (1, p)
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    const auto [start, len] = chunk(i);
+    LastPosition x = last_position(model, ag::narrow(d.tokens, 0, start, len));
+    const ag::Tensor dirs = ag::narrow(directions, 0, start, len);
+    const ag::Tensor a = ag::sum(x.acts, {0}, true), pr = ag::matmul(ag::transpose(dirs, 0, 1), x.acts),
+                     l = ag::sum(x.logits, {0}, true);
+    sum_acts = i == 0 ? a : ag::add(sum_acts, a);
+    projected = i == 0 ? pr : ag::add(projected, pr);
+    sum_logits = i == 0 ? l : ag::add(sum_logits, l);
+    if (chunks == 1) kept = std::move(x);
+  }
+  const double count = static_cast<double>(n);
   const nn::Linear& fc_2 = model.block(0).fc_2();
   const ag::Tensor W_out = fc_2.weight().to(ag::Dtype::Float64), W_U = model.W_U().to(ag::Dtype::Float64);
   const ag::Tensor b_out = fc_2.bias().to(ag::Dtype::Float64), b_U = model.b_U().to(ag::Dtype::Float64);
-  const ag::Tensor key_part = ag::matmul(directions, ag::matmul(ag::transpose(directions, 0, 1), acts));
-  // Restricted: each neuron's mean plus its key-frequency components, through W_out and W_U,
-  // shifted so that the mean logit over the pairs is the model's.
-  const ag::Tensor mean_acts = ag::mean(acts, {0}, true);
-  ag::Tensor restricted = ag::matmul(ag::add(mean_acts, key_part), W_out);
-  restricted = ag::matmul(restricted, W_U);
-  restricted = ag::add(restricted, ag::sub(ag::mean(logits, {0}, true), ag::mean(restricted, {0}, true)));
-  // Excluded: the key-frequency components removed from the activations, the rest of the
-  // residual stream kept.
-  ag::Tensor resid = ag::add(ag::linear(ag::sub(acts, key_part), W_out, b_out), resid_mid);
-  const ag::Tensor excluded = ag::add(ag::matmul(resid, W_U), b_U);
-  return {.train = measured(ag::index_select(logits, 0, d.train), d.train_labels),
-          .test = measured(ag::index_select(logits, 0, d.test), d.test_labels),
-          .restricted_loss = ag::cross_entropy(ag::index_select(restricted, 0, d.test), d.test_labels).item(),
-          .excluded_loss = ag::cross_entropy(ag::index_select(excluded, 0, d.train), d.train_labels).item()};
+  const ag::Tensor mean_acts = ag::div(sum_acts, count);
+  // Restricted logits, shifted so that their mean over the pairs is the model's: (mean + key part)
+  // through W_out and W_U is linear, so its mean over the pairs is that of (mean + mean key part).
+  const ag::Tensor mean_key_part = ag::matmul(ag::mean(directions, {0}, true), projected);
+  const ag::Tensor shift = ag::sub(ag::div(sum_logits, count),
+                                   ag::matmul(ag::matmul(ag::add(mean_acts, mean_key_part), W_out), W_U));
+
+  std::vector<char> is_train(static_cast<std::size_t>(n), 0);
+  for (auto row : d.train) is_train[static_cast<std::size_t>(row)] = 1;
+  Mean train_loss, train_right, test_loss, test_right, restricted_loss, excluded_loss;
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    const auto [start, len] = chunk(i);
+    const LastPosition x = kept ? *kept : last_position(model, ag::narrow(d.tokens, 0, start, len));
+    const ag::Tensor key_part = ag::matmul(ag::narrow(directions, 0, start, len), projected);
+    const ag::Tensor restricted = ag::add(ag::matmul(ag::matmul(ag::add(mean_acts, key_part), W_out), W_U), shift);
+    // Excluded: the key-frequency components removed from the activations, the rest of the
+    // residual stream kept.
+    const ag::Tensor resid = ag::add(ag::linear(ag::sub(x.acts, key_part), W_out, b_out), x.resid_mid);
+    const ag::Tensor excluded = ag::add(ag::matmul(resid, W_U), b_U);
+    std::vector<std::int64_t> train, test;
+    for (std::int64_t r = 0; r < len; ++r) (is_train[static_cast<std::size_t>(start + r)] ? train : test).push_back(r);
+    const ag::Tensor labels = ag::narrow(d.labels, 0, start, len);
+    const auto rows = [](const ag::Tensor& t, const std::vector<std::int64_t>& r) { return ag::index_select(t, 0, r); };
+    const auto n_of = [](const std::vector<std::int64_t>& r) { return static_cast<std::int64_t>(r.size()); };
+    if (!train.empty()) {
+      const Measured m = measured(rows(x.logits, train), rows(labels, train));
+      train_loss.add(m.loss, n_of(train)), train_right.add(m.accuracy, n_of(train));
+      excluded_loss.add(ag::cross_entropy(rows(excluded, train), rows(labels, train)).item(), n_of(train));
+    }
+    if (!test.empty()) {
+      const Measured m = measured(rows(x.logits, test), rows(labels, test));
+      test_loss.add(m.loss, n_of(test)), test_right.add(m.accuracy, n_of(test));
+      restricted_loss.add(ag::cross_entropy(rows(restricted, test), rows(labels, test)).item(), n_of(test));
+    }
+  }
+  return {.train = {train_loss.value(), train_right.value()},
+          .test = {test_loss.value(), test_right.value()},
+          .restricted_loss = restricted_loss.value(),
+          .excluded_loss = excluded_loss.value()};
 }
 
 double key_share(const std::vector<double>& power, const std::vector<std::int64_t>& keys) {
@@ -189,25 +265,31 @@ Config Config::quick() {
   return c;
 }
 
+// The messages name the command line's flags (the betas have none: they are the demo's).
 void Config::check() const {
   const auto fail = [](const std::string& what) { throw std::invalid_argument("grokking: " + what); };
-  if (!is_prime(p) || p < 5) fail(fmt::format("p must be a prime >= 5, got {}", p));
-  if (p > 1000) fail(fmt::format("p {} is too large (at most 1000: the data holds p² pairs)", p));
+  if (!is_prime(p) || p < 5) fail(fmt::format("--p must be a prime >= 5, got {}", p));
+  if (p > 1000) fail(fmt::format("--p {} is too large (at most 1000: the data holds p² pairs)", p));
   if (!(train_fraction > 0 && train_fraction < 1))
-    fail(fmt::format("train_fraction must be in (0, 1), got {}", train_fraction));
+    fail(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
   const double train = std::round(train_fraction * static_cast<double>(p * p));
   if (train < 1 || train > static_cast<double>(p * p - 1))
-    fail(fmt::format("train_fraction {} of {} pairs leaves no training or no test pair", train_fraction, p * p));
+    fail(fmt::format("--train-fraction {} of {} pairs leaves no training or no test pair", train_fraction, p * p));
   if (d_model <= 0 || n_heads <= 0 || d_mlp <= 0 || d_model % n_heads != 0)
-    fail(fmt::format("d_model {} must be a positive multiple of n_heads {}, and d_mlp {} positive", d_model, n_heads,
-                     d_mlp));
+    fail(fmt::format("--d-model {} must be a positive multiple of --heads {}, and --d-mlp {} positive", d_model,
+                     n_heads, d_mlp));
   if (steps <= 0 || eval_interval <= 0 || snapshot_interval <= 0)
-    fail(fmt::format("steps {}, eval_interval {} and snapshot_interval {} must be positive", steps, eval_interval,
-                     snapshot_interval));
-  for (double x : {lr, weight_decay, beta1, beta2})
-    if (!std::isfinite(x) || x < 0) fail(fmt::format("lr, weight decay and betas must be finite and >= 0, got {}", x));
-  if (!(lr > 0) || !(beta1 < 1) || !(beta2 < 1))
-    fail(fmt::format("lr {} must be > 0 and the betas {}, {} below 1", lr, beta1, beta2));
+    fail(fmt::format("--steps {}, --eval-interval {} and --snapshot-interval {} must be positive", steps,
+                     eval_interval, snapshot_interval));
+  if (!std::isfinite(lr) || !(lr > 0)) fail(fmt::format("--lr must be finite and > 0, got {}", lr));
+  if (!std::isfinite(weight_decay) || weight_decay < 0)
+    fail(fmt::format("--weight-decay must be finite and >= 0, got {}", weight_decay));
+  // AdamW's decoupled decay multiplies every weight by 1 - lr·weight_decay at each step.
+  if (lr * weight_decay >= 1)
+    fail(fmt::format("--lr {} times --weight-decay {} is {} >= 1: each step would multiply the weights by 1 - {} <= 0",
+                     lr, weight_decay, lr * weight_decay, lr * weight_decay));
+  if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
+    fail(fmt::format("the betas {}, {} must be in [0, 1)", beta1, beta2));
 }
 
 std::string Config::describe() const {
@@ -245,6 +327,12 @@ std::vector<std::int64_t> key_frequencies(const std::vector<double>& norms) {
   return keys;
 }
 
+nn::TransformerLMConfig model_config(const Config& c) {
+  return {.n_layers = 1, .d_model = c.d_model, .n_heads = c.n_heads, .d_mlp = c.d_mlp, .d_vocab = c.p + 1,
+          .n_ctx = 3, .activation = nn::Activation::Relu, .normalization = nn::Normalization::None,
+          .dtype = c.dtype, .d_vocab_out = c.p};
+}
+
 Result run(const Config& config, const Outputs& outputs) {
   config.check();
   Result r;
@@ -254,10 +342,7 @@ Result run(const Config& config, const Outputs& outputs) {
   r.train_pairs = static_cast<std::int64_t>(d.train.size());
   r.test_pairs = static_cast<std::int64_t>(d.test.size());
   ag::Generator init(c.seed);
-  nn::TransformerLM model({.n_layers = 1, .d_model = c.d_model, .n_heads = c.n_heads, .d_mlp = c.d_mlp,
-                           .d_vocab = c.p + 1, .n_ctx = 3, .activation = nn::Activation::Relu,
-                           .normalization = nn::Normalization::None, .dtype = c.dtype, .d_vocab_out = c.p},
-                          init);
+  nn::TransformerLM model(model_config(c), init);
   r.parameters = model.num_parameters();
   r.threads = ag::get_num_threads();
   if (!outputs.initial_weights.empty()) save_initial(model, d, outputs.initial_weights);
@@ -280,8 +365,10 @@ Result run(const Config& config, const Outputs& outputs) {
   const auto check_finite = [&](const char* which, double loss, std::int64_t step) {
     if (!std::isfinite(loss))
       throw std::runtime_error(fmt::format("grokking: the {} loss is {} at step {}: the weights diverged (lower --lr, "
-                                           "now {}, or --weight-decay, now {})",
-                                           which, loss, step, c.lr, c.weight_decay));
+                                           "now {}{})",
+                                           which, loss, step, c.lr,
+                                           c.weight_decay > 0 ? fmt::format(", or --weight-decay, now {}", c.weight_decay)
+                                                              : std::string()));
   };
   const auto evaluate = [&](std::int64_t step, Measured train) {
     const Measured test = measure(model, d.test_tokens, d.test_labels);
@@ -310,6 +397,7 @@ Result run(const Config& config, const Outputs& outputs) {
     r.train_seconds += seconds_since(resumed);
   }
   evaluate(c.steps, measure(model, d.train_tokens, d.train_labels));
+  if (!outputs.trained_weights.empty()) nn::save_transformer_lens_state_dict(model, outputs.trained_weights);
   if (snapshots.back().first != c.steps) snapshot(c.steps);
   r.final_point = r.curve.back();
   r.test_loss_peak = *std::max_element(r.curve.begin(), r.curve.end(),

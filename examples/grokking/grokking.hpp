@@ -77,10 +77,16 @@ struct Result {
 // Optional outputs of a run.
 struct Outputs {
   std::string initial_weights;  // the initial model (TransformerLens layout, safetensors) and its data split
+  // The trained model (TransformerLens layout, safetensors), written after the last step: a model
+  // of model_config(config) loads it (nn::load_transformer_lens_state_dict).
+  std::string trained_weights;
   std::function<void(const CurvePoint&)> progress;
 };
 
 Result run(const Config& config, const Outputs& outputs = {});
+
+// The model: 1 layer, the configuration's sizes, ReLU MLP, no LayerNorm, p + 1 input tokens, p outputs.
+nn::TransformerLMConfig model_config(const Config& config);
 
 // The orthonormal Fourier basis of functions on Z_p, (p, p) Float64: row 0 the constant, rows
 // 2k-1 and 2k cos(2πkx/p) and sin(2πkx/p), each of unit norm.

@@ -27,7 +27,7 @@ struct Options {
   grokking::Config config;
   bool quick = false;
   int threads = 1;
-  std::string summary, report, initial_weights;
+  std::string summary, report, initial_weights, trained_weights;
   bool quiet = false, float64 = false;
 };
 
@@ -73,6 +73,10 @@ void add_options(CLI::App& app, Options& o, Given& g) {
   app.add_option("--save-initial", o.initial_weights,
                  "write the initial weights (TransformerLens names) and the training rows, as safetensors")
       ->type_name("FILE");
+  app.add_option("--save-model", o.trained_weights,
+                 "write the trained model (TransformerLens names, safetensors; the summary's transformer_lens_config "
+                 "builds it in Python)")
+      ->type_name("FILE");
   app.add_flag("--float64", o.float64, "Float64 parameters (default Float32), e.g. to compare with another "
                                        "implementation to rounding");
   app.add_flag("--quiet", o.quiet, "no progress lines");
@@ -94,7 +98,8 @@ void finish_options(Options& o, const Given& g) {
   if (g.seed) c.seed = *g.seed;
   if (o.float64) c.dtype = ag::Dtype::Float64;
   c.check();
-  cli_checks::check_outputs({{"--summary", o.summary}, {"--report", o.report}, {"--save-initial", o.initial_weights}});
+  cli_checks::check_outputs({{"--summary", o.summary}, {"--report", o.report}, {"--save-initial", o.initial_weights},
+                             {"--save-model", o.trained_weights}});
 }
 
 std::string step_or_none(const std::optional<std::int64_t>& s) { return s ? fmt::format("step {}", *s) : "never"; }
@@ -107,6 +112,7 @@ int run(const Options& o) {
                c.describe(), c.d_model, c.n_heads, c.d_mlp, c.lr, c.weight_decay, c.beta1, c.beta2, c.steps, c.seed);
   grokking::Outputs outputs;
   outputs.initial_weights = o.initial_weights;
+  outputs.trained_weights = o.trained_weights;
   if (!o.quiet)
     outputs.progress = [](const grokking::CurvePoint& p) {
       fmt::print("step {:>6}: train loss {:.3e} accuracy {:6.2f} %; test loss {:.3e} accuracy {:6.2f} %\n", p.step,
@@ -137,6 +143,7 @@ int run(const Options& o) {
     fmt::print("report: {}\n", o.report);
   }
   if (!o.initial_weights.empty()) fmt::print("initial weights: {}\n", o.initial_weights);
+  if (!o.trained_weights.empty()) fmt::print("trained model: {}\n", o.trained_weights);
   return 0;
 }
 

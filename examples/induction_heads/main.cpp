@@ -30,7 +30,7 @@ namespace {
 struct Options {
   StudyConfig study;
   int threads = 1;
-  std::string summary, report, initial_weights;
+  std::string summary, report, initial_weights, trained_weights;
   std::string train_on = "markov";
   bool quiet = false, float64 = false;
 };
@@ -76,6 +76,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--save-initial", o.initial_weights,
                  "write the initial weights (TransformerLens names) and every step's training batch, as safetensors")
       ->type_name("FILE");
+  app.add_option("--save-model", o.trained_weights,
+                 "write the trained model (TransformerLens names, safetensors; the summary's transformer_lens_config "
+                 "builds it in Python)")
+      ->type_name("FILE");
   app.add_flag("--float64", o.float64, "Float64 parameters (default Float32), e.g. to compare with another "
                                        "implementation to rounding");
   app.add_flag("--quiet", o.quiet, "no progress lines");
@@ -89,7 +93,8 @@ void finish_options(Options& o) {
     throw std::invalid_argument(fmt::format("--save-initial: --steps {} of --batch {} x --seq-len {} training tokens "
                                             "exceed the {} the file may hold",
                                             o.study.steps, o.study.batch, o.study.task.seq_len, kMaxSavedTokens));
-  cli_checks::check_outputs({{"--summary", o.summary}, {"--report", o.report}, {"--save-initial", o.initial_weights}});
+  cli_checks::check_outputs({{"--summary", o.summary}, {"--report", o.report}, {"--save-initial", o.initial_weights},
+                             {"--save-model", o.trained_weights}});
 }
 
 int run(const Options& o) {
@@ -105,7 +110,7 @@ int run(const Options& o) {
                p.step, p.train_loss, p.test.all, p.test.first_occurrence, p.test.repeated, p.test.in_context_score);
     std::fflush(stdout);
   };
-  const StudyResult r = run_study(c, {.progress = progress, .initial_weights = o.initial_weights});
+  const StudyResult r = run_study(c, {.progress = progress, .initial_weights = o.initial_weights, .trained_weights = o.trained_weights});
   fmt::print("trained in {:.1f} s ({:.0f} steps/s, {} thread{}); measured in {:.1f} s\n", r.train_seconds,
              static_cast<double>(c.steps) / r.train_seconds, r.threads, r.threads == 1 ? "" : "s", r.measure_seconds);
   fmt::print("phase change (in-context score at half its final value and below from then on): {}\n",
@@ -138,6 +143,7 @@ int run(const Options& o) {
     fmt::print("report: {}\n", o.report);
   }
   if (!o.initial_weights.empty()) fmt::print("initial weights and training batches: {}\n", o.initial_weights);
+  if (!o.trained_weights.empty()) fmt::print("trained model: {}\n", o.trained_weights);
   return 0;
 }
 

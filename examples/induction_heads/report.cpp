@@ -126,6 +126,46 @@ void settings_table(html::Page& page, const StudyResult& r) {
   page.table(t);
 }
 
+// With few token kinds the current token occurs several times before, and an induction head (which
+// matches one token) spreads its weight over the tokens after every earlier occurrence: on the
+// Markov training task that is the best prediction (the sequence's bigram statistics). This says,
+// for the example's repeat, how the weight on the right key (the first copy's) compares with an
+// even split over all candidates.
+std::string split_paragraph(const StudyResult& r) {
+  const Example& e = r.example;
+  const auto T = static_cast<std::int64_t>(e.tokens.size());
+  double on_right = 0, on_candidates = 0, even_share = 0, occurrences = 0;
+  std::int64_t queries = 0;
+  for (std::int64_t i = e.start + e.period; i + 1 < e.start + 2 * e.period && i < T; ++i) {
+    const std::int64_t right = i - e.period + 1;
+    std::int64_t count = 0;
+    double candidates = 0;
+    for (std::int64_t j = 1; j <= i; ++j)
+      if (e.tokens[static_cast<std::size_t>(j - 1)] == e.tokens[static_cast<std::size_t>(i)]) {
+        ++count;
+        candidates += e.induction_pattern[static_cast<std::size_t>(i * T + j)];
+      }
+    if (count == 0) continue;
+    on_right += e.induction_pattern[static_cast<std::size_t>(i * T + right)];
+    on_candidates += candidates;
+    even_share += 1.0 / static_cast<double>(count);
+    occurrences += static_cast<double>(count);
+    ++queries;
+  }
+  if (queries == 0) return "";
+  const double n = static_cast<double>(queries);
+  return fmt::format(
+      "How sharp to expect the induction pattern: with {} token kinds, the current token of this repeat occurred "
+      "{:.1f} times before on average, and the induction head puts {} of its weight on the tokens after those "
+      "earlier occurrences together, {} on the right one (the first copy's), where an even split would give {}. "
+      "An induction head matches the current token only, so it cannot tell the first copy's occurrence from the "
+      "others: on in-context Markov chains, the training task, that average over every earlier occurrence is the "
+      "best prediction (the sequence's bigram statistics), and the repeated-token loss stays well above 0. "
+      "TransformerLens's demonstrations use tens of thousands of token kinds, where each token occurs once and "
+      "the pattern is a single sharp stripe.",
+      r.config.task.vocab, occurrences / n, fixed(on_candidates / n), fixed(on_right / n), fixed(even_share / n));
+}
+
 }  // namespace
 
 nlohmann::json summary_json(const StudyResult& r) {
@@ -177,6 +217,7 @@ nlohmann::json summary_json(const StudyResult& r) {
             {"batch", c.batch}, {"steps", c.steps}, {"lr", c.lr}, {"weight_decay", c.weight_decay},
             {"eval_interval", c.eval_interval}, {"test_sequences", c.test_sequences}, {"seed", c.seed},
             {"dtype", c.dtype == ag::Dtype::Float64 ? "float64" : "float32"}}},
+          {"transformer_lens_config", nlohmann::json::parse(nn::transformer_lens_config_json(model_config(c)))},
           {"parameters", r.parameters},
           {"threads", r.threads},
           {"train_seconds", r.train_seconds},
@@ -260,6 +301,8 @@ std::string report_html(const StudyResult& r) {
        svg::heatmap_svg(pattern_map(r, fmt::format("{}: induction head", head_name(1, ih)), e.induction_pattern,
                                     "data-head=\"induction\""),
                         0, 0, true)}));
+
+  page.paragraph(split_paragraph(r));
 
   page.heading(2, "Head scores");
   page.paragraph(

@@ -266,6 +266,11 @@ std::vector<Goal> goals(const StudyResult& r) {
   return g;
 }
 
+nn::TransformerLMConfig model_config(const StudyConfig& c) {
+  return {.n_layers = 2, .d_model = c.d_model, .n_heads = c.n_heads, .d_mlp = 0, .d_vocab = c.task.vocab,
+          .n_ctx = c.task.seq_len, .dtype = c.dtype};
+}
+
 StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs) {
   config.check();
   const Progress& progress = outputs.progress;
@@ -277,9 +282,7 @@ StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs) {
   r.config = config;
   const StudyConfig& c = r.config;
   ag::Generator init(c.seed);
-  nn::TransformerLM model({.n_layers = 2, .d_model = c.d_model, .n_heads = c.n_heads, .d_mlp = 0,
-                           .d_vocab = c.task.vocab, .n_ctx = c.task.seq_len, .dtype = c.dtype},
-                          init);
+  nn::TransformerLM model(model_config(c), init);
   r.parameters = model.num_parameters();
   r.threads = ag::get_num_threads();
   ag::Generator data(c.seed * 0x9e3779b97f4a7c15ULL + 1), held_out(c.seed * 0x9e3779b97f4a7c15ULL + 2);
@@ -326,6 +329,7 @@ StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs) {
     }
   }
   r.phase_change_step = phase_change(r.curve);
+  if (!outputs.trained_weights.empty()) nn::save_transformer_lens_state_dict(model, outputs.trained_weights);
   const auto start = Clock::now();
   {
     ag::NoGradGuard no_grad;

@@ -123,7 +123,14 @@ struct StudyOutputs {
   // ("data.train_tokens", (steps, batch, T) Int64), as safetensors, written before training, so
   // that another implementation can train the same model on the same sequences.
   std::string initial_weights;
+  // The trained model under TransformerLens's names (safetensors), written after training:
+  // nn::load_transformer_lens_state_dict loads it into a model of model_config(config), and
+  // HookedTransformer(HookedTransformerConfig(**summary["transformer_lens_config"])) in Python.
+  std::string trained_weights;
 };
+
+// The model the study trains: 2 attention-only layers of the configuration's sizes.
+nn::TransformerLMConfig model_config(const StudyConfig& config);
 
 // The most training tokens StudyOutputs::initial_weights holds (steps x batch x T): 2^27, 1 GiB.
 constexpr std::int64_t kMaxSavedTokens = std::int64_t{1} << 27;

@@ -9,6 +9,11 @@ namespace induction {
 
 void TaskConfig::check() const {
   if (vocab < 2) throw std::invalid_argument(fmt::format("--vocab {}: needs at least 2 tokens", vocab));
+  // Each Markov training sequence draws a transition matrix of vocab² entries.
+  if (training == Training::Markov && vocab > kMaxMarkovVocab)
+    throw std::invalid_argument(fmt::format("--vocab {}: a Markov training sequence draws a {} x {} transition "
+                                            "matrix; at most {} token kinds with --train-on markov",
+                                            vocab, vocab, vocab, kMaxMarkovVocab));
   // (A segment of one token has nothing after its first token to predict by induction: the
   // repeated-token loss would be a mean over no targets.)
   if (period_min < 2)

@@ -27,6 +27,9 @@ namespace ag = autograd;
 
 enum class Training { Markov, Repeat };
 
+// The largest vocabulary of Markov training sequences (each draws a vocab x vocab matrix).
+constexpr std::int64_t kMaxMarkovVocab = 1024;
+
 struct TaskConfig {
   std::int64_t vocab = 8;
   std::int64_t seq_len = 64;
