@@ -1,7 +1,8 @@
 # grokking end to end (ctest example_grokking): the --quick configuration memorises, then groks,
 # checked from its summary (train accuracy >= 99 % before test accuracy >= 99 %, the test loss
 # rising above its start in between, a final test loss < 0.01, 1 to 7 key frequencies carrying
-# the embedding, the restricted loss below the excluded loss at the end) and writes its page; the
+# the embedding, the restricted loss below the excluded loss at the end, a quarter of the MLP
+# neurons explained by one frequency, the largest group's a key frequency) and writes its page; the
 # same check rejects a run stopped before it generalises (its negative control); bad flags are
 # refused before any work, naming the flag.
 # cmake -DGROKKING=<program> -DWORK=<scratch dir> -P cli_test.cmake
@@ -56,6 +57,29 @@ function(grokking_failures var file)
   if(NOT restricted LESS excluded)
     list(APPEND failed "restricted loss ${restricted} is not below the excluded loss ${excluded}")
   endif()
+  # The MLP neurons: at least a quarter explained >= 85 % by one frequency, the largest group's
+  # frequency a key frequency of the embedding.
+  string(JSON n_neurons LENGTH "${s}" neuron_frequency)
+  string(JSON n_clusters LENGTH "${s}" neuron_clusters)
+  set(explained 0)
+  if(n_clusters GREATER 0)
+    math(EXPR last "${n_clusters} - 1")
+    foreach(i RANGE ${last})
+      string(JSON n GET "${s}" neuron_clusters ${i} neurons)
+      math(EXPR explained "${explained} + ${n}")
+    endforeach()
+    string(JSON top GET "${s}" neuron_clusters 0 frequency)
+    string(JSON keys GET "${s}" key_frequencies)
+    string(REGEX MATCHALL "[0-9]+" keys "${keys}")
+    list(FIND keys "${top}" top_at)
+    if(top_at EQUAL -1)
+      list(APPEND failed "the largest neuron group's frequency ${top} is not a key frequency (${keys})")
+    endif()
+  endif()
+  math(EXPR quarter "${n_neurons} / 4")
+  if(explained LESS quarter)
+    list(APPEND failed "${explained} of ${n_neurons} neurons explained >= 85 % by one frequency, wanted a quarter")
+  endif()
   set(${var} "${failed}" PARENT_SCOPE)
 endfunction()
 
@@ -72,7 +96,7 @@ foreach(part "memorised (train accuracy >= 99 %): step" "grokked (test accuracy 
   endif()
 endforeach()
 file(READ "${WORK}/quick.html" page)
-foreach(id loss-chart accuracy-chart fourier-spectrum progress-chart grokking-summary)
+foreach(id loss-chart accuracy-chart fourier-spectrum neuron-clusters progress-chart grokking-summary)
   string(FIND "${page}" "id=\"${id}\"" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "the report lacks #${id}")
@@ -84,6 +108,10 @@ run(--quick --steps 300 --summary short.json --quiet)
 grokking_failures(failed "${WORK}/short.json")
 if(NOT failed)
   message(FATAL_ERROR "a 300-step run passed the grokking check: the check cannot fail")
+endif()
+string(FIND "${failed}" "neurons explained >= 85 % by one frequency" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "the neuron check accepted a 300-step run's neurons:\n  ${failed}")
 endif()
 
 # Bad flags are refused before any work, naming the flag or the setting.

@@ -238,11 +238,85 @@ Snapshot progress_measures(nn::TransformerLM& model, const Data& d, const ag::Te
           .excluded_loss = excluded_loss.value()};
 }
 
+}  // namespace
+
+void neuron_frequencies(nn::TransformerLM& model, const ag::Tensor& basis, std::vector<std::int64_t>& frequency,
+                        std::vector<double>& explained) {
+  ag::NoGradGuard no_grad;
+  const std::int64_t p = basis.size(0), K = (p - 1) / 2;
+  // C[i, j] = sum over (a, b) of F[i, a] F[j, b] A[a, b] per neuron: only C[0, j], C[i, 0] and the
+  // 2 x 2 blocks C[{2k-1, 2k}, {2k-1, 2k}] are needed, accumulated over chunks of whole rows a, so
+  // memory stays at one chunk's activations for any p.
+  const std::vector<double> F = basis.to_vector();
+  const auto f = [&](std::int64_t i, std::int64_t x) { return F[static_cast<std::size_t>(i * p + x)]; };
+  std::vector<std::int64_t> tokens;
+  std::vector<double> c0j, ci0, blocks, norm2;
+  std::int64_t D = 0;
+  const std::int64_t rows = std::max<std::int64_t>(1, kChunk / p);
+  for (std::int64_t a0 = 0; a0 < p; a0 += rows) {
+    const std::int64_t na = std::min(rows, p - a0);
+    tokens.clear();
+    for (std::int64_t a = a0; a < a0 + na; ++a)
+      for (std::int64_t b = 0; b < p; ++b) tokens.insert(tokens.end(), {a, b, p});
+    const ag::Tensor acts = last_position(model, ag::tensor_int64(tokens, {na * p, 3})).acts;  // (na·p, D)
+    if (D == 0) {
+      D = acts.size(1);
+      c0j.assign(static_cast<std::size_t>(p * D), 0.0), ci0.assign(static_cast<std::size_t>(p * D), 0.0);
+      blocks.assign(static_cast<std::size_t>(4 * K * D), 0.0), norm2.assign(static_cast<std::size_t>(D), 0.0);
+    }
+    // G[a, j, n] = sum over b of F[j, b] A[a, b, n]
+    const std::vector<double> G = ag::matmul(basis, ag::reshape(acts, {na, p, D})).to_vector();
+    const std::vector<double> A = acts.to_vector();
+    for (std::size_t i = 0; i < A.size(); ++i) norm2[i % static_cast<std::size_t>(D)] += A[i] * A[i];
+    const auto g = [&](std::int64_t a, std::int64_t j, std::int64_t n) {
+      return G[static_cast<std::size_t>((a * p + j) * D + n)];
+    };
+    for (std::int64_t la = 0; la < na; ++la) {
+      const std::int64_t a = a0 + la;
+      for (std::int64_t j = 0; j < p; ++j)
+        for (std::int64_t n = 0; n < D; ++n) {
+          c0j[static_cast<std::size_t>(j * D + n)] += f(0, a) * g(la, j, n);
+          ci0[static_cast<std::size_t>(j * D + n)] += f(j, a) * g(la, 0, n);
+        }
+      for (std::int64_t k = 1; k <= K; ++k)
+        for (std::int64_t r = 0; r < 2; ++r)
+          for (std::int64_t c = 0; c < 2; ++c)
+            for (std::int64_t n = 0; n < D; ++n)
+              blocks[static_cast<std::size_t>((((k - 1) * 2 + r) * 2 + c) * D + n)] +=
+                  f(2 * k - 1 + r, a) * g(la, 2 * k - 1 + c, n);
+    }
+  }
+  frequency.assign(static_cast<std::size_t>(D), 0);
+  explained.assign(static_cast<std::size_t>(D), 0.0);
+  const auto sq = [](double x) { return x * x; };
+  for (std::int64_t n = 0; n < D; ++n) {
+    const auto at = [&](const std::vector<double>& v, std::int64_t i) { return v[static_cast<std::size_t>(i * D + n)]; };
+    // The transform is orthonormal: the squares of all coefficients sum to the activation's.
+    const double total = norm2[static_cast<std::size_t>(n)] - sq(at(c0j, 0));
+    if (!(total > 0)) continue;  // a dead neuron (constant over the pairs): no frequency
+    for (std::int64_t k = 1; k <= K; ++k) {
+      double part = sq(at(c0j, 2 * k - 1)) + sq(at(c0j, 2 * k)) + sq(at(ci0, 2 * k - 1)) + sq(at(ci0, 2 * k));
+      for (std::int64_t e = 0; e < 4; ++e) part += sq(at(blocks, (k - 1) * 4 + e));
+      if (part / total > explained[static_cast<std::size_t>(n)])
+        explained[static_cast<std::size_t>(n)] = part / total, frequency[static_cast<std::size_t>(n)] = k;
+    }
+  }
+}
+
+namespace {
+
 double key_share(const std::vector<double>& power, const std::vector<std::int64_t>& keys) {
   double total = 0, key = 0;
   for (std::size_t k = 1; k < power.size(); ++k) total += power[k];
   for (auto k : keys) key += power[static_cast<std::size_t>(k)];
   return total > 0 ? key / total : 0.0;
+}
+
+double weight_norm(const std::vector<ag::Tensor>& weights) {
+  ag::NoGradGuard no_grad;
+  double sum = 0;
+  for (const auto& w : weights) sum += ag::sum(ag::square(w.to(ag::Dtype::Float64))).item();
+  return std::sqrt(sum);
 }
 
 // The initial weights under TransformerLens's names, with the training pairs' rows, for
@@ -422,8 +496,11 @@ Result run(const Config& config, const Outputs& outputs) {
     r.progress.push_back({.step = step, .train_loss = m.train.loss, .test_loss = m.test.loss,
                           .train_accuracy = m.train.accuracy, .test_accuracy = m.test.accuracy,
                           .restricted_loss = m.restricted_loss, .excluded_loss = m.excluded_loss,
-                          .key_share = key_share(fourier_power(model, basis), r.key_frequencies)});
+                          .key_share = key_share(fourier_power(model, basis), r.key_frequencies),
+                          .weight_norm = weight_norm(values)});
   }
+  // The snapshots end with the final weights (the last one is taken after the last step).
+  neuron_frequencies(model, basis, r.neuron_frequency, r.neuron_explained);
   r.measure_seconds = seconds_since(measure_start);
   return r;
 }

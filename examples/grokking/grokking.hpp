@@ -53,6 +53,7 @@ struct ProgressPoint {
   double restricted_loss = 0;  // test pairs
   double excluded_loss = 0;    // training pairs
   double key_share = 0;        // the key frequencies' share of W_E's non-constant squared norm
+  double weight_norm = 0;      // the L2 norm of all trained weights together (what weight decay shrinks)
 };
 
 struct Result {
@@ -71,6 +72,11 @@ struct Result {
   double constant_norm = 0;
   std::vector<std::int64_t> key_frequencies;
   std::vector<ProgressPoint> progress;  // at the snapshots, with the final key frequencies
+  // The final MLP neurons at "=" (Nanda et al. 2023, section 4.2): each neuron's activation over the
+  // p² pairs in the 2D Fourier basis of (a, b); per neuron the frequency k whose terms (cos/sin ka,
+  // cos/sin kb and their products) explain most of its variance, and that fraction.
+  std::vector<std::int64_t> neuron_frequency;
+  std::vector<double> neuron_explained;
   double train_seconds = 0, measure_seconds = 0;
 };
 
@@ -91,6 +97,13 @@ nn::TransformerLMConfig model_config(const Config& config);
 // The orthonormal Fourier basis of functions on Z_p, (p, p) Float64: row 0 the constant, rows
 // 2k-1 and 2k cos(2πkx/p) and sin(2πkx/p), each of unit norm.
 ag::Tensor fourier_basis(std::int64_t p);
+
+// Per MLP neuron of the model at "=", over all p² pairs: the frequency k = 1 .. (p-1)/2 explaining
+// most of its activation's variance and that fraction (the squares of its 2D Fourier coefficients
+// with both indices in {constant, cos k, sin k}, the constant-constant one left out, over all
+// non-constant ones). basis: fourier_basis(p).
+void neuron_frequencies(nn::TransformerLM& model, const ag::Tensor& basis, std::vector<std::int64_t>& frequency,
+                        std::vector<double>& explained);
 
 // The key frequencies of the norms per frequency: sorted by norm, the largest that together carry
 // 90 % of the squared norm (the fewest such), largest first.

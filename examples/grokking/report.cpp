@@ -32,6 +32,34 @@ std::string keys_text(const std::vector<std::int64_t>& keys) {
   return s;
 }
 
+// The MLP neurons grouped by the frequency that explains most of each one's variance: per
+// frequency, the neurons it explains by at least kWellExplained, and their mean fraction; largest
+// group first.
+constexpr double kWellExplained = 0.85;
+struct NeuronCluster {
+  std::int64_t frequency = 0, neurons = 0;
+  double mean_explained = 0;
+};
+std::vector<NeuronCluster> neuron_clusters(const Result& r) {
+  std::vector<NeuronCluster> clusters;
+  for (std::size_t n = 0; n < r.neuron_frequency.size(); ++n) {
+    if (r.neuron_explained[n] < kWellExplained) continue;
+    const std::int64_t k = r.neuron_frequency[n];
+    auto it = std::find_if(clusters.begin(), clusters.end(), [k](const auto& c) { return c.frequency == k; });
+    if (it == clusters.end()) it = clusters.insert(clusters.end(), {.frequency = k});
+    it->mean_explained += r.neuron_explained[n];
+    ++it->neurons;
+  }
+  for (auto& c : clusters) c.mean_explained /= static_cast<double>(c.neurons);
+  std::stable_sort(clusters.begin(), clusters.end(), [](const auto& a, const auto& b) {
+    return a.neurons != b.neurons ? a.neurons > b.neurons : a.frequency < b.frequency;
+  });
+  return clusters;
+}
+std::int64_t dead_neurons(const Result& r) {
+  return std::count(r.neuron_frequency.begin(), r.neuron_frequency.end(), std::int64_t{0});
+}
+
 // A chart over the training steps.
 svg::LineChart step_chart(std::string title, std::string y_label, bool log_y, std::string id) {
   svg::LineChart c;
@@ -182,15 +210,21 @@ nlohmann::json summary_json(const Result& r) {
                         {"test_accuracy", number(p.test_accuracy)},
                         {"restricted_loss", number(p.restricted_loss)},
                         {"excluded_loss", number(p.excluded_loss)},
-                        {"key_share", number(p.key_share)}});
+                        {"key_share", number(p.key_share)},
+                        {"weight_norm", number(p.weight_norm)}});
   const ProgressPoint& last = r.progress.back();
+  nlohmann::json clusters = nlohmann::json::array();
+  for (const auto& k : neuron_clusters(r))
+    clusters.push_back({{"frequency", k.frequency}, {"neurons", k.neurons}, {"mean_explained", k.mean_explained}});
   return {{"implementation", "headgrad"},
           {"p", c.p},
           {"train_fraction", c.train_fraction},
           {"steps", c.steps},
           {"seed", c.seed},
           {"config",
-           {{"p", c.p}, {"train_fraction", c.train_fraction}, {"d_model", c.d_model}, {"n_heads", c.n_heads},
+           {{"p", c.p}, {"train_fraction", c.train_fraction}, {"n_layers", 1}, {"d_vocab", c.p + 1},
+            {"equals_token", c.p}, {"d_vocab_out", c.p}, {"n_ctx", 3}, {"activation", "relu"},
+            {"normalization", "none"}, {"biases", "held at 0"}, {"d_model", c.d_model}, {"n_heads", c.n_heads},
             {"d_head", c.d_model / c.n_heads}, {"d_mlp", c.d_mlp}, {"steps", c.steps}, {"lr", c.lr},
             {"weight_decay", c.weight_decay}, {"betas", {c.beta1, c.beta2}}, {"eval_interval", c.eval_interval},
             {"snapshot_interval", c.snapshot_interval}, {"seed", c.seed},
@@ -214,6 +248,9 @@ nlohmann::json summary_json(const Result& r) {
           {"key_frequency_share", number(last.key_share)},
           {"frequency_norms", r.frequency_norms},
           {"constant_norm", number(r.constant_norm)},
+          {"neuron_frequency", r.neuron_frequency},
+          {"neuron_explained", r.neuron_explained},
+          {"neuron_clusters", clusters},
           {"restricted_loss", number(last.restricted_loss)},
           {"excluded_loss", number(last.excluded_loss)},
           {"progress", progress},
@@ -275,6 +312,31 @@ std::string report_html(const Result& r) {
       c.p - 1, c.p, c.p, (c.p - 1) / 2, fixed(r.constant_norm)));
   page.raw(html::figures({spectrum_svg(r)}));
 
+  page.heading(2, "The MLP neurons");
+  const std::vector<NeuronCluster> clusters = neuron_clusters(r);
+  std::int64_t explained = 0;
+  for (const auto& k : clusters) explained += k.neurons;
+  page.paragraph(fmt::format(
+      "Each neuron's activation at \"=\" over the {} pairs, in the 2D Fourier basis of (a, b): the fraction of its "
+      "variance in the terms of one frequency k (cos ka, sin ka, cos kb, sin kb and their products), for the k "
+      "that explains most (Nanda et al. 2023, section 4.2). {} of the {} neurons have at least {:.0f} % of their "
+      "variance explained by one frequency ({} are dead: constant over the pairs); they fall into the {} "
+      "clusters below. The embedding's key frequencies are {}.",
+      c.p * c.p, explained, r.neuron_frequency.size(), 100 * kWellExplained, dead_neurons(r), clusters.size(),
+      keys_text(r.key_frequencies)));
+  html::Table neurons;
+  neurons.caption = fmt::format("Neurons explained >= {:.0f} % by one frequency", 100 * kWellExplained);
+  neurons.header = {"frequency", "key frequency of W_E", "neurons", "mean fraction explained"};
+  neurons.attributes = "id=\"neuron-clusters\"";
+  neurons.row_attributes = "class=\"neuron-row\"";
+  for (const auto& k : clusters) {
+    const bool key = std::find(r.key_frequencies.begin(), r.key_frequencies.end(), k.frequency) !=
+                     r.key_frequencies.end();
+    neurons.rows.push_back({std::to_string(k.frequency), key ? "yes" : "no", std::to_string(k.neurons),
+                            fmt::format("{:.1f} %", 100 * k.mean_explained)});
+  }
+  page.table(neurons);
+
   page.heading(2, "Progress measures");
   page.paragraph(
       "Taken at snapshots of the weights, with the key frequencies of the final model. Restricted loss: each MLP "
@@ -282,16 +344,21 @@ std::string report_html(const Result& r) {
       "and sin(w(a+b)) for the key frequencies w, read through W_out and W_U alone (the logits shifted to the "
       "model's mean), on the test pairs: it falls when the Fourier circuit forms, before the test loss does. "
       "Excluded loss: those components removed from the activations, the rest of the residual stream kept, on "
-      "the training pairs: it rises as the memorised solution is replaced by the circuit.");
+      "the training pairs: it rises as the memorised solution is replaced by the circuit. At the end the "
+      "restricted loss can be below the test loss, and even the training loss: keeping only the key frequencies "
+      "removes what is left of the memorised solution, which still costs a little on every pair. The weight norm "
+      "(all trained weights together) is what weight decay shrinks; it falls while the model generalises.");
   page.figures({svg::line_chart_svg(progress_chart(r))});
   html::Table progress;
   progress.caption = "At each snapshot";
-  progress.header = {"step", "train loss", "test loss", "restricted loss", "excluded loss", "key share of W_E"};
+  progress.header = {"step",          "train loss",       "test loss", "restricted loss",
+                     "excluded loss", "key share of W_E", "weight norm"};
   progress.attributes = "id=\"progress\"";
   progress.row_attributes = "class=\"progress-row\"";
   for (const auto& p : r.progress)
     progress.rows.push_back({std::to_string(p.step), sci(p.train_loss), sci(p.test_loss), sci(p.restricted_loss),
-                             sci(p.excluded_loss), fmt::format("{:.1f} %", 100 * p.key_share)});
+                             sci(p.excluded_loss), fmt::format("{:.1f} %", 100 * p.key_share),
+                             fmt::format("{:.1f}", p.weight_norm)});
   page.table(progress);
   page.data("summary", summary_json(r));
   return page.html();

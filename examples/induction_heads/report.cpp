@@ -85,6 +85,36 @@ svg::LineChart in_context_chart(const StudyResult& r) {
   return c;
 }
 
+// The best previous-token score in layer 0 and the best induction score in layer 1 at each
+// evaluation, with the phase change: the two heads form together.
+svg::LineChart head_scores_chart(const StudyResult& r) {
+  svg::LineChart c;
+  c.title = "Best head scores during training";
+  c.x_label = "step";
+  c.y_label = "share of attention";
+  c.attributes = "id=\"head-scores-chart\"";
+  svg::Series previous{.name = "previous-token (best layer-0 head)", .colour = "#1f77b4", .x = {}, .y = {},
+                       .markers = true};
+  svg::Series induction{.name = "induction (best layer-1 head)", .colour = "#2ca02c", .x = {}, .y = {},
+                        .markers = true};
+  for (const auto& p : r.curve) {
+    const auto x = static_cast<double>(p.step);
+    previous.x.push_back(x), previous.y.push_back(p.previous_token_score);
+    induction.x.push_back(x), induction.y.push_back(p.induction_score);
+  }
+  c.series = {previous, induction};
+  if (r.phase_change_step) {
+    const auto x = static_cast<double>(*r.phase_change_step);
+    c.series.push_back({.name = fmt::format("phase change (step {})", *r.phase_change_step), .colour = "#d62728",
+                        .x = {x, x}, .y = {0, 1}});
+  }
+  c.references.push_back({1 / static_cast<double>(r.config.task.vocab),
+                          fmt::format("1/{} (uniform attention's induction score)", r.config.task.vocab)});
+  c.y_min = 0;
+  c.y_max = 1;
+  return c;
+}
+
 svg::Heatmap pattern_map(const StudyResult& r, const std::string& title, const std::vector<double>& pattern,
                          const std::string& attributes) {
   const Example& e = r.example;
@@ -126,6 +156,25 @@ void settings_table(html::Page& page, const StudyResult& r) {
   page.table(t);
 }
 
+// The previous-token head's weight on the previous position over the held-out sequences, by
+// quarter of the query positions.
+std::string previous_by_position_text(const StudyResult& r) {
+  const std::vector<double>& w = r.previous_token_by_position;  // query positions 1 .. T-1
+  const auto n = static_cast<std::int64_t>(w.size());
+  if (n < 4) return "";
+  std::string parts;
+  for (std::int64_t q = 0; q < 4; ++q) {
+    const std::int64_t lo = q * n / 4, hi = (q + 1) * n / 4;
+    double sum = 0;
+    for (std::int64_t i = lo; i < hi; ++i) sum += w[static_cast<std::size_t>(i)];
+    parts += fmt::format("{}{} at positions {}-{}", q == 0 ? "" : q == 3 ? " and " : ", ",
+                         fixed(sum / static_cast<double>(hi - lo)), lo + 1, hi);
+  }
+  return fmt::format("Over the held-out sequences its mean weight on the previous position is {} "
+                     "(the summary's previous_token_by_position has every position).",
+                     parts);
+}
+
 // With few token kinds the current token occurs several times before, and an induction head (which
 // matches one token) spreads its weight over the tokens after every earlier occurrence: on the
 // Markov training task that is the best prediction (the sequence's bigram statistics). This says,
@@ -157,7 +206,8 @@ std::string split_paragraph(const StudyResult& r) {
   return fmt::format(
       "How sharp to expect the induction pattern: with {} token kinds, the current token of this repeat occurred "
       "{:.1f} times before on average, and the induction head puts {} of its weight on the tokens after those "
-      "earlier occurrences together, {} on the right one (the first copy's), where an even split would give {}. "
+      "earlier occurrences together, {} on the right one (the first copy's), where an even split over each "
+      "query's earlier occurrences would give {} (the mean over the queries of 1 / their count). "
       "An induction head matches the current token only, so it cannot tell the first copy's occurrence from the "
       "others: on in-context Markov chains, the training task, that average over every earlier occurrence is the "
       "best prediction (the sequence's bigram statistics), and the repeated-token loss stays well above 0. "
@@ -194,6 +244,8 @@ nlohmann::json summary_json(const StudyResult& r) {
     nlohmann::json point = losses_json(p.test);
     point["step"] = p.step;
     point["train_loss"] = number(p.train_loss);
+    point["previous_token_score"] = number(p.previous_token_score);
+    point["induction_score"] = number(p.induction_score);
     curve.push_back(point);
   }
   nlohmann::json goal_list = nlohmann::json::array();
@@ -213,7 +265,9 @@ nlohmann::json summary_json(const StudyResult& r) {
           {"config",
            {{"vocab", c.task.vocab}, {"seq_len", c.task.seq_len}, {"period_min", c.task.period_min},
             {"period_max", c.task.period_max},
-            {"train_on", c.task.training == Training::Markov ? "markov" : "repeat"}, {"n_layers", 2}, {"d_model", c.d_model}, {"n_heads", c.n_heads},
+            {"train_on", c.task.training == Training::Markov ? "markov" : "repeat"}, {"n_layers", 2},
+            {"d_model", c.d_model}, {"n_heads", c.n_heads}, {"d_head", c.d_model / c.n_heads},
+            {"attention_only", true}, {"normalization", "layer_norm"}, {"positions", "learned"},
             {"batch", c.batch}, {"steps", c.steps}, {"lr", c.lr}, {"weight_decay", c.weight_decay},
             {"eval_interval", c.eval_interval}, {"test_sequences", c.test_sequences}, {"seed", c.seed},
             {"dtype", c.dtype == ag::Dtype::Float64 ? "float64" : "float32"}}},
@@ -237,6 +291,7 @@ nlohmann::json summary_json(const StudyResult& r) {
           {"k_composition_matrix", kmatrix},
           {"path_ablation", ablation},
           {"phase_change_step", r.phase_change_step ? nlohmann::json(*r.phase_change_step) : nlohmann::json()},
+          {"previous_token_by_position", r.previous_token_by_position},
           {"curve", curve},
           {"train_losses", r.train_losses},
           {"goals", goal_list},
@@ -278,22 +333,29 @@ std::string report_html(const StudyResult& r) {
 
   page.heading(2, "Loss curve and the phase change");
   page.paragraph(fmt::format(
-      "Final held-out loss {} (first occurrences {}, repeated tokens {}; guessing is ln {} = {}). The phase change "
-      "is {}: the first evaluation where the in-context score reached half its final value, {}.",
+      "Final held-out loss {} (first occurrences {}, repeated tokens {}; guessing is ln {} = {}: on the random "
+      "tokens outside the repeat a model trained on Markov chains predicts a little worse than guessing, as it "
+      "reads bigram statistics that random tokens do not have). The phase change is {}: the first evaluation "
+      "from which the in-context score stays at or beyond half its final value, {}.",
       fixed(r.final_loss.all), fixed(r.final_loss.first_occurrence), fixed(r.final_loss.repeated), c.task.vocab,
       fixed(std::log(static_cast<double>(c.task.vocab))),
       r.phase_change_step ? fmt::format("at step {}", *r.phase_change_step) : std::string("not seen"),
       fixed(r.final_loss.in_context_score)));
   page.raw(svg::line_chart_svg(loss_chart(r)));
   page.raw(svg::line_chart_svg(in_context_chart(r)));
+  page.paragraph(
+      "The two heads form together around the phase change (Olsson et al.'s co-occurrence evidence): the best "
+      "previous-token score of a layer-0 head and the best induction score of a layer-1 head at each evaluation.");
+  page.raw(svg::line_chart_svg(head_scores_chart(r)));
 
   page.heading(2, "Attention patterns");
   const Example& e = r.example;
   page.paragraph(fmt::format(
       "One held-out sequence: its segment of {} tokens starts at position {} and repeats at position {}. The "
       "previous-token head {} attends from each position to the one before; the induction head {} attends, within "
-      "the repeat, to the token after the earlier occurrence of the current token (the diagonal {} back).",
-      e.period, e.start, e.start + e.period, head_name(0, p), head_name(1, ih), e.period - 1));
+      "the repeat, to the token after the earlier occurrence of the current token (the diagonal {} back). {}",
+      e.period, e.start, e.start + e.period, head_name(0, p), head_name(1, ih), e.period - 1,
+      previous_by_position_text(r)));
   page.raw(html::figures(
       {svg::heatmap_svg(pattern_map(r, fmt::format("{}: previous-token head", head_name(0, p)),
                                     e.previous_token_pattern, "data-head=\"previous-token\""),
@@ -305,18 +367,32 @@ std::string report_html(const StudyResult& r) {
   page.paragraph(split_paragraph(r));
 
   page.heading(2, "Head scores");
-  page.paragraph(
-      "Each score is the share of a head's attention on the detector's target key, averaged over the query "
-      "positions that have one: the previous position (previous-token), the token after an earlier occurrence of "
-      "the current token (induction), an earlier occurrence itself (duplicate-token). TransformerLens's "
-      "head_detector (\"mul\", nn::circuits::head_scores) averages over every query position instead, so its "
-      "induction score is at most the share of positions that repeat an earlier token; it is given alongside. "
-      "The last three columns say where a head looks from query i: the attention-weighted mean of i - j (1 for a "
-      "previous-token head), of j / i, and how sharply (the mean largest weight; about 0.1 for uniform attention "
-      "over 32 positions). A sharp head with j / i near 0.5 reads half-way back, as the layer-0 heads of a "
-      "model that learned the repeats without a previous-token head do: the bigram x_k, x_(k+1) read into "
-      "position 2k + 2 by two heads, which a layer-1 head then keys on; it only serves repeats early in the "
-      "sequence).");
+  {
+    // Uniform causal attention: query i spreads 1/(i+1) over its keys; the mean largest weight over
+    // the query positions 1 .. T-1 is the mean of 1/(i+1).
+    const std::int64_t T = c.task.seq_len;
+    double uniform_max = 0;
+    for (std::int64_t i = 1; i < T; ++i) uniform_max += 1 / static_cast<double>(i + 1);
+    uniform_max /= static_cast<double>(T - 1);
+    std::string repeat_note;
+    if (c.task.training == Training::Repeat)
+      repeat_note =
+          " A sharp head with j / i near 0.5 reads half-way back, as the layer-0 heads of a model that learned the "
+          "repeats without a previous-token head do: the bigram x_k, x_(k+1) read into position 2k + 2 by two "
+          "heads, which a layer-1 head then keys on; it only serves repeats early in the sequence.";
+    page.paragraph(fmt::format(
+        "Each score is the share of a head's attention on the detector's target key, averaged over the query "
+        "positions that have one: the previous position (previous-token), the token after an earlier occurrence "
+        "of the current token (induction), an earlier occurrence itself (duplicate-token). With {} token kinds, "
+        "uniform attention scores about 1/{} = {} on induction and duplicate-token: the level of the heads that do "
+        "neither. TransformerLens's head_detector (\"mul\", nn::circuits::head_scores) averages over every query "
+        "position instead, so its induction score is at most the share of positions that repeat an earlier token; "
+        "it is given alongside. The last three columns say where a head looks from query i: the attention-weighted "
+        "mean of i - j (1 for a previous-token head), of j / i, and how sharply (the mean largest weight; {} for "
+        "uniform attention over {} positions).{}",
+        c.task.vocab, c.task.vocab, fixed(1 / static_cast<double>(c.task.vocab)), fixed(uniform_max), T,
+        repeat_note));
+  }
   html::Table heads;
   heads.caption = "Every head";
   heads.header = {"head", "previous-token", "induction", "duplicate-token", "TL previous-token", "TL induction",

@@ -207,6 +207,14 @@ void measure(nn::TransformerLM& model, const Batch& test, const ag::Tensor& trai
   e.start = test.start[static_cast<std::size_t>(b)];
   e.period = test.period[static_cast<std::size_t>(b)];
   e.previous_token_pattern = pattern_slice(cache[kPatterns[0]], b, p);
+  // The previous-token head's weight on i - 1 by query position i, over the held-out sequences.
+  const std::vector<double> P0 = ag::narrow(cache[kPatterns[0]], 1, p, 1).to_vector();  // (B, 1, T, T)
+  const std::int64_t B = test.size(), T = test.seq_len();
+  r.previous_token_by_position.assign(static_cast<std::size_t>(T - 1), 0.0);
+  for (std::int64_t s = 0; s < B; ++s)
+    for (std::int64_t i = 1; i < T; ++i)
+      r.previous_token_by_position[static_cast<std::size_t>(i - 1)] +=
+          P0[static_cast<std::size_t>((s * T + i) * T + i - 1)] / static_cast<double>(B);
   e.induction_pattern = pattern_slice(cache[kPatterns[1]], b, ih);
 }
 
@@ -292,10 +300,17 @@ StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs) {
   if (!outputs.initial_weights.empty()) save_initial(model, c, data, outputs.initial_weights);
   nn::AdamW opt(model.named_parameters(), {.lr = c.lr, .weight_decay = c.weight_decay});
 
+  const ag::Tensor previous_token_targets = circuits::detection_pattern(circuits::HeadKind::PreviousToken, test.tokens);
+  const ag::Tensor induction_targets = circuits::detection_pattern(circuits::HeadKind::Induction, test.tokens);
+  const auto best = [](const std::vector<double>& scores) { return *std::max_element(scores.begin(), scores.end()); };
   const auto evaluate = [&](std::int64_t step, double train_loss) {
     ag::NoGradGuard no_grad;
+    const nn::ActivationCache cache = nn::run_with_cache(model, [&] { return model.forward(test.tokens); },
+                                                         {.names = {kPatterns[0], kPatterns[1]}});
     CurvePoint point{.step = step, .train_loss = train_loss,
-                     .test = held_out_losses(model, model.forward(test.tokens), test, training_kind)};
+                     .test = held_out_losses(model, cache.output, test, training_kind),
+                     .previous_token_score = best(target_share(cache[kPatterns[0]], previous_token_targets)),
+                     .induction_score = best(target_share(cache[kPatterns[1]], induction_targets))};
     r.curve.push_back(point);
     if (progress) progress(point);
   };

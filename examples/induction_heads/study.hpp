@@ -47,6 +47,9 @@ struct CurvePoint {
   std::int64_t step = 0;
   double train_loss = 0;  // mean training-batch loss since the previous point (step 0: the first batch's)
   Losses test;
+  // The best previous-token score of a layer-0 head and the best induction score of a layer-1
+  // head at this point (HeadScores' shares), to see both heads form at the phase change.
+  double previous_token_score = 0, induction_score = 0;
 };
 
 struct HeadScores {
@@ -96,6 +99,8 @@ struct StudyResult {
   double k_composition_baseline = 0, k_composition_baseline_std = 0;
   std::vector<PathAblation> path_ablation;  // keys, queries, values
   std::optional<std::int64_t> phase_change_step;  // from when the in-context score stays at or below half its final value
+  // The previous-token head's mean weight on the previous position, per query position 1 .. T-1.
+  std::vector<double> previous_token_by_position;
   Example example;
 
   const HeadScores& head(std::int64_t layer, std::int64_t h) const {
