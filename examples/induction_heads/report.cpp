@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -29,12 +31,18 @@ std::string head_name(std::int64_t layer, std::int64_t head) { return fmt::forma
 
 double relative_change(double clean, double ablated) { return clean != 0 ? ablated / clean - 1 : 0.0; }
 
-svg::LineChart loss_chart(const StudyResult& r) {
+// A chart over the training steps.
+svg::LineChart step_chart(std::string title, std::string y_label, std::string id) {
   svg::LineChart c;
-  c.title = "Loss on held-out sequences (cross entropy per token)";
+  c.title = std::move(title);
   c.x_label = "step";
-  c.y_label = "loss";
-  c.attributes = "id=\"loss-chart\"";
+  c.y_label = std::move(y_label);
+  c.attributes = "id=\"" + id + "\"";
+  return c;
+}
+
+svg::LineChart loss_chart(const StudyResult& r) {
+  svg::LineChart c = step_chart("Loss on held-out sequences (cross entropy per token)", "loss", "loss-chart");
   svg::Series all{.name = "all tokens", .colour = "#1f77b4", .x = {}, .y = {}, .markers = true};
   svg::Series first{.name = "first occurrences", .colour = "#ff7f0e", .x = {}, .y = {}, .markers = true};
   svg::Series repeated{.name = "repeated tokens", .colour = "#2ca02c", .x = {}, .y = {}, .markers = true};
@@ -60,11 +68,8 @@ svg::LineChart loss_chart(const StudyResult& r) {
 }
 
 svg::LineChart in_context_chart(const StudyResult& r) {
-  svg::LineChart c;
-  c.title = "In-context score: loss at the last quarter of positions minus at the first quarter";
-  c.x_label = "step";
-  c.y_label = "nats";
-  c.attributes = "id=\"in-context-chart\"";
+  svg::LineChart c = step_chart("In-context score: loss at the last quarter of positions minus at the first quarter",
+                                "nats", "in-context-chart");
   svg::Series s{.name = "in-context score", .colour = "#9467bd", .x = {}, .y = {}, .markers = true};
   double lo = 0, hi = 0;
   for (const auto& p : r.curve) {
@@ -88,11 +93,7 @@ svg::LineChart in_context_chart(const StudyResult& r) {
 // The best previous-token score in layer 0 and the best induction score in layer 1 at each
 // evaluation, with the phase change: the two heads form together.
 svg::LineChart head_scores_chart(const StudyResult& r) {
-  svg::LineChart c;
-  c.title = "Best head scores during training";
-  c.x_label = "step";
-  c.y_label = "share of attention";
-  c.attributes = "id=\"head-scores-chart\"";
+  svg::LineChart c = step_chart("Best head scores during training", "share of attention", "head-scores-chart");
   svg::Series previous{.name = "previous-token (best layer-0 head)", .colour = "#1f77b4", .x = {}, .y = {},
                        .markers = true};
   svg::Series induction{.name = "induction (best layer-1 head)", .colour = "#2ca02c", .x = {}, .y = {},
