@@ -6,6 +6,7 @@
 // files a program is asked to write, made before it does the work.
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -88,13 +89,52 @@ inline CLI::Validator number_below(double low, double high) {
           fmt::format("NUMBER in [{}, {})", low, high)};
 }
 
+// A number strictly between low and high.
+inline CLI::Validator number_between(double low, double high) {
+  return {[low, high](std::string& text) -> std::string {
+            double x = 0;
+            if (!detail::parse_finite(text, x) || !(x > low && x < high))
+              return fmt::format("must be a number above {} and below {}, got '{}'", low, high, text);
+            return {};
+          },
+          fmt::format("NUMBER in ({}, {})", low, high)};
+}
+
+// A file name that is not empty (an output flag given with "" would otherwise write nothing).
+inline CLI::Validator file_name() {
+  return {[](std::string& text) -> std::string { return text.empty() ? "must be a file name, got ''" : ""; },
+          ""};
+}
+
+// The last words of a program: "PROGRAM: MESSAGE" on stderr, without throwing even when stderr
+// cannot be written (fmt::print would throw from inside the handler of the first error).
+inline void report_error(const std::string& program, const std::string& message) noexcept {
+  const std::string prefix = program + ": ";
+  const std::string line = (message.starts_with(prefix) ? "" : prefix) + message + "\n";
+  std::fputs(line.c_str(), stderr);
+}
+
+// A program's exit code once its work is done: 1, saying so on stderr, when what it printed to
+// stdout could not all be written (a full disk, /dev/full), else `code`.
+inline int finish_stdout(const std::string& program, int code) noexcept {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    report_error(program, "writing the results to standard output failed");
+    return 1;
+  }
+  return code;
+}
+
 // An output path given with `flag`, checked before the work (its directory exists, it is not a
 // directory, a file can be written there) so that a typo does not cost the run; an existing file
 // stays as it is. An empty path (the output not asked for) passes. Throws std::invalid_argument
 // naming the flag and the path.
 inline void check_output(const std::string& flag, const std::string& path) {
   if (path.empty()) return;
-  if (std::filesystem::is_directory(path))
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)  // a name too long, a loop of links, ...
+    throw std::invalid_argument(fmt::format("{} {}: {}", flag, path, ec.message()));
+  if (std::filesystem::is_directory(status))
     throw std::invalid_argument(fmt::format("{} {}: is a directory, wanted a file name", flag, path));
   try {
     html::check_writable(path);
@@ -107,8 +147,12 @@ inline void check_output(const std::string& flag, const std::string& path) {
 // naming both flags and the path); empty paths are skipped.
 inline void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
   for (const auto& [flag, path] : outputs) check_output(flag, path);
+  // The file each path would write: its links followed, also a link to a file not there yet.
   const auto file = [](const std::string& path) {
-    return std::filesystem::weakly_canonical(std::filesystem::absolute(path));
+    std::error_code ec;
+    const auto absolute = std::filesystem::absolute(html::link_target(path), ec);
+    const auto canonical = std::filesystem::weakly_canonical(absolute, ec);
+    return ec ? absolute.lexically_normal() : canonical;
   };
   for (std::size_t i = 0; i < outputs.size(); ++i)
     for (std::size_t j = i + 1; j < outputs.size(); ++j)

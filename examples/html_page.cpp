@@ -148,10 +148,6 @@ std::string json_in_script(const nlohmann::json& value) {
   return out;
 }
 
-namespace {
-
-// The file a path names once its symbolic links are followed (a dangling link: the file it would
-// create), so that writing replaces that file and leaves the link in place.
 std::filesystem::path link_target(const std::filesystem::path& path) {
   std::filesystem::path p = path;
   std::error_code ec;
@@ -162,8 +158,6 @@ std::filesystem::path link_target(const std::filesystem::path& path) {
   }
   return p;
 }
-
-}  // namespace
 
 void write_file(const std::string& path, const std::string& text) {
   const std::filesystem::path target = link_target(path);

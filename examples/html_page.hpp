@@ -6,6 +6,7 @@
 // data-script-errors attribute of <html> ("0" when none); data-js-ready="1" is set on <html> once
 // the page's script has run to its end. A tooltip shows the value of any element with data-v
 // (heatmap cells, chart points) under the pointer.
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ void write_file(const std::string& path, const std::string& text);
 // an output path before it does the work. Creates and removes a probe file beside path; an
 // existing file at path is left as it is.
 void check_writable(const std::string& path);
+
+// The file a path names once its symbolic links are followed (a dangling link: the file it would
+// create): the file write_file(path, ...) replaces.
+std::filesystem::path link_target(const std::filesystem::path& path);
 
 // Pictures side by side (wrapping on narrow windows), each with an optional caption, as markup.
 std::string figures(const std::vector<std::string>& pictures, const std::vector<std::string>& captions = {});

@@ -364,6 +364,17 @@ void Config::check() const {
                      lr, weight_decay, lr * weight_decay, lr * weight_decay));
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
     fail(fmt::format("the betas {}, {} must be in [0, 1)", beta1, beta2));
+  // Sizes past these would only fail later, in an allocation or the model's own check, naming no flag.
+  if (d_model > (1 << 14)) fail(fmt::format("--d-model {} is too large (at most {})", d_model, 1 << 14));
+  if (d_mlp > (1 << 20)) fail(fmt::format("--d-mlp {} is too large (at most {})", d_mlp, 1 << 20));
+  // Each snapshot keeps a copy of the trained weights until the progress measures are taken.
+  const double weights = static_cast<double>(d_model) * static_cast<double>(2 * p + 4 + 4 * d_model + 2 * d_mlp);
+  const double bytes = (static_cast<double>(steps / snapshot_interval) + 2) * weights *
+                       (dtype == ag::Dtype::Float64 ? 8.0 : 4.0);
+  if (bytes > 4.0 * (1 << 30))
+    fail(fmt::format("--snapshot-interval {} over --steps {} keeps {:.1f} GiB of weight snapshots (at most 4 GiB): "
+                     "take them less often",
+                     snapshot_interval, steps, bytes / (1 << 30)));
 }
 
 std::string Config::describe() const {

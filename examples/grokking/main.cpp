@@ -8,6 +8,7 @@
 //   grokking --quick                           # p = 53, 2,000 steps: 99 % test accuracy within a minute
 //   grokking --quick --summary s.json --report r.html
 //   grokking --help
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -48,7 +49,7 @@ void add_options(CLI::App& app, Options& o, Given& g) {
   app.add_option("--p", g.p, "the modulus, a prime (default 113; 53 with --quick)")->type_name("P")
       ->transform(integer_in(5, 1000));
   app.add_option("--train-fraction", g.train_fraction, "the pairs used for training (default 0.3; 0.6 with --quick)")
-      ->type_name("X")->check(positive_number());
+      ->type_name("X")->check(cli_checks::number_between(0, 1));
   app.add_option("--steps", g.steps, "full-batch AdamW steps (default 25000; 2000 with --quick)")->type_name("N")
       ->transform(integer_at_least(1));
   app.add_option("--d-model", g.d_model, "model width (default 128)")->type_name("D")->transform(integer_at_least(1));
@@ -66,17 +67,17 @@ void add_options(CLI::App& app, Options& o, Given& g) {
       ->transform(integer_at_least(0));
   app.add_option("--threads", o.threads, "kernel threads (default 1: the model is small); results do not depend on it")->type_name("N")
       ->transform(integer_in(1, 256));
-  app.add_option("--summary", o.summary, "write the measurements as JSON")->type_name("FILE");
+  app.add_option("--summary", o.summary, "write the measurements as JSON")->type_name("FILE")->check(cli_checks::file_name());
   app.add_option("--report", o.report,
                  "write a page: the loss and accuracy curves, the embedding's Fourier spectrum, the progress measures")
-      ->type_name("FILE.html");
+      ->type_name("FILE.html")->check(cli_checks::file_name());
   app.add_option("--save-initial", o.initial_weights,
                  "write the initial weights (TransformerLens names) and the training rows, as safetensors")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(cli_checks::file_name());
   app.add_option("--save-model", o.trained_weights,
                  "write the trained model (TransformerLens names, safetensors; the summary's transformer_lens_config "
                  "builds it in Python)")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(cli_checks::file_name());
   app.add_flag("--float64", o.float64, "Float64 parameters (default Float32), e.g. to compare with another "
                                        "implementation to rounding");
   app.add_flag("--quiet", o.quiet, "no progress lines");
@@ -157,17 +158,20 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    fmt::print(stderr, "grokking: {} (try --help)\n", e.what());
+    if (e.get_exit_code() == 0) return cli_checks::finish_stdout("grokking", app.exit(e));  // --help
+    cli_checks::report_error("grokking", std::string(e.what()) + " (try --help)");
     return 1;
   }
   try {
     finish_options(o, g);
     ag::set_num_threads(o.threads);
-    return run(o);
+    return cli_checks::finish_stdout("grokking", run(o));
+  } catch (const std::bad_alloc&) {
+    cli_checks::report_error("grokking", "ran out of memory: the sizes asked for need more than this machine has "
+                                    "(see --help for the flags that set them)");
+    return 1;
   } catch (const std::exception& e) {
-    const std::string message = e.what();
-    fmt::print(stderr, "{}{}\n", message.starts_with("grokking: ") ? "" : "grokking: ", message);
+    cli_checks::report_error("grokking", e.what());
     return 1;
   }
 }

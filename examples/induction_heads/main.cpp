@@ -11,6 +11,7 @@
 //   induction_heads --train-on repeat --vocab 48 --seq-len 32   # trained on the repeat task instead
 //   induction_heads --steps 200 --save-initial w.safetensors --float64   # for benchmarks/induction_torch.py
 //   induction_heads --help
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -69,17 +70,17 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--threads", o.threads,
                  "kernel threads (default 1: the model is small); results do not depend on it")
       ->type_name("N")->transform(integer_in(1, 256));
-  app.add_option("--summary", o.summary, "write the measurements as JSON")->type_name("FILE");
+  app.add_option("--summary", o.summary, "write the measurements as JSON")->type_name("FILE")->check(cli_checks::file_name());
   app.add_option("--report", o.report, "write a page: the loss curve, both heads' patterns, the scores, "
                                        "the path ablation")
-      ->type_name("FILE.html");
+      ->type_name("FILE.html")->check(cli_checks::file_name());
   app.add_option("--save-initial", o.initial_weights,
                  "write the initial weights (TransformerLens names) and every step's training batch, as safetensors")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(cli_checks::file_name());
   app.add_option("--save-model", o.trained_weights,
                  "write the trained model (TransformerLens names, safetensors; the summary's transformer_lens_config "
                  "builds it in Python)")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(cli_checks::file_name());
   app.add_flag("--float64", o.float64, "Float64 parameters (default Float32), e.g. to compare with another "
                                        "implementation to rounding");
   app.add_flag("--quiet", o.quiet, "no progress lines");
@@ -157,17 +158,20 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    fmt::print(stderr, "induction_heads: {} (try --help)\n", e.what());
+    if (e.get_exit_code() == 0) return cli_checks::finish_stdout("induction_heads", app.exit(e));  // --help
+    cli_checks::report_error("induction_heads", std::string(e.what()) + " (try --help)");
     return 1;
   }
   try {
     finish_options(o);
     ag::set_num_threads(o.threads);
-    return run(o);
+    return cli_checks::finish_stdout("induction_heads", run(o));
+  } catch (const std::bad_alloc&) {
+    cli_checks::report_error("induction_heads", "ran out of memory: the sizes asked for need more than this machine has "
+                                    "(see --help for the flags that set them)");
+    return 1;
   } catch (const std::exception& e) {
-    const std::string message = e.what();
-    fmt::print(stderr, "{}{}\n", message.starts_with("induction_heads: ") ? "" : "induction_heads: ", message);
+    cli_checks::report_error("induction_heads", e.what());
     return 1;
   }
 }

@@ -248,9 +248,19 @@ void save_initial(const nn::TransformerLM& model, const StudyConfig& c, ag::Gene
 
 void StudyConfig::check() const {
   task.check();
-  if (d_model % n_heads != 0)
-    throw std::invalid_argument(fmt::format("--d-model {} is not divisible by --heads {}", d_model, n_heads));
-  if (test_sequences < 1) throw std::invalid_argument("--test-sequences must be at least 1");
+  const auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (d_model % n_heads != 0) fail(fmt::format("--d-model {} is not divisible by --heads {}", d_model, n_heads));
+  if (test_sequences < 1) fail("--test-sequences must be at least 1");
+  // Sizes past these would only fail later, in an allocation or the model's own check, naming no flag.
+  const std::pair<const char*, std::pair<std::int64_t, std::int64_t>> sizes[] = {
+      {"--seq-len", {task.seq_len, 1 << 14}}, {"--d-model", {d_model, 1 << 14}}, {"--heads", {n_heads, 1 << 10}},
+      {"--vocab", {task.vocab, 1 << 20}},     {"--batch", {batch, 1 << 16}},     {"--test-sequences", {test_sequences, 1 << 16}}};
+  for (const auto& [flag, size] : sizes)
+    if (size.first > size.second) fail(fmt::format("{} {} is too large (at most {})", flag, size.first, size.second));
+  // AdamW's decoupled decay multiplies every weight by 1 - lr·weight_decay at each step.
+  if (lr * weight_decay >= 1)
+    fail(fmt::format("--lr {} times --weight-decay {} is {} >= 1: each step would multiply the weights by 1 - {} <= 0",
+                     lr, weight_decay, lr * weight_decay, lr * weight_decay));
 }
 
 std::vector<Goal> goals(const StudyResult& r) {
@@ -300,6 +310,9 @@ StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs) {
   if (!outputs.initial_weights.empty()) save_initial(model, c, data, outputs.initial_weights);
   nn::AdamW opt(model.named_parameters(), {.lr = c.lr, .weight_decay = c.weight_decay});
 
+  const auto decay_hint = [&c] {
+    return c.weight_decay > 0.01 ? fmt::format(", or --weight-decay, now {}", c.weight_decay) : std::string();
+  };
   const ag::Tensor previous_token_targets = circuits::detection_pattern(circuits::HeadKind::PreviousToken, test.tokens);
   const ag::Tensor induction_targets = circuits::detection_pattern(circuits::HeadKind::Induction, test.tokens);
   const auto best = [](const std::vector<double>& scores) { return *std::max_element(scores.begin(), scores.end()); };
@@ -307,8 +320,12 @@ StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs) {
     ag::NoGradGuard no_grad;
     const nn::ActivationCache cache = nn::run_with_cache(model, [&] { return model.forward(test.tokens); },
                                                          {.names = {kPatterns[0], kPatterns[1]}});
-    CurvePoint point{.step = step, .train_loss = train_loss,
-                     .test = held_out_losses(model, cache.output, test, training_kind),
+    const Losses losses = held_out_losses(model, cache.output, test, training_kind);
+    if (!std::isfinite(losses.all))
+      throw std::runtime_error(fmt::format("induction_heads: the held-out loss is {} after step {}: the weights "
+                                           "diverged (lower --lr, now {}{})",
+                                           losses.all, step, c.lr, decay_hint()));
+    CurvePoint point{.step = step, .train_loss = train_loss, .test = losses,
                      .previous_token_score = best(target_share(cache[kPatterns[0]], previous_token_targets)),
                      .induction_score = best(target_share(cache[kPatterns[1]], induction_targets))};
     r.curve.push_back(point);
@@ -324,8 +341,8 @@ StudyResult run_study(const StudyConfig& config, const StudyOutputs& outputs) {
     const double value = loss.item();
     if (!std::isfinite(value))
       throw std::runtime_error(fmt::format("induction_heads: the training loss is {} at step {}; the learning rate "
-                                           "(--lr {}) is likely too large",
-                                           value, step, c.lr));
+                                           "(--lr {}) is likely too large{}",
+                                           value, step, c.lr, decay_hint()));
     if (step == 1) {
       r.train_seconds += seconds_since(start);
       evaluate(0, value);
