@@ -117,7 +117,7 @@ endif()
 # Bad flags are refused before any work, naming the flag or the setting.
 foreach(case "--p;4|--p: must be an integer from 5 to 1000"
              "--p;91|--p must be a prime"
-             "--train-fraction;1.5|--train-fraction must be in (0, 1)"
+             "--train-fraction;1.5|--train-fraction: must be a number above 0 and below 1, got '1.5'"
              "--lr;0.5;--weight-decay;2|--lr 0.5 times --weight-decay 2 is 1 >= 1"
              "--steps;0|--steps"
              "--lr;-1|--lr"

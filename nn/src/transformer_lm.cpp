@@ -450,6 +450,58 @@ std::string transformer_lens_config_json(const TransformerLMConfig& config) {
   return j.dump();
 }
 
+TransformerLMConfig config_from_transformer_lens_json(std::string_view json) {
+  constexpr const char* op = "config_from_transformer_lens_json";
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) ag::fail(op, "the text is not a JSON object");
+  const auto integer = [&](const char* key, bool required, std::int64_t fallback) -> std::int64_t {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (required) ag::fail(op, "'{}' is missing", key);
+      return fallback;
+    }
+    if (!j[key].is_number_integer()) ag::fail(op, "'{}' must be an integer, got {}", key, j[key].dump());
+    return j[key].get<std::int64_t>();
+  };
+  const auto text = [&](const char* key) -> std::string {
+    if (!j.contains(key) || j[key].is_null()) return "";
+    if (!j[key].is_string()) ag::fail(op, "'{}' must be a string or null, got {}", key, j[key].dump());
+    return j[key].get<std::string>();
+  };
+  TransformerLMConfig c;
+  c.n_layers = integer("n_layers", true, 0);
+  c.d_model = integer("d_model", true, 0);
+  c.n_heads = integer("n_heads", true, 0);
+  c.d_head = integer("d_head", false, 0);
+  c.d_vocab = integer("d_vocab", true, 0);
+  c.n_ctx = integer("n_ctx", true, 0);
+  const std::int64_t out = integer("d_vocab_out", false, -1);
+  c.d_vocab_out = out == -1 ? 0 : out;
+  if (out == 0 || out < -1) ag::fail(op, "'d_vocab_out' must be positive or -1 (d_vocab), got {}", out);
+  const bool attn_only = j.contains("attn_only") && j["attn_only"].is_boolean() && j["attn_only"].get<bool>();
+  if (j.contains("attn_only") && !j["attn_only"].is_boolean() && !j["attn_only"].is_null())
+    ag::fail(op, "'attn_only' must be true or false, got {}", j["attn_only"].dump());
+  c.d_mlp = attn_only ? 0 : integer("d_mlp", true, 0);
+  if (!attn_only && c.d_mlp <= 0) ag::fail(op, "'d_mlp' must be positive without attn_only, got {}", c.d_mlp);
+  const std::string act = text("act_fn");
+  if (act == "relu") c.activation = Activation::Relu;
+  else if (act == "gelu_new") c.activation = Activation::GeluTanh;
+  else if (act == "gelu" || (act.empty() && attn_only)) c.activation = Activation::Gelu;
+  else ag::fail(op, "'act_fn' {} has no counterpart here (gelu, gelu_new or relu)", act.empty() ? "null" : "\"" + act + "\"");
+  const std::string norm = text("normalization_type");
+  if (norm == "LN") c.normalization = Normalization::LayerNorm;
+  else if (norm.empty()) c.normalization = Normalization::None;
+  else ag::fail(op, "'normalization_type' \"{}\" has no counterpart here (\"LN\" or null)", norm);
+  const std::string positions = text("positional_embedding_type");
+  if (!positions.empty() && positions != "standard")
+    ag::fail(op, "'positional_embedding_type' \"{}\" has no counterpart here (\"standard\")", positions);
+  if (j.contains("eps")) {
+    if (!j["eps"].is_number()) ag::fail(op, "'eps' must be a number, got {}", j["eps"].dump());
+    c.layer_norm_eps = j["eps"].get<double>();
+  }
+  c.check();
+  return c;
+}
+
 std::string transformer_lens_point_name(std::string_view tl_name) {
   std::string s(tl_name);
   if (s.find("hook_") == std::string::npos) return "";

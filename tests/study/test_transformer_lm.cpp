@@ -400,6 +400,52 @@ BOOST_AUTO_TEST_CASE(the_transformer_lens_config_names_every_setting) {
   BOOST_TEST(contains(k, "\"normalization_type\":null"));
 }
 
+// config_from_transformer_lens_json reads back every form transformer_lens_config_json writes, and
+// refuses, naming the key, what TransformerLM cannot represent.
+BOOST_AUTO_TEST_CASE(the_transformer_lens_config_reads_back) {
+  const auto same = [](const nn::TransformerLMConfig& a, const nn::TransformerLMConfig& b) {
+    return a.n_layers == b.n_layers && a.d_model == b.d_model && a.n_heads == b.n_heads && a.d_mlp == b.d_mlp &&
+           a.d_vocab == b.d_vocab && a.n_ctx == b.n_ctx && a.activation == b.activation &&
+           a.normalization == b.normalization && a.layer_norm_eps == b.layer_norm_eps &&
+           (a.d_vocab_out == 0 ? a.d_vocab : a.d_vocab_out) == (b.d_vocab_out == 0 ? b.d_vocab : b.d_vocab_out);
+  };
+  for (int form = 0; form < 4; ++form) {
+    nn::TransformerLMConfig c = small_config(form == 0 ? 0 : 12);
+    if (form == 2) c.activation = nn::Activation::Relu, c.normalization = nn::Normalization::None, c.d_vocab_out = 4;
+    if (form == 3) c.activation = nn::Activation::GeluTanh, c.n_layers = 1, c.layer_norm_eps = 1e-6;
+    const nn::TransformerLMConfig back = nn::config_from_transformer_lens_json(nn::transformer_lens_config_json(c));
+    BOOST_TEST(same(back, c), "form " << form << ": " << nn::transformer_lens_config_json(c));
+    // The negative control: another configuration is not the same.
+    nn::TransformerLMConfig other = c;
+    other.n_ctx += 1;
+    BOOST_TEST(!same(back, other));
+  }
+  // A TransformerLens config's keys with values of its own: d_vocab_out -1 is d_vocab; extra keys are ignored.
+  const nn::TransformerLMConfig tl = nn::config_from_transformer_lens_json(
+      R"({"n_layers": 1, "d_model": 8, "n_heads": 2, "d_head": 4, "d_vocab": 5, "d_vocab_out": -1, "n_ctx": 3,
+          "d_mlp": 16, "act_fn": "relu", "normalization_type": null, "seed": 7, "device": "cpu"})");
+  BOOST_TEST(tl.d_vocab_out == 0);
+  BOOST_TEST((tl.activation == nn::Activation::Relu && tl.normalization == nn::Normalization::None));
+  const std::string base = R"("n_layers": 1, "d_model": 8, "n_heads": 2, "d_vocab": 5, "n_ctx": 3)";
+  const std::pair<std::string, std::string> refused[] = {
+      {"{" + base + R"(, "d_mlp": 16, "act_fn": "silu"})", "'act_fn' \"silu\" has no counterpart here"},
+      {"{" + base + R"(, "d_mlp": 16, "act_fn": "gelu", "normalization_type": "RMS"})",
+       "'normalization_type' \"RMS\" has no counterpart here"},
+      {"{" + base + R"(, "attn_only": true, "positional_embedding_type": "rotary"})",
+       "'positional_embedding_type' \"rotary\" has no counterpart here"},
+      {"{" + base + R"(, "act_fn": "gelu"})", "'d_mlp' is missing"},
+      {"{" + base + R"(, "attn_only": true, "d_head": 3})", "TransformerLM: d_head 3 times n_heads 2 is not d_model 8"},
+      {R"({"n_layers": 1, "n_heads": 2, "d_vocab": 5, "n_ctx": 3, "attn_only": true})", "'d_model' is missing"},
+      {"{" + base + R"(, "attn_only": true, "d_vocab_out": 0})", "'d_vocab_out' must be positive or -1"},
+      {R"({"n_layers": 1, "d_model": 8, "n_heads": 2, "d_vocab": 5, "n_ctx": 2.5, "attn_only": true})",
+       "'n_ctx' must be an integer, got 2.5"},
+      {"[1, 2]", "the text is not a JSON object"},
+      {"{not json", "the text is not a JSON object"}};
+  for (const auto& [json, message] : refused)
+    check_message([&] { nn::config_from_transformer_lens_json(json); },
+                  message.starts_with("TransformerLM") ? message : "config_from_transformer_lens_json: " + message);
+}
+
 BOOST_AUTO_TEST_CASE(module_list_keeps_order_and_refuses_bad_access) {
   nn::ModuleList list;
   list.push_back(std::make_shared<nn::Linear>(2, 3)).push_back(std::make_shared<nn::ReLU>());

@@ -121,6 +121,14 @@ void save_transformer_lens_state_dict(const TransformerLM& model, const std::str
 void load_transformer_lens_state_dict(TransformerLM& model, const std::string& path);
 // The HookedTransformerConfig arguments as JSON: HookedTransformerConfig(**json.loads(s)).
 std::string transformer_lens_config_json(const TransformerLMConfig& config);
+// The inverse: the configuration such arguments describe (what transformer_lens_config_json writes,
+// or the same keys of a TransformerLens config): n_layers, d_model, n_heads, d_vocab, n_ctx
+// required; d_head, d_vocab_out (-1: d_vocab), d_mlp or attn_only, act_fn ("gelu", "gelu_new",
+// "relu"), normalization_type ("LN" or null), positional_embedding_type ("standard"), eps
+// optional; other keys are ignored. Throws std::invalid_argument naming the key whose value
+// TransformerLM cannot represent. A model written from a tied-embeddings configuration comes back
+// untied (its file holds W_U = W_Eᵀ).
+TransformerLMConfig config_from_transformer_lens_json(std::string_view json);
 // TransformerLens's name of a hook point in our naming: "blocks.0.attn.hook_pattern" ->
 // "blocks.0.attn.pattern", "blocks.1.ln1.hook_scale" -> "blocks.1.ln_1.scale", "blocks.0.mlp.hook_post"
 // -> "blocks.0.mlp_hidden", "hook_embed" -> "embed_out" (docs/circuits.md's table); "" for a name
