@@ -4,6 +4,8 @@
 #include <cmath>
 #include <map>
 
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 #include "nn/checkpoint.hpp"
@@ -454,17 +456,29 @@ TransformerLMConfig config_from_transformer_lens_json(std::string_view json) {
   constexpr const char* op = "config_from_transformer_lens_json";
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   if (j.is_discarded() || !j.is_object()) ag::fail(op, "the text is not a JSON object");
+  // A value as messages show it: arrays and objects by kind (printing a deeply nested one would
+  // recurse as deep), strings through ag::printable, everything cut to 60 characters.
+  const auto shown = [](const nlohmann::json& v) -> std::string {
+    if (v.is_array()) return "an array";
+    if (v.is_object()) return "an object";
+    std::string text = v.is_string() ? fmt::format("\"{}\"", ag::printable(v.get<std::string>())) : v.dump();
+    if (text.size() > 60) text = text.substr(0, 57) + "...";
+    return text;
+  };
   const auto integer = [&](const char* key, bool required, std::int64_t fallback) -> std::int64_t {
     if (!j.contains(key) || j[key].is_null()) {
       if (required) ag::fail(op, "'{}' is missing", key);
       return fallback;
     }
-    if (!j[key].is_number_integer()) ag::fail(op, "'{}' must be an integer, got {}", key, j[key].dump());
-    return j[key].get<std::int64_t>();
+    const nlohmann::json& v = j[key];
+    if (!v.is_number_integer()) ag::fail(op, "'{}' must be an integer, got {}", key, shown(v));
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+      ag::fail(op, "'{}' {} is too large", key, shown(v));
+    return v.get<std::int64_t>();
   };
   const auto text = [&](const char* key) -> std::string {
     if (!j.contains(key) || j[key].is_null()) return "";
-    if (!j[key].is_string()) ag::fail(op, "'{}' must be a string or null, got {}", key, j[key].dump());
+    if (!j[key].is_string()) ag::fail(op, "'{}' must be a string or null, got {}", key, shown(j[key]));
     return j[key].get<std::string>();
   };
   TransformerLMConfig c;
@@ -482,20 +496,22 @@ TransformerLMConfig config_from_transformer_lens_json(std::string_view json) {
     ag::fail(op, "'attn_only' must be true or false, got {}", j["attn_only"].dump());
   c.d_mlp = attn_only ? 0 : integer("d_mlp", true, 0);
   if (!attn_only && c.d_mlp <= 0) ag::fail(op, "'d_mlp' must be positive without attn_only, got {}", c.d_mlp);
+  // An attention-only model has no MLP: its act_fn is not used, whatever it says.
   const std::string act = text("act_fn");
   if (act == "relu") c.activation = Activation::Relu;
   else if (act == "gelu_new") c.activation = Activation::GeluTanh;
-  else if (act == "gelu" || (act.empty() && attn_only)) c.activation = Activation::Gelu;
-  else ag::fail(op, "'act_fn' {} has no counterpart here (gelu, gelu_new or relu)", act.empty() ? "null" : "\"" + act + "\"");
+  else if (act == "gelu" || attn_only) c.activation = Activation::Gelu;
+  else ag::fail(op, "'act_fn' {} has no counterpart here (gelu, gelu_new or relu)", shown(j.value("act_fn", nlohmann::json())));
   const std::string norm = text("normalization_type");
   if (norm == "LN") c.normalization = Normalization::LayerNorm;
   else if (norm.empty()) c.normalization = Normalization::None;
-  else ag::fail(op, "'normalization_type' \"{}\" has no counterpart here (\"LN\" or null)", norm);
+  else ag::fail(op, "'normalization_type' {} has no counterpart here (\"LN\" or null)", shown(j["normalization_type"]));
   const std::string positions = text("positional_embedding_type");
   if (!positions.empty() && positions != "standard")
-    ag::fail(op, "'positional_embedding_type' \"{}\" has no counterpart here (\"standard\")", positions);
+    ag::fail(op, "'positional_embedding_type' {} has no counterpart here (\"standard\")",
+             shown(j["positional_embedding_type"]));
   if (j.contains("eps")) {
-    if (!j["eps"].is_number()) ag::fail(op, "'eps' must be a number, got {}", j["eps"].dump());
+    if (!j["eps"].is_number()) ag::fail(op, "'eps' must be a number, got {}", shown(j["eps"]));
     c.layer_norm_eps = j["eps"].get<double>();
   }
   c.check();

@@ -439,8 +439,17 @@ BOOST_AUTO_TEST_CASE(the_transformer_lens_config_reads_back) {
       {"{" + base + R"(, "attn_only": true, "d_vocab_out": 0})", "'d_vocab_out' must be positive or -1"},
       {R"({"n_layers": 1, "d_model": 8, "n_heads": 2, "d_vocab": 5, "n_ctx": 2.5, "attn_only": true})",
        "'n_ctx' must be an integer, got 2.5"},
+      {R"({"n_layers": 18446744073709551615, "d_model": 8, "n_heads": 2, "d_vocab": 5, "n_ctx": 3, "attn_only": true})",
+       "'n_layers' 18446744073709551615 is too large"},
+      {"{" + base + R"(, "d_mlp": 16, "act_fn": "\u001b[31m"})", "'act_fn' \"\\x1b[31m\" has no counterpart"},
+      {"{" + base + R"(, "d_mlp": [[[[1]]]]})", "'d_mlp' must be an integer, got an array"},
       {"[1, 2]", "the text is not a JSON object"},
       {"{not json", "the text is not a JSON object"}};
+  // A value nested 100,000 deep is named by its kind (printing it would recurse as deep).
+  const std::string deep = "{" + base + R"(, "attn_only": true, "d_head": )" + std::string(100000, '[') +
+                           std::string(100000, ']') + "}";
+  check_message([&] { nn::config_from_transformer_lens_json(deep); },
+                "config_from_transformer_lens_json: 'd_head' must be an integer, got an array");
   for (const auto& [json, message] : refused)
     check_message([&] { nn::config_from_transformer_lens_json(json); },
                   message.starts_with("TransformerLM") ? message : "config_from_transformer_lens_json: " + message);

@@ -126,8 +126,10 @@ std::string transformer_lens_config_json(const TransformerLMConfig& config);
 // required; d_head, d_vocab_out (-1: d_vocab), d_mlp or attn_only, act_fn ("gelu", "gelu_new",
 // "relu"), normalization_type ("LN" or null), positional_embedding_type ("standard"), eps
 // optional; other keys are ignored. Throws std::invalid_argument naming the key whose value
-// TransformerLM cannot represent. A model written from a tied-embeddings configuration comes back
-// untied (its file holds W_U = W_Eᵀ).
+// TransformerLM cannot represent (other keys TransformerLens has, such as parallel_attn_mlp or
+// use_attn_scale, are not read: leave them at their defaults). What does not come back: the dtype
+// (Float32; set it after), tied embeddings (untied: the file holds W_U = W_Eᵀ) and
+// PositionalEmbedding::None (Learned: the file holds W_pos = 0, which loads as learned zeros).
 TransformerLMConfig config_from_transformer_lens_json(std::string_view json);
 // TransformerLens's name of a hook point in our naming: "blocks.0.attn.hook_pattern" ->
 // "blocks.0.attn.pattern", "blocks.1.ln1.hook_scale" -> "blocks.1.ln_1.scale", "blocks.0.mlp.hook_post"
