@@ -67,10 +67,12 @@ double rules_against_double_vjp(const ag::TensorListFn& fn, const TensorList& x,
   return worst;
 }
 
-// x³ with a correct jvp (3x²·ẋ), or with one off by 1 % when `wrong`.
-template <bool wrong>
-struct CubeWithJvp : ag::Function<CubeWithJvp<wrong>> {
-  static constexpr const char* name = wrong ? "cube_wrong_jvp" : "cube_jvp";
+// x³ with a correct jvp (3x²·ẋ), or with one off by 1 % when `wrong`; declared once_differentiable
+// when `once`.
+template <bool wrong, bool once = false>
+struct CubeWithJvp : ag::Function<CubeWithJvp<wrong, once>> {
+  static constexpr const char* name = wrong ? "cube_wrong_jvp" : once ? "raw_cube_jvp" : "cube_jvp";
+  static constexpr bool once_differentiable = once;
   static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
     ctx.save_for_backward({x});
     return x * x * x;
@@ -346,23 +348,8 @@ BOOST_AUTO_TEST_CASE(a_function_that_frees_its_graph_is_refused) {
       [&] { ag::jvp(fn, {randn64({2, 3}, 91).detach()}, {randn64({2, 3}, 92).detach()}); }, {"jvp", "freed"});
 }
 
-// x³ computed and differentiated from raw values: once_differentiable, with its own jvp.
-struct RawCube : ag::Function<RawCube> {
-  static constexpr const char* name = "raw_cube_jvp";
-  static constexpr bool once_differentiable = true;
-  static Tensor forward(ag::FunctionCtx& ctx, const Tensor& x) {
-    ctx.save_for_backward({x});
-    return x * x * x;
-  }
-  static TensorList backward(ag::FunctionCtx& ctx, const TensorList& g) {
-    const Tensor x = ctx.saved_tensors()[0];
-    return {g[0] * 3.0 * x * x};
-  }
-  static TensorList jvp(ag::FunctionCtx& ctx, const TensorList& t) {
-    const Tensor x = ctx.saved_tensors()[0];
-    return {t[0] * 3.0 * x * x};
-  }
-};
+// x³, once_differentiable, with its own jvp.
+using RawCube = CubeWithJvp<false, true>;
 
 // Forward-mode jacobian walks the rules column by column: a once_differentiable Function with a
 // jvp goes through it (the construction would refuse it), and the columns equal reverse mode's.
