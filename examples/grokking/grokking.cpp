@@ -240,8 +240,8 @@ Snapshot progress_measures(nn::TransformerLM& model, const Data& d, const ag::Te
 
 }  // namespace
 
-void neuron_frequencies(nn::TransformerLM& model, const ag::Tensor& basis, std::vector<std::int64_t>& frequency,
-                        std::vector<double>& explained) {
+void neuron_frequencies(nn::TransformerLM& model, const ag::Tensor& pairs, const ag::Tensor& basis,
+                        std::vector<std::int64_t>& frequency, std::vector<double>& explained) {
   ag::NoGradGuard no_grad;
   const std::int64_t p = basis.size(0), K = (p - 1) / 2;
   // C[i, j] = sum over (a, b) of F[i, a] F[j, b] A[a, b] per neuron: only C[0, j], C[i, 0] and the
@@ -249,16 +249,12 @@ void neuron_frequencies(nn::TransformerLM& model, const ag::Tensor& basis, std::
   // memory stays at one chunk's activations for any p.
   const std::vector<double> F = basis.to_vector();
   const auto f = [&](std::int64_t i, std::int64_t x) { return F[static_cast<std::size_t>(i * p + x)]; };
-  std::vector<std::int64_t> tokens;
   std::vector<double> c0j, ci0, blocks, norm2;
   std::int64_t D = 0;
   const std::int64_t rows = std::max<std::int64_t>(1, kChunk / p);
   for (std::int64_t a0 = 0; a0 < p; a0 += rows) {
     const std::int64_t na = std::min(rows, p - a0);
-    tokens.clear();
-    for (std::int64_t a = a0; a < a0 + na; ++a)
-      for (std::int64_t b = 0; b < p; ++b) tokens.insert(tokens.end(), {a, b, p});
-    const ag::Tensor acts = last_position(model, ag::tensor_int64(tokens, {na * p, 3})).acts;  // (na·p, D)
+    const ag::Tensor acts = last_position(model, ag::narrow(pairs, 0, a0 * p, na * p)).acts;  // (na·p, D)
     if (D == 0) {
       D = acts.size(1);
       c0j.assign(static_cast<std::size_t>(p * D), 0.0), ci0.assign(static_cast<std::size_t>(p * D), 0.0);
@@ -511,7 +507,7 @@ Result run(const Config& config, const Outputs& outputs) {
                           .weight_norm = weight_norm(values)});
   }
   // The snapshots end with the final weights (the last one is taken after the last step).
-  neuron_frequencies(model, basis, r.neuron_frequency, r.neuron_explained);
+  neuron_frequencies(model, d.tokens, basis, r.neuron_frequency, r.neuron_explained);
   r.measure_seconds = seconds_since(measure_start);
   return r;
 }

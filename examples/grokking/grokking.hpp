@@ -101,9 +101,9 @@ ag::Tensor fourier_basis(std::int64_t p);
 // Per MLP neuron of the model at "=", over all p² pairs: the frequency k = 1 .. (p-1)/2 explaining
 // most of its activation's variance and that fraction (the squares of its 2D Fourier coefficients
 // with both indices in {constant, cos k, sin k}, the constant-constant one left out, over all
-// non-constant ones). basis: fourier_basis(p).
-void neuron_frequencies(nn::TransformerLM& model, const ag::Tensor& basis, std::vector<std::int64_t>& frequency,
-                        std::vector<double>& explained);
+// non-constant ones). pairs: every "a b =" as (p², 3) Int64, row a·p + b; basis: fourier_basis(p).
+void neuron_frequencies(nn::TransformerLM& model, const ag::Tensor& pairs, const ag::Tensor& basis,
+                        std::vector<std::int64_t>& frequency, std::vector<double>& explained);
 
 // The key frequencies of the norms per frequency: sorted by norm, the largest that together carry
 // 90 % of the squared norm (the fewest such), largest first.
