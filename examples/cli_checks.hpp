@@ -100,6 +100,14 @@ inline CLI::Validator number_between(double low, double high) {
           fmt::format("NUMBER in ({}, {})", low, high)};
 }
 
+// What is wrong with AdamW's lr and weight decay together (empty when nothing): its decoupled decay
+// multiplies every weight by 1 - lr·weight_decay at each step, which must stay above 0.
+inline std::string decay_problem(double lr, double weight_decay) {
+  if (!(lr * weight_decay >= 1)) return {};
+  return fmt::format("--lr {} times --weight-decay {} is {} >= 1: each step would multiply the weights by 1 - {} <= 0",
+                     lr, weight_decay, lr * weight_decay, lr * weight_decay);
+}
+
 // A file name that is not empty (an output flag given with "" would otherwise write nothing).
 inline CLI::Validator file_name() {
   return {[](std::string& text) -> std::string { return text.empty() ? "must be a file name, got ''" : ""; },

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.hpp"
+
 namespace grokking {
 
 namespace {
@@ -354,10 +356,7 @@ void Config::check() const {
   if (!std::isfinite(lr) || !(lr > 0)) fail(fmt::format("--lr must be finite and > 0, got {}", lr));
   if (!std::isfinite(weight_decay) || weight_decay < 0)
     fail(fmt::format("--weight-decay must be finite and >= 0, got {}", weight_decay));
-  // AdamW's decoupled decay multiplies every weight by 1 - lr·weight_decay at each step.
-  if (lr * weight_decay >= 1)
-    fail(fmt::format("--lr {} times --weight-decay {} is {} >= 1: each step would multiply the weights by 1 - {} <= 0",
-                     lr, weight_decay, lr * weight_decay, lr * weight_decay));
+  if (const std::string decay = cli_checks::decay_problem(lr, weight_decay); !decay.empty()) fail(decay);
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
     fail(fmt::format("the betas {}, {} must be in [0, 1)", beta1, beta2));
   // Sizes past these would only fail later, in an allocation or the model's own check, naming no flag.

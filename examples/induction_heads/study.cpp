@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "cli_checks.hpp"
+
 namespace induction {
 
 namespace circuits = nn::circuits;
@@ -257,10 +259,7 @@ void StudyConfig::check() const {
       {"--vocab", {task.vocab, 1 << 20}},     {"--batch", {batch, 1 << 16}},     {"--test-sequences", {test_sequences, 1 << 16}}};
   for (const auto& [flag, size] : sizes)
     if (size.first > size.second) fail(fmt::format("{} {} is too large (at most {})", flag, size.first, size.second));
-  // AdamW's decoupled decay multiplies every weight by 1 - lr·weight_decay at each step.
-  if (lr * weight_decay >= 1)
-    fail(fmt::format("--lr {} times --weight-decay {} is {} >= 1: each step would multiply the weights by 1 - {} <= 0",
-                     lr, weight_decay, lr * weight_decay, lr * weight_decay));
+  if (const std::string decay = cli_checks::decay_problem(lr, weight_decay); !decay.empty()) fail(decay);
 }
 
 std::vector<Goal> goals(const StudyResult& r) {
