@@ -7,7 +7,10 @@
 // q·k·scale carries at most (d + 2)·u·Σ|q·k·scale| of error, a weight's relative error is its
 // own score's error plus its row's largest, plus 16 roundings (exponential, sum, reciprocal).
 // Odd sizes, one and several rows, both paths in one slice and across slices; output and
-// gradients compared with the float64 op. Negative control: the check sees a weight 1e-5 off.
+// gradients compared with the float64 op; NaN and infinite scores (which take the row-by-row
+// path) give what the float64 op gives. Each under every kernel variant the CPU has (the shared
+// shift and the backward's slopes are vector kernels). Negative control: the check sees a weight
+// 1e-5 off.
 #define BOOST_TEST_MODULE attention_softmax_shift
 #include <boost/test/unit_test.hpp>
 
@@ -18,6 +21,8 @@
 #include <vector>
 
 #include <autograd/autograd.hpp>
+
+#include "isa_support.hpp"
 
 namespace ag = autograd;
 
@@ -131,19 +136,8 @@ const std::vector<Case> kCases = {
     {1, 1, 19, 19, 5, 0.0, false, false, true, "causal"},
 };
 
-}  // namespace
-
-BOOST_AUTO_TEST_CASE(float32_weights_against_long_double) {
-  std::uint64_t seed = 11;
-  for (const Case& c : kCases) {
-    const Inputs in = inputs(c, seed++);
-    BOOST_TEST(wrong_weights(c, in, weights(c, in, ag::Dtype::Float32)) == 0, c.name);
-    BOOST_TEST(wrong_weights(c, in, weights(c, in, ag::Dtype::Float64)) == 0, c.name << " (float64)");
-  }
-}
-
-BOOST_AUTO_TEST_CASE(float32_output_and_gradients_follow_float64) {
-  // One op of each kind of slice; float32 against float64, relative to the float64 scale.
+// One op of each kind of slice; float32 against float64, relative to the float64 scale.
+void check_output_and_gradients(const std::string& isa) {
   std::uint64_t seed = 70;
   for (const Case& c : kCases) {
     const Inputs in = inputs(c, seed++);
@@ -167,8 +161,55 @@ BOOST_AUTO_TEST_CASE(float32_output_and_gradients_follow_float64) {
       for (double x : results[1][r]) scale = std::max(scale, std::fabs(x));
       for (std::size_t i = 0; i < results[0][r].size(); ++i)
         worst = std::max(worst, std::fabs(results[0][r][i] - results[1][r][i]));
-      BOOST_TEST(worst <= 2e-5 * scale, c.name << " result " << r << ": " << worst << " against " << scale);
+      BOOST_TEST(worst <= 2e-5 * scale, c.name << " " << isa << " result " << r << ": " << worst << " against " << scale);
     }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(float32_weights_against_long_double) {
+  for (const std::string& isa : test_support::available_isas()) {
+    const test_support::IsaScope scope(isa);
+    std::uint64_t seed = 11;
+    for (const Case& c : kCases) {
+      const Inputs in = inputs(c, seed++);
+      BOOST_TEST(wrong_weights(c, in, weights(c, in, ag::Dtype::Float32)) == 0, c.name << " " << isa);
+      BOOST_TEST(wrong_weights(c, in, weights(c, in, ag::Dtype::Float64)) == 0, c.name << " (float64) " << isa);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(nan_and_infinite_scores_give_what_float64_gives) {
+  // A NaN or ±inf in one q entry (row 5 of slice 0: that row's scores are NaN or infinite) or in
+  // one k entry (key 7: that score of every row), so the slice must leave the shared shift for
+  // the row-by-row path; the float32 weights then have NaN where the float64 op's have, and the
+  // other weights agree.
+  const Case c{1, 2, 32, 32, 16, 0.0, false, false, false, "special"};
+  for (const std::string& isa : test_support::available_isas()) {
+    const test_support::IsaScope scope(isa);
+    for (float special : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()})
+      for (bool in_q : {true, false}) {
+      Inputs in = inputs(c, 21);
+      (in_q ? in.q[5 * c.d + 3] : in.k[7 * c.d + 3]) = special;
+      const std::vector<double> w32 = weights(c, in, ag::Dtype::Float32), w64 = weights(c, in, ag::Dtype::Float64);
+      int differ = 0, nan_rows = 0;
+      for (std::size_t i = 0; i < w32.size(); ++i) {
+        if (std::isnan(w64[i]) != std::isnan(w32[i])) ++differ;
+        else if (!std::isnan(w64[i]) && !(std::fabs(w32[i] - w64[i]) <= 1e-5)) ++differ;
+        if (std::isnan(w64[i]) && i % c.S == 0) ++nan_rows;
+      }
+      BOOST_TEST(differ == 0, isa << " special " << special << (in_q ? " in q" : " in k"));
+      BOOST_TEST(nan_rows >= 1, isa << " special " << special << (in_q ? " in q" : " in k") << ": NaN in float64 too");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(float32_output_and_gradients_follow_float64) {
+  for (const std::string& isa : test_support::available_isas()) {
+    const test_support::IsaScope scope(isa);
+    check_output_and_gradients(isa);
   }
 }
 

@@ -5,9 +5,9 @@
 // Each is checked against a long double reference computed here from the definition, at odd
 // sizes, for all four transpose pairs, several alpha and beta, padded leading dimensions (the
 // padding must stay untouched, C's NaN must not leak when beta = 0), with the same bits at 1, 2
-// and 3 threads; and libxsmm's kernel table is asked for the same new shapes by two threads at
-// once. Negative controls show that the checks see a wrong element, a touched pad and a
-// changed bit.
+// and 3 threads and through a PreparedGemm (one kernel looked up for many operands); and
+// libxsmm's kernel table is asked for the same new shapes by two threads at once. Negative
+// controls show that the checks see a wrong element, a touched pad and a changed bit.
 #define BOOST_TEST_MODULE gemm_paths
 #include <boost/test/unit_test.hpp>
 
@@ -98,6 +98,16 @@ std::vector<T> run(const Case& c, const Operands<T>& o) {
   return out;
 }
 
+// The same product through a PreparedGemm made for it (the attention cores' route).
+template <class T>
+std::vector<T> run_prepared(const Case& c, const Operands<T>& o) {
+  std::vector<T> out = o.c0;
+  const ag::PreparedGemm<T> product(c.ta, c.tb, c.M, c.N, c.K, static_cast<T>(c.alpha), o.lda, o.ldb,
+                                    static_cast<T>(c.beta), o.ldc);
+  product(o.a.data(), o.b.data(), out.data());
+  return out;
+}
+
 // op(A)·op(B) and Σ|a·b| in long double for every element of C, computed once for a shape and
 // its operands (the large products below check several alpha and beta against one).
 struct Sums {
@@ -178,6 +188,7 @@ void check_every_route(const char* type) {
             ag::set_num_threads(1);
             const std::vector<T> one = run(c, o);
             BOOST_TEST(worst_excess(c, o, one) <= 1.0, describe(c, type));
+            BOOST_TEST(same_bits(run_prepared(c, o), one), describe(c, type) << ": prepared");
             for (int t : {2, 3}) {
               ag::set_num_threads(t);
               BOOST_TEST(same_bits(run(c, o), one), describe(c, type) << ": bits at " << t << " threads");

@@ -65,6 +65,31 @@ bool max(const float* x, std::int64_t n, float& max) {
   }
 }
 
+bool softmax_rows_shared(float* p, std::int64_t rows, std::int64_t cols, float spread) {
+  switch (isa::active()) {
+#if HEADGRAD_ISA_AVX512
+    case isa::Isa::Avx512: return softmax_rows_shared_avx512(p, rows, cols, spread);
+#endif
+#if HEADGRAD_ISA_AVX2
+    case isa::Isa::Avx2: return softmax_rows_shared_avx2(p, rows, cols, spread);
+#endif
+    default: return false;
+  }
+}
+
+bool softmax_slopes_rows(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                         float scale) {
+  switch (isa::active()) {
+#if HEADGRAD_ISA_AVX512
+    case isa::Isa::Avx512: softmax_slopes_rows_avx512(p, g, out, rows, cols, ld, scale); return true;
+#endif
+#if HEADGRAD_ISA_AVX2
+    case isa::Isa::Avx2: softmax_slopes_rows_avx2(p, g, out, rows, cols, ld, scale); return true;
+#endif
+    default: return false;
+  }
+}
+
 bool philox_bits(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out) {
 #if HEADGRAD_ISA_AVX512
   if (isa::active() == isa::Isa::Avx512) {

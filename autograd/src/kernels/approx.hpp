@@ -34,6 +34,19 @@ float exp_shifted_avx2(const float* x, float* y, std::int64_t n, float m);
 void exp_slopes_avx512(float* p, float* g, std::int64_t n, float m, float c);
 void exp_slopes_avx2(float* p, float* g, std::int64_t n, float m, float c);
 
+// Softmax of `rows` contiguous rows of `cols` entries (both > 0), in place, all rows shifted by
+// the largest row maximum: done only when no entry is NaN and every row maximum is finite and
+// within `spread` of the largest; otherwise false, p untouched.
+bool softmax_rows_shared_avx512(float* p, std::int64_t rows, std::int64_t cols, float spread);
+bool softmax_rows_shared_avx2(float* p, std::int64_t rows, std::int64_t cols, float spread);
+
+// The backward of softmax on `rows` rows of `cols` entries, rows ld apart: with c_i = Σ_j g_ij·p_ij,
+// s_ij = p_ij·(g_ij − c_i) into out (when not null) and scale·s_ij into g.
+void softmax_slopes_rows_avx512(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld, float scale);
+void softmax_slopes_rows_avx2(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
+                              std::int64_t ld, float scale);
+
 // The largest of x[0..n) (n > 0), NaN when one of them is: a softmax row's maximum.
 float max_avx512(const float* x, std::int64_t n);
 float max_avx2(const float* x, std::int64_t n);
@@ -48,6 +61,9 @@ bool gelu_backward(const float* dy, const float* x, float* dx, std::int64_t n);
 bool exp_shifted(const float* x, float* y, std::int64_t n, float m, float& sum);
 bool exp_slopes(float* p, float* g, std::int64_t n, float m, float c);
 bool max(const float* x, std::int64_t n, float& max);
+bool softmax_rows_shared(float* p, std::int64_t rows, std::int64_t cols, float spread);  // false also when not taken
+bool softmax_slopes_rows(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                         float scale);
 bool philox_bits(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out);  // AVX-512 only
 
 }  // namespace autograd::approx

@@ -64,6 +64,13 @@ void gelu_backward_avx2(const float* dy, const float* x, float* dx, std::int64_t
 
 float exp_shifted_avx2(const float* x, float* y, std::int64_t n, float m) { return exp_shifted_run<F256>(x, y, n, m); }
 float max_avx2(const float* x, std::int64_t n) { return max_run<F256>(x, n); }
+void softmax_slopes_rows_avx2(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
+                              std::int64_t ld, float scale) {
+  softmax_slopes_rows_run<F256>(p, g, out, rows, cols, ld, scale);
+}
+bool softmax_rows_shared_avx2(float* p, std::int64_t rows, std::int64_t cols, float spread) {
+  return softmax_rows_shared_run<F256>(p, rows, cols, spread);
+}
 void exp_slopes_avx2(float* p, float* g, std::int64_t n, float m, float c) {
   exp_slopes_run<F256>(p, g, n, m, c);
 }

@@ -102,6 +102,13 @@ void gelu_backward_avx512(const float* dy, const float* x, float* dx, std::int64
 
 float exp_shifted_avx512(const float* x, float* y, std::int64_t n, float m) { return exp_shifted_run<F512>(x, y, n, m); }
 float max_avx512(const float* x, std::int64_t n) { return max_run<F512>(x, n); }
+void softmax_slopes_rows_avx512(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld, float scale) {
+  softmax_slopes_rows_run<F512>(p, g, out, rows, cols, ld, scale);
+}
+bool softmax_rows_shared_avx512(float* p, std::int64_t rows, std::int64_t cols, float spread) {
+  return softmax_rows_shared_run<F512>(p, rows, cols, spread);
+}
 void exp_slopes_avx512(float* p, float* g, std::int64_t n, float m, float c) {
   exp_slopes_run<F512>(p, g, n, m, c);
 }

@@ -36,10 +36,10 @@ inline __attribute__((always_inline)) typename W::R erf(typename W::R a) {
 
 // Eigen 3.4's pexp_float (Cephes): exp(x) = 2^m·exp(r), m = floor(x·log2(e) + 1/2), a degree-6
 // polynomial for exp(r); x clamped to ±88.723, +inf and NaN passed through.
+// exp_clamped(x) for x in [-88.723, 88.723]: the body of exp below.
 template <class W>
-inline __attribute__((always_inline)) typename W::R exp(typename W::R a) {
+inline __attribute__((always_inline)) typename W::R exp_clamped(typename W::R x) {
   using R = typename W::R;
-  const R x = W::max(W::min(a, W::set1(88.723f)), W::set1(-88.723f));
   const R m = W::floor(W::fma(x, W::set1(1.44269504088896341f), W::set1(0.5f)));
   R r = W::fma(m, W::set1(-0.693359375f), x);
   r = W::fma(m, W::set1(2.12194440e-4f), r);
@@ -51,7 +51,19 @@ inline __attribute__((always_inline)) typename W::R exp(typename W::R a) {
   y1 = W::fma(y1, r, W::set1(5.0000001201E-1f));
   y = W::fma(y, r3, y1);
   y = W::fma(y, r2, y2);
-  return W::max(W::ldexp(y, m), a);  // max(·, a): a = +inf gives inf, a NaN gives NaN
+  return W::ldexp(y, m);
+}
+
+template <class W>
+inline __attribute__((always_inline)) typename W::R exp(typename W::R a) {
+  const typename W::R x = W::max(W::min(a, W::set1(88.723f)), W::set1(-88.723f));
+  return W::max(exp_clamped<W>(x), a);  // max(·, a): a = +inf gives inf, a NaN gives NaN
+}
+
+// exp(a) for a <= 0 (no NaN): exp's bits, without the steps that only large or NaN a need.
+template <class W>
+inline __attribute__((always_inline)) typename W::R exp_nonpositive(typename W::R a) {
+  return exp_clamped<W>(W::max(a, W::set1(-88.723f)));
 }
 
 constexpr float kSqrt1_2 = 0.70710678118654752440f;
@@ -147,6 +159,107 @@ void exp_slopes_run(float* p, float* g, std::int64_t n, float m, float c) {
     const R e = weight(W::load_first(p + i, k));
     W::store_first(p + i, e, k);
     W::store_first(g + i, W::mul(e, W::sub(W::load_first(g + i, k), cv)), k);
+  }
+}
+
+// Softmax of `rows` contiguous rows of `cols` entries (both > 0), in place, with one shift for
+// all rows: the largest row maximum hi. Taken only when no entry is NaN and every row maximum is
+// finite and within `spread` of hi; otherwise false, with p untouched. Three passes over each row
+// (maximum, exponentials with their sum, the scaling by the sum's reciprocal), each in vector
+// lanes; -inf entries get weight exactly 0.
+template <class W>
+bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, float spread) {
+  using R = typename W::R;
+  const R neg_inf = W::set1(-__builtin_inff());
+  const int tail = static_cast<int>(cols % W::n);
+  const std::int64_t body = cols - tail;
+  // The sum of every entry: NaN when one is (or when it meets both +inf and -inf, or overflows
+  // to both: then the rows take the caller's other path, which is right for any input).
+  R total = W::set1(0.f);
+  float hi = -__builtin_inff(), lo = __builtin_inff();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = p + r * cols;
+    R m = neg_inf;
+    for (std::int64_t i = 0; i < body; i += W::n) {
+      const R v = W::load(row + i);
+      m = W::max(m, v);
+      total = W::add(total, v);
+    }
+    if (tail > 0) {
+      const R v = W::load_first(row + body, tail);  // 0 past the end
+      m = W::max(m, W::first_or(v, neg_inf, tail));
+      total = W::add(total, v);
+    }
+    const float row_max = W::hmax(m);  // of the entries that are not NaN
+    hi = row_max > hi ? row_max : hi;
+    lo = row_max < lo ? row_max : lo;
+  }
+  const float sum = W::sum(total);
+  if (sum != sum || !(hi - lo <= spread) || !(hi < __builtin_inff())) return false;
+  const R shift = W::set1(hi);
+  // Rows in groups of kGroup: the exponentials of every row of a group, then the reciprocals of
+  // their sums, then the scaling, so that no row waits for its own sum and division.
+  constexpr std::int64_t kGroup = 16;
+  float inv[kGroup];
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kGroup) {
+    const std::int64_t group = rows - r0 < kGroup ? rows - r0 : kGroup;
+    for (std::int64_t r = 0; r < group; ++r) {
+      float* row = p + (r0 + r) * cols;
+      R acc = W::set1(0.f);
+      // exp(v − hi), v − hi <= 0 (hi is the largest entry), 0 where v = −inf (as exp_unless_masked)
+      auto weight = [&](R v) { return W::zero_where_equal(v, neg_inf, exp_nonpositive<W>(W::sub(v, shift))); };
+      for (std::int64_t i = 0; i < body; i += W::n) {
+        const R e = weight(W::load(row + i));
+        acc = W::add(acc, e);
+        W::store(row + i, e);
+      }
+      if (tail > 0) {
+        const R e = weight(W::first_or(W::load_first(row + body, tail), neg_inf, tail));
+        acc = W::add(acc, e);
+        W::store_first(row + body, e, tail);
+      }
+      inv[r] = W::sum(acc);
+    }
+    for (std::int64_t r = 0; r < group; ++r) inv[r] = 1.f / inv[r];  // sum >= exp(lo - hi) > 0
+    for (std::int64_t r = 0; r < group; ++r) {
+      float* row = p + (r0 + r) * cols;
+      const R scale = W::set1(inv[r]);
+      for (std::int64_t i = 0; i < body; i += W::n) W::store(row + i, W::mul(W::load(row + i), scale));
+      if (tail > 0) W::store_first(row + body, W::mul(W::load_first(row + body, tail), scale), tail);
+    }
+  }
+  return true;
+}
+
+// The softmax backward of `rows` rows of `cols` entries (rows ld apart): in row i,
+// c = Σ_j g_ij·p_ij, then s_ij = p_ij·(g_ij − c), written to out (when not null) and, times
+// `scale`, to g. Two passes over each row, in vector lanes (the sum across them at the end).
+template <class W>
+void softmax_slopes_rows_run(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
+                             std::int64_t ld, float scale) {
+  using R = typename W::R;
+  const int tail = static_cast<int>(cols % W::n);
+  const std::int64_t body = cols - tail;
+  const R sv = W::set1(scale);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* pr = p + r * ld;
+    float* gr = g + r * ld;
+    float* orow = out != nullptr ? out + r * ld : nullptr;
+    R acc = W::set1(0.f);
+    for (std::int64_t i = 0; i < body; i += W::n) acc = W::fma(W::load(gr + i), W::load(pr + i), acc);
+    if (tail > 0) acc = W::fma(W::load_first(gr + body, tail), W::load_first(pr + body, tail), acc);
+    const R c = W::set1(W::sum(acc));
+    auto slope = [&](R pv, R gv) { return W::mul(pv, W::sub(gv, c)); };
+    for (std::int64_t i = 0; i < body; i += W::n) {
+      const R s = slope(W::load(pr + i), W::load(gr + i));
+      if (orow != nullptr) W::store(orow + i, s);
+      W::store(gr + i, W::mul(s, sv));
+    }
+    if (tail > 0) {
+      const R s = slope(W::load_first(pr + body, tail), W::load_first(gr + body, tail));
+      if (orow != nullptr) W::store_first(orow + body, s, tail);
+      W::store_first(gr + body, W::mul(s, sv), tail);
+    }
   }
 }
 

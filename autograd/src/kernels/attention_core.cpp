@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include "kernels/approx.hpp"
@@ -33,6 +34,27 @@ struct RowBlocks {
 
 RowBlocks row_blocks(const Dims& d, bool causal) {
   return {causal ? kCausalBlock : std::max<std::int64_t>(d.T, 1), causal, d.S};
+}
+
+// One of a slice's products, made by `make(rows, cols)` for a block of `rows` query rows (or key
+// columns) against `cols` others: prepared once for every slice when they are one block each
+// (not causal), else for each block as it comes.
+template <class T, class Make>
+class BlockProduct {
+ public:
+  BlockProduct(Make make, bool causal, std::int64_t rows, std::int64_t cols) : make_(make) {
+    if (!causal) all_.emplace(make_(rows, cols));
+  }
+  PreparedGemm<T> at(std::int64_t rows, std::int64_t cols) const { return all_ ? *all_ : make_(rows, cols); }
+
+ private:
+  Make make_;
+  std::optional<PreparedGemm<T>> all_;
+};
+
+template <class T, class Make>
+BlockProduct<T, Make> block_product(bool causal, std::int64_t rows, std::int64_t cols, Make make) {
+  return BlockProduct<T, Make>(make, causal, rows, cols);
 }
 
 // ---- forward ----
@@ -93,8 +115,9 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
 // finite and within kSharedShift of m: then each row's largest weight exp(m_i − m) stays a
 // normal float, and only entries below e^-71 of their row's largest lose precision (where a
 // row's own shift loses those below e^-87). Otherwise (NaN or +inf scores, spread-out rows),
-// and without a vector exponential, false: nothing done. One call
-// instead of one per row: at T = 32 the per-row calls cost about three times their arithmetic.
+// and without a vector exponential, false: nothing done. One vector kernel for the block
+// (approx::softmax_rows_shared) instead of a call per row: at T = 32 the per-row calls cost
+// about three times their arithmetic.
 constexpr float kSharedShift = 16.f;
 
 template <class T>
@@ -102,20 +125,7 @@ bool softmax_rows_shared_shift(T* p, std::int64_t rows, std::int64_t cols) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    if (rows < 2 || cols < 1) return false;
-    const ConstMatrixView<float> block(p, rows, cols);
-    float hi = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const float m = block.row(i).maxCoeff();
-      hi = std::max(hi, m);
-      lo = std::min(lo, m);
-    }
-    if (!(hi - lo <= kSharedShift) || !(hi < std::numeric_limits<float>::infinity())) return false;  // NaN too
-    float total = 0.f;
-    if (!approx::exp_shifted(p, p, rows * cols, hi, total)) return false;
-    MatrixView<float> weights(p, rows, cols);
-    for (std::int64_t i = 0; i < rows; ++i) weights.row(i) *= 1.f / weights.row(i).sum();  // sum >= exp(lo - hi) > 0
-    return true;
+    return rows >= 2 && cols >= 1 && approx::softmax_rows_shared(p, rows, cols, kSharedShift);
   }
 }
 
@@ -148,7 +158,14 @@ MaskStrides mask_strides(const Shape& mask_shape) {
 template <class T>
 void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bool causal) {
   const RowBlocks blocks = row_blocks(d, causal);
-  const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr;
+  const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr, ls = std::max<std::int64_t>(d.S, 1);
+  // S = Q·(scale·Kᵀ) and O = P·V of a block of rows seeing cols keys
+  const auto scores = block_product<T>(causal, d.T, d.S, [&](std::int64_t rows, std::int64_t cols) {
+    return PreparedGemm<T>(false, false, rows, cols, d.d_k, T(1), lq, ls, T(0), d.S);
+  });
+  const auto weighted = block_product<T>(causal, d.T, d.S, [&](std::int64_t rows, std::int64_t cols) {
+    return PreparedGemm<T>(false, false, rows, d.d_v, cols, T(1), ls, lv, T(0), lo);
+  });
   parallel_region(d.parallel(), [&] {
     // P ⊙ Z of a block, and scale·Kᵀ of a slice: scratch of each thread, kept between calls
     // (no allocation once warm).
@@ -172,8 +189,7 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
         const std::int64_t cols = blocks.cols(r1);  // keys rows r0..r1-1 can see
         T* Pb = P + r0 * d.S;                       // [rows, cols] of row stride S
         // S = scale·Q·Kᵀ = Q·(scale·Kᵀ)                [rows, d_k] x [d_k, cols] -> [rows, cols]
-        gemm<T>(false, false, rows, cols, d.d_k, T(1), Q + r0 * lq, lq, kt.data(), std::max<std::int64_t>(d.S, 1),
-                T(0), Pb, d.S);
+        scores.at(rows, cols)(Q + r0 * lq, kt.data(), Pb);
         // S += M
         if (x.mask != nullptr) add_mask(d, x.mask, ms, b, h, r0, r1, cols, P);
         // P = softmax(S) by rows (causal: row i sees keys 0..i)
@@ -181,8 +197,11 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
         if (causal || x.mask != nullptr || !softmax_rows_shared_shift(Pb, rows, d.S))
           for (std::int64_t i = r0; i < r1; ++i) softmax_row(P + i * d.S, d.S, causal ? i + 1 : d.S, x.mask != nullptr);
         // O = (P ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
-        dropped_times<T>(d, Pb, Z != nullptr ? Z + r0 * d.S : nullptr, rows, cols, V, lv, T(0), O + r0 * lo, lo,
-                         dropped);
+        if (Z != nullptr) {
+          dropped_times<T>(d, Pb, Z + r0 * d.S, rows, cols, V, lv, T(0), O + r0 * lo, lo, dropped);
+        } else {
+          weighted.at(rows, cols)(Pb, V, O + r0 * lo);
+        }
       }
     }
   });
@@ -284,8 +303,8 @@ struct KeyBlocks {
 
 // forward: O = Pd·V with Pd = P ⊙ Z (Pd = P without dropout)
 //   => dV = Pdᵀ·dO                                          [S, T] x [T, d_v] -> [S, d_v]
-template <class T>
-void slice_dv(const Dims& d, const Slice<T>& s, KeyBlocks kb, RowMatrix<T>& dropped, T* dV) {
+template <class T, class Product>
+void slice_dv(const Dims& d, const Slice<T>& s, KeyBlocks kb, const Product& product, RowMatrix<T>& dropped, T* dV) {
   const std::int64_t lv = d.v.sr, lo = d.out.sr;
   if (d.T == 0 || s.dO == nullptr) {
     StridedView<T>(dV, d.S, d.d_v, Eigen::OuterStride<>(lv)).setZero();
@@ -298,17 +317,16 @@ void slice_dv(const Dims& d, const Slice<T>& s, KeyBlocks kb, RowMatrix<T>& drop
   }
   for (std::int64_t c0 = 0; c0 < d.S; c0 += kb.step) {
     const std::int64_t c1 = std::min(d.S, c0 + kb.step), i0 = kb.first_query(c0);
-    gemm<T>(true, false, c1 - c0, d.d_v, d.T - i0, T(1), Pd + i0 * d.S + c0, d.S, s.dO + i0 * lo, lo, T(0),
-            dV + c0 * lv, lv);
+    product.at(c1 - c0, d.T - i0)(Pd + i0 * d.S + c0, s.dO + i0 * lo, dV + c0 * lv);
   }
 }
 
 // dP and then scale·dS on rows r0..r1-1, columns 0..cols-1 of dP (row stride S), in place; dS
 // itself into the same rows of `dscores` (row stride S) when that is not null. vt holds Vᵀ
 // [d_v, S] (rows S apart) when s.dO is not null.
-template <class T>
+template <class T, class Product>
 void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64_t r1, std::int64_t cols, T scale,
-                   const T* vt, T* dP, T* dscores) {
+                   const Product& product, const T* vt, T* dP, T* dscores) {
   const std::int64_t rows = r1 - r0;
   T* dPb = dP + r0 * d.S;  // [rows, cols] of row stride S
   StridedView<T> dPm(dPb, rows, cols, d.S);
@@ -316,8 +334,7 @@ void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64
   if (d.d_v == 0 || s.dO == nullptr) {
     dPm.setZero();
   } else {
-    gemm<T>(false, false, rows, cols, d.d_v, T(1), s.dO + r0 * d.out.sr, d.out.sr, vt, std::max<std::int64_t>(d.S, 1),
-            T(0), dPb, d.S);
+    product.at(rows, cols)(s.dO + r0 * d.out.sr, vt, dPb);
     // forward: Pd = P ⊙ Z  =>  dP = dPd ⊙ Z
     if (s.Z != nullptr) dPm.array() *= StridedView<const T>(s.Z + r0 * d.S, rows, cols, d.S).array();
   }
@@ -329,6 +346,11 @@ void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64
   // P = 0, so its dS row is 0; so are blocked (P = 0) entries, the causal ones included.
   // dP keeps scale·dS, the factor both dQ = scale·dS·K and dK = scale·dSᵀ·Q need (one pass,
   // instead of one over each of them).
+  if constexpr (std::is_same_v<T, float>) {  // the same in one vector kernel for the block
+    if (cols > 0 && approx::softmax_slopes_rows(s.P + r0 * d.S, dPb, dscores != nullptr ? dscores + r0 * d.S : nullptr,
+                                                rows, cols, d.S, scale))
+      return;
+  }
   for (std::int64_t i = r0; i < r1; ++i) {
     auto p_row = ConstArrayView<T>(s.P + i * d.S, cols);
     auto ds_row = ArrayView<T>(dP + i * d.S, cols);
@@ -346,8 +368,8 @@ void slice_ds_rows(const Dims& d, const Slice<T>& s, std::int64_t r0, std::int64
 // forward: S = scale·Q·Kᵀ + M
 //   => dK = scale·dSᵀ·Q                                     [S, T] x [T, d_k] -> [S, d_k]
 // (sdS = scale·dS, as slice_ds_rows leaves it)
-template <class T>
-void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* sdS, T* dK) {
+template <class T, class Product>
+void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const Product& product, const T* sdS, T* dK) {
   const std::int64_t lq = d.q.sr, lk = d.k.sr;
   if (d.T == 0) {
     StridedView<T>(dK, d.S, d.d_k, Eigen::OuterStride<>(lk)).setZero();
@@ -355,8 +377,7 @@ void slice_dk(const Dims& d, const Slice<T>& s, KeyBlocks kb, const T* sdS, T* d
   }
   for (std::int64_t c0 = 0; c0 < d.S; c0 += kb.step) {
     const std::int64_t c1 = std::min(d.S, c0 + kb.step), i0 = kb.first_query(c0);
-    gemm<T>(true, false, c1 - c0, d.d_k, d.T - i0, T(1), sdS + i0 * d.S + c0, d.S, s.Q + i0 * lq, lq, T(0),
-            dK + c0 * lk, lk);
+    product.at(c1 - c0, d.T - i0)(sdS + i0 * d.S + c0, s.Q + i0 * lq, dK + c0 * lk);
   }
 }
 
@@ -367,6 +388,21 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
   const bool need_ds = x.dq != nullptr || x.dk != nullptr || x.dscores != nullptr;
   const RowBlocks blocks = row_blocks(d, causal);
   const KeyBlocks key_blocks{causal ? blocks.step : std::max<std::int64_t>(d.S, 1), causal};
+  const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr, ls = std::max<std::int64_t>(d.S, 1);
+  // dV = Pdᵀ·dO and dK = (scale·dS)ᵀ·Q for a block of keys against the queries that see them;
+  // dP = dO·Vᵀ and dQ = (scale·dS)·K for a block of queries against the keys they see
+  const auto dv_product = block_product<T>(causal, d.S, d.T, [&](std::int64_t keys, std::int64_t queries) {
+    return PreparedGemm<T>(true, false, keys, d.d_v, queries, T(1), d.S, lo, T(0), lv);
+  });
+  const auto dk_product = block_product<T>(causal, d.S, d.T, [&](std::int64_t keys, std::int64_t queries) {
+    return PreparedGemm<T>(true, false, keys, d.d_k, queries, T(1), d.S, lq, T(0), lk);
+  });
+  const auto dp_product = block_product<T>(causal, d.T, d.S, [&](std::int64_t rows, std::int64_t cols) {
+    return PreparedGemm<T>(false, false, rows, cols, d.d_v, T(1), lo, ls, T(0), d.S);
+  });
+  const auto dq_product = block_product<T>(causal, d.T, d.S, [&](std::int64_t rows, std::int64_t cols) {
+    return PreparedGemm<T>(false, false, rows, d.d_k, cols, T(1), d.S, lk, T(0), lq);
+  });
   parallel_region(d.parallel(), [&] {
     // Scratch of each thread, kept between calls (no allocation here once warm); it
     // holds the largest slice the thread has seen.
@@ -383,7 +419,7 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
                        x.keep != nullptr ? x.keep + slice : nullptr,
                        x.dout != nullptr ? x.dout + d.out.at(b, h) : nullptr,
                        x.dweights != nullptr ? x.dweights + slice : nullptr};
-      if (x.dv != nullptr) slice_dv(d, s, key_blocks, dropped, x.dv + d.v.at(b, h));
+      if (x.dv != nullptr) slice_dv(d, s, key_blocks, dv_product, dropped, x.dv + d.v.at(b, h));
       if (!need_ds) continue;
 
       dP.resize(d.T, d.S);
@@ -396,15 +432,13 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
         const std::int64_t cols = blocks.cols(r1);
         //   => dM = dS (summed over broadcast dims by the caller); zero where it was not formed
         T* const dscores = x.dscores != nullptr ? x.dscores + slice : nullptr;
-        slice_ds_rows(d, s, r0, r1, cols, scale, vt.data(), dP.data(), dscores);
+        slice_ds_rows(d, s, r0, r1, cols, scale, dp_product, vt.data(), dP.data(), dscores);
         if (dscores != nullptr && cols < d.S) StridedView<T>(dscores + r0 * d.S + cols, rows, d.S - cols, d.S).setZero();
         const T* sdSb = dP.data() + r0 * d.S;  // scale·dS, [rows, cols] of row stride S
         //   => dQ = scale·dS·K                            [rows, cols] x [cols, d_k] -> [rows, d_k]
-        if (x.dq != nullptr)
-          gemm<T>(false, false, rows, d.d_k, cols, T(1), sdSb, d.S, s.K, d.k.sr, T(0),
-                  x.dq + d.q.at(b, h) + r0 * d.q.sr, d.q.sr);
+        if (x.dq != nullptr) dq_product.at(rows, cols)(sdSb, s.K, x.dq + d.q.at(b, h) + r0 * lq);
       }
-      if (x.dk != nullptr) slice_dk(d, s, key_blocks, dP.data(), x.dk + d.k.at(b, h));
+      if (x.dk != nullptr) slice_dk(d, s, key_blocks, dk_product, dP.data(), x.dk + d.k.at(b, h));
     }
   });
 }

@@ -435,6 +435,22 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
   cut_product<T>(eigen_gemm<T>, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// gemm's route for these arguments when it is one call of xsmm::product with alpha = 1: not the
+// tiny loop or small kernel, B not transposed, libxsmm's range, below kPieceWork (one piece).
+template <class T>
+PreparedGemm<T>::PreparedGemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+                              std::int64_t lda, std::int64_t ldb, T beta, std::int64_t ldc)
+    : trans_a_(trans_a), trans_b_(trans_b), M_(M), N_(N), K_(K), alpha_(alpha), lda_(lda), ldb_(ldb), beta_(beta),
+      ldc_(ldc) {
+  const bool one_xsmm_call = M > 0 && N > 0 && alpha == T(1) && !trans_b && !tiny_fits(M, N, K) &&
+                             isa::active() != isa::Isa::Generic &&
+                             xsmm::fits<T>(false, M, N, K, alpha, lda, ldb, beta, ldc) && M * N * K < kPieceWork;
+  if (one_xsmm_call) kernel_ = xsmm::kernel<T>(trans_a, M, N, K, lda, ldb, beta, ldc);
+}
+
+template class PreparedGemm<float>;
+template class PreparedGemm<double>;
+
 template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
                           const float*, std::int64_t, float, float*, std::int64_t);
 template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const double*,

@@ -23,11 +23,41 @@
 // result has the same bits at any thread count and in any context.
 #include <cstdint>
 
+#include "gemm_xsmm.hpp"  // (a path relative to this header: tests include it by its own path)
+
 namespace autograd {
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc);
+
+// One product's shape, strides, alpha and beta, fixed for many operands (the per-slice products
+// of the attention cores): operator() gives the bits gemm gives for the same arguments. Where
+// gemm would make the product one libxsmm call, its kernel is looked up once, here, and called
+// directly (per call, no route chosen and no table searched: at 32x32x16 that overhead was about
+// a quarter of the product); otherwise operator() is gemm.
+template <class T>
+class PreparedGemm {
+ public:
+  PreparedGemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda,
+               std::int64_t ldb, T beta, std::int64_t ldc);
+  void operator()(const T* A, const T* B, T* C) const {
+    if (kernel_ != nullptr) {
+      kernel_(B, A, C);
+    } else {
+      gemm<T>(trans_a_, trans_b_, M_, N_, K_, alpha_, A, lda_, B, ldb_, beta_, C, ldc_);
+    }
+  }
+
+ private:
+  bool trans_a_, trans_b_;
+  std::int64_t M_, N_, K_;
+  T alpha_;
+  std::int64_t lda_, ldb_;
+  T beta_;
+  std::int64_t ldc_;
+  xsmm::Kernel<T> kernel_ = nullptr;
+};
 
 // True when products from 2^27 multiply-adds go to libxsmm in blocks instead of OpenBLAS: the
 // build has libxsmm, headgrad's kernels are AVX-512 and OpenBLAS's are AVX2 (its cores "Haswell"

@@ -28,8 +28,8 @@ struct Key {
   bool operator==(const Key&) const = default;
 };
 
-template <class T>
-using Kernel = std::conditional_t<std::is_same_v<T, float>, libxsmm_smmfunction, libxsmm_dmmfunction>;
+static_assert(std::is_same_v<Kernel<float>, libxsmm_smmfunction> &&
+              std::is_same_v<Kernel<double>, libxsmm_dmmfunction>);
 
 // The kernels this thread has used: a direct-mapped table, plain data in the thread's static TLS
 // (no allocation). A miss asks libxsmm, whose own registry generates a kernel only once per
@@ -94,16 +94,39 @@ bool fits_in_blocks(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K
 // Row-major C[M, N] is column-major Cᵀ (N x M, stride ldc), so libxsmm computes
 // Cᵀ = Bᵀ·op(A)ᵀ: its A is our B (N x K column-major, stride ldb), its B our A (K x M column-major
 // when A is [M, K]; with trans_a, A [K, M] is op(A) column-major, so its B is transposed).
+namespace {
+
+// C += alpha·(op(A)·B) with alpha other than 1 goes through scratch: the product, then the sum.
+template <class T>
+bool scaled_sum(T alpha, T beta) {
+  return alpha != T(1) && beta != T(0);
+}
+
+// The kernel product() calls for these arguments.
+template <class T>
+Key key_of(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, std::int64_t lda, std::int64_t ldb,
+           T beta, std::int64_t ldc) {
+  const bool via_scratch = scaled_sum(alpha, beta);
+  const std::int32_t m = static_cast<std::int32_t>(N), n = static_cast<std::int32_t>(M);
+  return Key{m, n, static_cast<std::int32_t>(K), static_cast<std::int32_t>(ldb), static_cast<std::int32_t>(lda),
+             via_scratch ? m : static_cast<std::int32_t>(ldc),
+             (trans_a ? 1 : 0) | (beta != T(0) && !via_scratch ? 2 : 0)};
+}
+
+}  // namespace
+
+template <class T>
+Kernel<T> kernel(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t lda, std::int64_t ldb,
+                 T beta, std::int64_t ldc) {
+  return kernel_for<T>(key_of(trans_a, M, N, K, T(1), lda, ldb, beta, ldc));
+}
+
 template <class T>
 bool product(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, std::int64_t lda,
              const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
-  const bool scaled_sum = alpha != T(1) && beta != T(0);  // C += alpha·(op(A)·B), the product into scratch first
-  const std::int32_t m = static_cast<std::int32_t>(N), n = static_cast<std::int32_t>(M);
-  const Key key{m, n, static_cast<std::int32_t>(K), static_cast<std::int32_t>(ldb), static_cast<std::int32_t>(lda),
-                scaled_sum ? m : static_cast<std::int32_t>(ldc), (trans_a ? 1 : 0) | (beta != T(0) && !scaled_sum ? 2 : 0)};
-  const Kernel<T> kernel = kernel_for<T>(key);
+  const Kernel<T> kernel = kernel_for<T>(key_of(trans_a, M, N, K, alpha, lda, ldb, beta, ldc));
   if (kernel == nullptr) return false;
-  if (!scaled_sum) {
+  if (!scaled_sum(alpha, beta)) {
     kernel(B, A, C);
     if (alpha != T(1))
       for (std::int64_t i = 0; i < M; ++i)
@@ -136,6 +159,10 @@ template <class T>
 bool fits_in_blocks(bool, std::int64_t, std::int64_t, std::int64_t, T, std::int64_t, std::int64_t, T, std::int64_t) {
   return false;
 }
+template <class T>
+Kernel<T> kernel(bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, T, std::int64_t) {
+  return nullptr;
+}
 const char* target() { return ""; }
 
 #endif  // HEADGRAD_HAVE_LIBXSMM
@@ -148,6 +175,10 @@ template bool fits_in_blocks<float>(bool, std::int64_t, std::int64_t, std::int64
                                     std::int64_t, float, std::int64_t);
 template bool fits_in_blocks<double>(bool, std::int64_t, std::int64_t, std::int64_t, double, std::int64_t,
                                      std::int64_t, double, std::int64_t);
+template Kernel<float> kernel<float>(bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float,
+                                     std::int64_t);
+template Kernel<double> kernel<double>(bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                       double, std::int64_t);
 template bool product<float>(bool, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
                              const float*, std::int64_t, float, float*, std::int64_t);
 template bool product<double>(bool, std::int64_t, std::int64_t, std::int64_t, double, const double*, std::int64_t,

@@ -27,13 +27,24 @@ bool fits_in_blocks(bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K
                     std::int64_t ldb, T beta, std::int64_t ldc);
 
 // The product on the calling thread, for arguments that fit; false (C untouched) when libxsmm
-// gives no kernel for it (then the caller computes it another way). Every element of C is the
-// same sum whatever M, N and the strides are, so a piece of a product has the bits of the same
-// rows or columns of the whole. alpha other than 1 scales libxsmm's op(A)·B afterwards, with
+// gives no kernel for it (then the caller computes it another way). A kernel's order of summation
+// may depend on M and N (tests/kernels/test_gemm_paths.cpp saw a product of 300x67x65 differ from
+// its pieces of rows), so gemm.cpp cuts a product by its shape alone. alpha other than 1 scales libxsmm's op(A)·B afterwards, with
 // beta = 1 through a scratch of the calling thread (kept between calls).
 template <class T>
 bool product(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, std::int64_t lda,
              const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc);
+
+// A kernel of libxsmm, called as kernel(B, A, C) (libxsmm's column-major order; see product).
+template <class T>
+using Kernel = void (*)(const T* b, const T* a, T* c, ...);
+
+// libxsmm's kernel for C = op(A)·B + beta·C with alpha = 1, for arguments that fit; null when
+// libxsmm has none. product() calls the same kernel for the same arguments (so the same bits);
+// a caller with many operands of one shape looks it up once.
+template <class T>
+Kernel<T> kernel(bool trans_a, std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t lda, std::int64_t ldb,
+                 T beta, std::int64_t ldc);
 
 // The instruction set libxsmm generates code for ("" when built without it).
 const char* target();

@@ -154,10 +154,12 @@ class ReduceWalk {
   }
 
   // out[j] += Σ_r in[r·cols + j], r in row order (the bits of adding the rows one by one), a block
-  // of columns at a time held in registers across all the rows.
+  // of columns at a time held in registers across all the rows. Four 512-bit registers (eight
+  // 256-bit ones) a block: four independent chains of additions keep the adder busy, where two
+  // waited on their own latency (256x192 rows: 1.5 µs with two).
   template <class T>
   static void sum_rows(const T* in, T* out, std::int64_t rows, std::int64_t cols) {
-    constexpr std::int64_t kBlock = 128 / sizeof(T);  // two 512-bit registers
+    constexpr std::int64_t kBlock = 256 / sizeof(T);
     std::int64_t j = 0;
     for (; j + kBlock <= cols; j += kBlock) {
       T acc[kBlock];
