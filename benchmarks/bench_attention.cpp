@@ -53,6 +53,7 @@ void print_peak(const bench::PeakEstimate& peak, bool tsv) {
                peak.kernels_isa);
     return;
   }
+  fmt::print("machine: {}\n", bench::cpu_description());
   fmt::print("kernels: {} (ag::kernel_isa() = {}; the rest of the build: {})\n", peak.kernels_isa,
              autograd::kernel_isa(), bench::compiled_isa());
   fmt::print("clock: {:.2f} GHz (measured: dependent integer multiplies)\n", peak.ghz);

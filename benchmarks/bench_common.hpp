@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -183,6 +184,33 @@ struct PeakEstimate {
   std::string isa;                       // the ISA peak_gflops was measured with
   double gflops() const { return peak_gflops; }
 };
+
+// The CPU this runs on, from /proc/cpuinfo, so that every table names its machine: "AMD EPYC,
+// family 26 model 2, avx512 (OPENBLAS_CORETYPE=Haswell)"; "unknown CPU" where there is none.
+inline std::string cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, name, family, model, isa = "no AVX2";
+  auto value = [&] {  // what follows "key\t: "
+    const std::size_t colon = line.find(':');
+    return colon == std::string::npos || colon + 2 > line.size() ? std::string() : line.substr(colon + 2);
+  };
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0 && name.empty()) name = value();
+    else if (line.rfind("cpu family", 0) == 0 && family.empty()) family = value();
+    else if (line.rfind("model\t", 0) == 0 && model.empty()) model = value();
+    else if (line.rfind("flags", 0) == 0) {
+      const std::string flags = " " + value() + " ";
+      if (flags.find(" avx2 ") != std::string::npos) isa = "avx2";
+      if (flags.find(" avx512f ") != std::string::npos) isa = "avx512";
+      if (flags.find(" amx_tile ") != std::string::npos) isa += "+amx";
+      break;  // the first processor's lines are enough
+    }
+  }
+  if (name.empty()) return "unknown CPU";
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  return name + ", family " + family + " model " + model + ", " + isa +
+         (core != nullptr ? std::string(" (OPENBLAS_CORETYPE=") + core + ")" : std::string());
+}
 
 // The instruction set this program was compiled for (CMake's HEADGRAD_NATIVE builds the
 // library and the benchmarks with the same flags).

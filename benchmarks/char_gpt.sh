@@ -36,24 +36,15 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j"${JOBS:-2}" --target char_gpt bench_char_gpt
+cmake --build "$build" -j"${JOBS:-2}" --target char_gpt bench_char_gpt bench_attention
 results=$build/char_gpt_bench
 mkdir -p "$results"
 
 stamp() { echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/'), OMP_WAIT_POLICY=$OMP_WAIT_POLICY"; }
 
-# The machine, so that every table names its CPU: model, family/model numbers, the widest vector
-# ISA, and the OpenBLAS core the environment forces (if any).
-machine() {
-  local name family model isa=avx2
-  name=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-  family=$(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
-  model=$(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
-  grep -q -m1 ' avx512f' /proc/cpuinfo && isa=avx512
-  grep -q -m1 ' amx_tile' /proc/cpuinfo && isa="$isa+amx"
-  echo "# machine: $name, family $family model $model, $isa, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
-}
-machine
+# The machine, so that every table names it: CPU model, family and model numbers, vector ISA,
+# the OpenBLAS core the environment forces (if any), clock and FP32 peak.
+"$build/benchmarks/bench_attention" --peak | sed 's/^/# /'
 
 speed() {
   local out=$results/speed.tsv

@@ -39,6 +39,12 @@ struct F256 {
     const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
   }
+  static void sums(const R* v, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = sum(v[i]);
+  }
+  static void maxima(const R* v, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = hmax(v[i]);
+  }
   static R nan_from(R a, R x) { return _mm256_blendv_ps(a, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
   static R div(R a, R b) { return _mm256_div_ps(a, b); }

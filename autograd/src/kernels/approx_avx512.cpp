@@ -28,6 +28,29 @@ struct F512 {
   static R first_or(R a, R b, int m) { return _mm512_mask_mov_ps(b, first(m), a); }
   static float sum(R a) { return _mm512_reduce_add_ps(a); }
   static float hmax(R a) { return _mm512_reduce_max_ps(a); }
+  // The sums (or maxima) of 16 vectors across their lanes, in one tree of shuffles for all of
+  // them: at each level the halves of two vectors are combined, in the order of
+  // _mm512_reduce_add_ps (halves of 256 bits, of 128, pairs, neighbours), so each sum has the
+  // bits of sum(). The lanes then hold sum 4·e + L at 4·L + e, put back in order at the end.
+  template <class Op>
+  static void across16(const R* v, float* out, Op op) {
+    R a[8], b[4], c[2];
+    for (int i = 0; i < 8; ++i)
+      a[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; ++i)
+      b[i] = op(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; ++i)
+      c[i] = op(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const R f = op(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                   _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, f));
+  }
+  static void sums(const R* v, float* out) { across16(v, out, add); }
+  static void maxima(const R* v, float* out) { across16(v, out, max); }
   static R nan_from(R a, R x) { return _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x); }
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R div(R a, R b) { return _mm512_div_ps(a, b); }

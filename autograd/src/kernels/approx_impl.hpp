@@ -6,7 +6,8 @@
 // fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m (rounded once) for y in [1/2, 2]
 // and integral m in [-128, 128], zero_where_equal(a, b, x) (x, 0 in the lanes where a = b),
 // first_or(a, b, m) (a's first m lanes, then b's), nan_from(a, x) (a, with x's lanes where x is
-// NaN), sum and hmax (across the lanes; hmax of NaN-free lanes).
+// NaN), sum and hmax (across the lanes; hmax of NaN-free lanes), and sums and maxima (sum and
+// hmax of each of W::n vectors at once: out[i] of v[i], sums with the bits of sum).
 #include <cstdint>
 
 #include "kernels/approx.hpp"
@@ -173,41 +174,50 @@ bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, flo
   const R neg_inf = W::set1(-__builtin_inff());
   const int tail = static_cast<int>(cols % W::n);
   const std::int64_t body = cols - tail;
+  // Rows go in groups of W::n: each row's vectors are combined into one, and W::sums / W::maxima
+  // take a group's W::n vectors across their lanes at once, then the exponentials of a group,
+  // the reciprocals of their sums and the scaling follow one another, so that no row waits for
+  // its own sum and division.
+  R lane[W::n];
+  float across[W::n];
   // The sum of every entry: NaN when one is (or when it meets both +inf and -inf, or overflows
   // to both: then the rows take the caller's other path, which is right for any input).
   R total = W::set1(0.f);
   float hi = -__builtin_inff(), lo = __builtin_inff();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = p + r * cols;
-    R m = neg_inf;
-    for (std::int64_t i = 0; i < body; i += W::n) {
-      const R v = W::load(row + i);
-      m = W::max(m, v);
-      total = W::add(total, v);
+  for (std::int64_t r0 = 0; r0 < rows; r0 += W::n) {
+    const int group = static_cast<int>(rows - r0 < W::n ? rows - r0 : W::n);
+    for (int r = 0; r < group; ++r) {
+      const float* row = p + (r0 + r) * cols;
+      R m = neg_inf;
+      for (std::int64_t i = 0; i < body; i += W::n) {
+        const R v = W::load(row + i);
+        m = W::max(m, v);
+        total = W::add(total, v);
+      }
+      if (tail > 0) {
+        const R v = W::load_first(row + body, tail);  // 0 past the end
+        m = W::max(m, W::first_or(v, neg_inf, tail));
+        total = W::add(total, v);
+      }
+      lane[r] = m;
     }
-    if (tail > 0) {
-      const R v = W::load_first(row + body, tail);  // 0 past the end
-      m = W::max(m, W::first_or(v, neg_inf, tail));
-      total = W::add(total, v);
+    for (int r = group; r < W::n; ++r) lane[r] = lane[0];
+    W::maxima(lane, across);  // of the entries that are not NaN
+    for (int r = 0; r < group; ++r) {
+      hi = across[r] > hi ? across[r] : hi;
+      lo = across[r] < lo ? across[r] : lo;
     }
-    const float row_max = W::hmax(m);  // of the entries that are not NaN
-    hi = row_max > hi ? row_max : hi;
-    lo = row_max < lo ? row_max : lo;
   }
   const float sum = W::sum(total);
   if (sum != sum || !(hi - lo <= spread) || !(hi < __builtin_inff())) return false;
   const R shift = W::set1(hi);
-  // Rows in groups of kGroup: the exponentials of every row of a group, then the reciprocals of
-  // their sums, then the scaling, so that no row waits for its own sum and division.
-  constexpr std::int64_t kGroup = 16;
-  float inv[kGroup];
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kGroup) {
-    const std::int64_t group = rows - r0 < kGroup ? rows - r0 : kGroup;
-    for (std::int64_t r = 0; r < group; ++r) {
+  // exp(v − hi), v − hi <= 0 (hi is the largest entry), 0 where v = −inf (as exp_unless_masked)
+  auto weight = [&](R v) { return W::zero_where_equal(v, neg_inf, exp_nonpositive<W>(W::sub(v, shift))); };
+  for (std::int64_t r0 = 0; r0 < rows; r0 += W::n) {
+    const int group = static_cast<int>(rows - r0 < W::n ? rows - r0 : W::n);
+    for (int r = 0; r < group; ++r) {
       float* row = p + (r0 + r) * cols;
       R acc = W::set1(0.f);
-      // exp(v − hi), v − hi <= 0 (hi is the largest entry), 0 where v = −inf (as exp_unless_masked)
-      auto weight = [&](R v) { return W::zero_where_equal(v, neg_inf, exp_nonpositive<W>(W::sub(v, shift))); };
       for (std::int64_t i = 0; i < body; i += W::n) {
         const R e = weight(W::load(row + i));
         acc = W::add(acc, e);
@@ -218,12 +228,13 @@ bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, flo
         acc = W::add(acc, e);
         W::store_first(row + body, e, tail);
       }
-      inv[r] = W::sum(acc);
+      lane[r] = acc;
     }
-    for (std::int64_t r = 0; r < group; ++r) inv[r] = 1.f / inv[r];  // sum >= exp(lo - hi) > 0
-    for (std::int64_t r = 0; r < group; ++r) {
+    for (int r = group; r < W::n; ++r) lane[r] = lane[0];
+    W::sums(lane, across);  // across[r] = W::sum(lane[r]), to the bit
+    for (int r = 0; r < group; ++r) {
       float* row = p + (r0 + r) * cols;
-      const R scale = W::set1(inv[r]);
+      const R scale = W::set1(1.f / across[r]);  // sum >= exp(lo - hi) > 0
       for (std::int64_t i = 0; i < body; i += W::n) W::store(row + i, W::mul(W::load(row + i), scale));
       if (tail > 0) W::store_first(row + body, W::mul(W::load_first(row + body, tail), scale), tail);
     }
@@ -233,7 +244,8 @@ bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, flo
 
 // The softmax backward of `rows` rows of `cols` entries (rows ld apart): in row i,
 // c = Σ_j g_ij·p_ij, then s_ij = p_ij·(g_ij − c), written to out (when not null) and, times
-// `scale`, to g. Two passes over each row, in vector lanes (the sum across them at the end).
+// `scale`, to g. Two passes over each row in vector lanes, rows in groups of W::n whose dot
+// products are summed across their lanes at once (W::sums).
 template <class W>
 void softmax_slopes_rows_run(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
                              std::int64_t ld, float scale) {
@@ -241,24 +253,36 @@ void softmax_slopes_rows_run(const float* p, float* g, float* out, std::int64_t 
   const int tail = static_cast<int>(cols % W::n);
   const std::int64_t body = cols - tail;
   const R sv = W::set1(scale);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* pr = p + r * ld;
-    float* gr = g + r * ld;
-    float* orow = out != nullptr ? out + r * ld : nullptr;
-    R acc = W::set1(0.f);
-    for (std::int64_t i = 0; i < body; i += W::n) acc = W::fma(W::load(gr + i), W::load(pr + i), acc);
-    if (tail > 0) acc = W::fma(W::load_first(gr + body, tail), W::load_first(pr + body, tail), acc);
-    const R c = W::set1(W::sum(acc));
-    auto slope = [&](R pv, R gv) { return W::mul(pv, W::sub(gv, c)); };
-    for (std::int64_t i = 0; i < body; i += W::n) {
-      const R s = slope(W::load(pr + i), W::load(gr + i));
-      if (orow != nullptr) W::store(orow + i, s);
-      W::store(gr + i, W::mul(s, sv));
+  R lane[W::n];
+  float dots[W::n];
+  for (std::int64_t r0 = 0; r0 < rows; r0 += W::n) {
+    const int group = static_cast<int>(rows - r0 < W::n ? rows - r0 : W::n);
+    for (int r = 0; r < group; ++r) {
+      const float* pr = p + (r0 + r) * ld;
+      const float* gr = g + (r0 + r) * ld;
+      R acc = W::set1(0.f);
+      for (std::int64_t i = 0; i < body; i += W::n) acc = W::fma(W::load(gr + i), W::load(pr + i), acc);
+      if (tail > 0) acc = W::fma(W::load_first(gr + body, tail), W::load_first(pr + body, tail), acc);
+      lane[r] = acc;
     }
-    if (tail > 0) {
-      const R s = slope(W::load_first(pr + body, tail), W::load_first(gr + body, tail));
-      if (orow != nullptr) W::store_first(orow + body, s, tail);
-      W::store_first(gr + body, W::mul(s, sv), tail);
+    for (int r = group; r < W::n; ++r) lane[r] = lane[0];
+    W::sums(lane, dots);
+    for (int r = 0; r < group; ++r) {
+      const float* pr = p + (r0 + r) * ld;
+      float* gr = g + (r0 + r) * ld;
+      float* orow = out != nullptr ? out + (r0 + r) * ld : nullptr;
+      const R c = W::set1(dots[r]);
+      auto slope = [&](R pv, R gv) { return W::mul(pv, W::sub(gv, c)); };
+      for (std::int64_t i = 0; i < body; i += W::n) {
+        const R sl = slope(W::load(pr + i), W::load(gr + i));
+        if (orow != nullptr) W::store(orow + i, sl);
+        W::store(gr + i, W::mul(sl, sv));
+      }
+      if (tail > 0) {
+        const R sl = slope(W::load_first(pr + body, tail), W::load_first(gr + body, tail));
+        if (orow != nullptr) W::store_first(orow + body, sl, tail);
+        W::store_first(gr + body, W::mul(sl, sv), tail);
+      }
     }
   }
 }

@@ -198,8 +198,11 @@ std::int64_t whole_pieces(std::int64_t p) { return p >= 4 ? 4 : p >= 2 ? 2 : 1; 
 // every row of a batch) is cut along K instead, when K is long: piece p computes
 // alpha·op(A)_p·op(B)_p over its run of K, piece 0 into C (with beta), the others into scratch,
 // and the partial sums are added to C in piece order. Again the cut depends on the shape alone,
-// so every thread count adds the same numbers in the same order.
-constexpr std::int64_t kPieceMinK = 256;  // summed terms per K piece, at least
+// so every thread count adds the same numbers in the same order. Runs of 128 terms pay already:
+// on a Zen 5, one thread, the toy shape's 64x192x256 weight gradient (A transposed) took 28 µs
+// in two runs of K where its two pieces of 96 columns took 30, and the char GPT's 128x512x768
+// 467 µs in four runs of K against 517 in four pieces of columns (bench_gemm_libs --filter dW).
+constexpr std::int64_t kPieceMinK = 128;  // summed terms per K piece, at least
 
 // How a product is cut: `count` pieces of `step` rows of C (by_rows), columns of C, or terms of K.
 struct Cut {
