@@ -65,13 +65,25 @@ bool max(const float* x, std::int64_t n, float& max) {
   }
 }
 
+int vector_width() {
+  switch (isa::active()) {
+#if HEADGRAD_ISA_AVX512
+    case isa::Isa::Avx512: return 16;
+#endif
+#if HEADGRAD_ISA_AVX2
+    case isa::Isa::Avx2: return 8;
+#endif
+    default: return 0;
+  }
+}
+
 bool softmax_rows_shared(float* p, std::int64_t rows, std::int64_t cols, float spread) {
   switch (isa::active()) {
 #if HEADGRAD_ISA_AVX512
-    case isa::Isa::Avx512: return softmax_rows_shared_avx512(p, rows, cols, spread);
+    case isa::Isa::Avx512: return cols > 0 && cols % 16 == 0 && softmax_rows_shared_avx512(p, rows, cols, spread);
 #endif
 #if HEADGRAD_ISA_AVX2
-    case isa::Isa::Avx2: return softmax_rows_shared_avx2(p, rows, cols, spread);
+    case isa::Isa::Avx2: return cols > 0 && cols % 8 == 0 && softmax_rows_shared_avx2(p, rows, cols, spread);
 #endif
     default: return false;
   }
@@ -81,10 +93,16 @@ bool softmax_slopes_rows(const float* p, float* g, float* out, std::int64_t rows
                          float scale) {
   switch (isa::active()) {
 #if HEADGRAD_ISA_AVX512
-    case isa::Isa::Avx512: softmax_slopes_rows_avx512(p, g, out, rows, cols, ld, scale); return true;
+    case isa::Isa::Avx512:
+      if (cols <= 0 || cols % 16 != 0) return false;
+      softmax_slopes_rows_avx512(p, g, out, rows, cols, ld, scale);
+      return true;
 #endif
 #if HEADGRAD_ISA_AVX2
-    case isa::Isa::Avx2: softmax_slopes_rows_avx2(p, g, out, rows, cols, ld, scale); return true;
+    case isa::Isa::Avx2:
+      if (cols <= 0 || cols % 8 != 0) return false;
+      softmax_slopes_rows_avx2(p, g, out, rows, cols, ld, scale);
+      return true;
 #endif
     default: return false;
   }

@@ -34,14 +34,16 @@ float exp_shifted_avx2(const float* x, float* y, std::int64_t n, float m);
 void exp_slopes_avx512(float* p, float* g, std::int64_t n, float m, float c);
 void exp_slopes_avx2(float* p, float* g, std::int64_t n, float m, float c);
 
-// Softmax of `rows` contiguous rows of `cols` entries (both > 0), in place, all rows shifted by
-// the largest row maximum: done only when no entry is NaN and every row maximum is finite and
-// within `spread` of the largest; otherwise false, p untouched.
+// Softmax of `rows` contiguous rows of `cols` entries (rows > 0, cols a positive multiple of the
+// vector width: 16 floats for AVX-512, 8 for AVX2), in place, all rows shifted by the largest row
+// maximum: done only when no entry is NaN and every row maximum is finite and within `spread` of
+// the largest; otherwise false, p untouched.
 bool softmax_rows_shared_avx512(float* p, std::int64_t rows, std::int64_t cols, float spread);
 bool softmax_rows_shared_avx2(float* p, std::int64_t rows, std::int64_t cols, float spread);
 
-// The backward of softmax on `rows` rows of `cols` entries, rows ld apart: with c_i = Σ_j g_ij·p_ij,
-// s_ij = p_ij·(g_ij − c_i) into out (when not null) and scale·s_ij into g.
+// The backward of softmax on `rows` rows of `cols` entries (a multiple of the vector width), rows
+// ld apart: with c_i = Σ_j g_ij·p_ij, s_ij = p_ij·(g_ij − c_i) into out (when not null) and
+// scale·s_ij into g.
 void softmax_slopes_rows_avx512(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
                                 std::int64_t ld, float scale);
 void softmax_slopes_rows_avx2(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
@@ -61,7 +63,11 @@ bool gelu_backward(const float* dy, const float* x, float* dx, std::int64_t n);
 bool exp_shifted(const float* x, float* y, std::int64_t n, float m, float& sum);
 bool exp_slopes(float* p, float* g, std::int64_t n, float m, float c);
 bool max(const float* x, std::int64_t n, float& max);
-bool softmax_rows_shared(float* p, std::int64_t rows, std::int64_t cols, float spread);  // false also when not taken
+// The floats in one vector of the variant in use: 16 (AVX-512), 8 (AVX2), 0 (generic).
+int vector_width();
+// These two: false also when cols is not a positive multiple of vector_width() (tails in masked
+// loads and stores made rows of 8 slower than Eigen's loop).
+bool softmax_rows_shared(float* p, std::int64_t rows, std::int64_t cols, float spread);
 bool softmax_slopes_rows(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                          float scale);
 bool philox_bits(std::uint32_t k0, std::uint32_t k1, std::uint64_t c, std::uint32_t* out);  // AVX-512 only

@@ -163,8 +163,8 @@ void exp_slopes_run(float* p, float* g, std::int64_t n, float m, float c) {
   }
 }
 
-// Softmax of `rows` contiguous rows of `cols` entries (both > 0), in place, with one shift for
-// all rows: the largest row maximum hi. Taken only when no entry is NaN and every row maximum is
+// Softmax of `rows` contiguous rows of `cols` entries (rows > 0, cols a positive multiple of
+// W::n), in place, with one shift for all rows: the largest row maximum hi. Taken only when no entry is NaN and every row maximum is
 // finite and within `spread` of hi; otherwise false, with p untouched. Three passes over each row
 // (maximum, exponentials with their sum, the scaling by the sum's reciprocal), each in vector
 // lanes; -inf entries get weight exactly 0.
@@ -172,8 +172,6 @@ template <class W>
 bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, float spread) {
   using R = typename W::R;
   const R neg_inf = W::set1(-__builtin_inff());
-  const int tail = static_cast<int>(cols % W::n);
-  const std::int64_t body = cols - tail;
   // Rows go in groups of W::n: each row's vectors are combined into one, and W::sums / W::maxima
   // take a group's W::n vectors across their lanes at once, then the exponentials of a group,
   // the reciprocals of their sums and the scaling follow one another, so that no row waits for
@@ -189,14 +187,9 @@ bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, flo
     for (int r = 0; r < group; ++r) {
       const float* row = p + (r0 + r) * cols;
       R m = neg_inf;
-      for (std::int64_t i = 0; i < body; i += W::n) {
+      for (std::int64_t i = 0; i < cols; i += W::n) {
         const R v = W::load(row + i);
         m = W::max(m, v);
-        total = W::add(total, v);
-      }
-      if (tail > 0) {
-        const R v = W::load_first(row + body, tail);  // 0 past the end
-        m = W::max(m, W::first_or(v, neg_inf, tail));
         total = W::add(total, v);
       }
       lane[r] = m;
@@ -218,15 +211,10 @@ bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, flo
     for (int r = 0; r < group; ++r) {
       float* row = p + (r0 + r) * cols;
       R acc = W::set1(0.f);
-      for (std::int64_t i = 0; i < body; i += W::n) {
+      for (std::int64_t i = 0; i < cols; i += W::n) {
         const R e = weight(W::load(row + i));
         acc = W::add(acc, e);
         W::store(row + i, e);
-      }
-      if (tail > 0) {
-        const R e = weight(W::first_or(W::load_first(row + body, tail), neg_inf, tail));
-        acc = W::add(acc, e);
-        W::store_first(row + body, e, tail);
       }
       lane[r] = acc;
     }
@@ -235,14 +223,13 @@ bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, flo
     for (int r = 0; r < group; ++r) {
       float* row = p + (r0 + r) * cols;
       const R scale = W::set1(1.f / across[r]);  // sum >= exp(lo - hi) > 0
-      for (std::int64_t i = 0; i < body; i += W::n) W::store(row + i, W::mul(W::load(row + i), scale));
-      if (tail > 0) W::store_first(row + body, W::mul(W::load_first(row + body, tail), scale), tail);
+      for (std::int64_t i = 0; i < cols; i += W::n) W::store(row + i, W::mul(W::load(row + i), scale));
     }
   }
   return true;
 }
 
-// The softmax backward of `rows` rows of `cols` entries (rows ld apart): in row i,
+// The softmax backward of `rows` rows of `cols` entries (rows ld apart; cols a multiple of W::n): in row i,
 // c = Σ_j g_ij·p_ij, then s_ij = p_ij·(g_ij − c), written to out (when not null) and, times
 // `scale`, to g. Two passes over each row in vector lanes, rows in groups of W::n whose dot
 // products are summed across their lanes at once (W::sums).
@@ -250,8 +237,6 @@ template <class W>
 void softmax_slopes_rows_run(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols,
                              std::int64_t ld, float scale) {
   using R = typename W::R;
-  const int tail = static_cast<int>(cols % W::n);
-  const std::int64_t body = cols - tail;
   const R sv = W::set1(scale);
   R lane[W::n];
   float dots[W::n];
@@ -261,8 +246,7 @@ void softmax_slopes_rows_run(const float* p, float* g, float* out, std::int64_t 
       const float* pr = p + (r0 + r) * ld;
       const float* gr = g + (r0 + r) * ld;
       R acc = W::set1(0.f);
-      for (std::int64_t i = 0; i < body; i += W::n) acc = W::fma(W::load(gr + i), W::load(pr + i), acc);
-      if (tail > 0) acc = W::fma(W::load_first(gr + body, tail), W::load_first(pr + body, tail), acc);
+      for (std::int64_t i = 0; i < cols; i += W::n) acc = W::fma(W::load(gr + i), W::load(pr + i), acc);
       lane[r] = acc;
     }
     for (int r = group; r < W::n; ++r) lane[r] = lane[0];
@@ -273,15 +257,10 @@ void softmax_slopes_rows_run(const float* p, float* g, float* out, std::int64_t 
       float* orow = out != nullptr ? out + (r0 + r) * ld : nullptr;
       const R c = W::set1(dots[r]);
       auto slope = [&](R pv, R gv) { return W::mul(pv, W::sub(gv, c)); };
-      for (std::int64_t i = 0; i < body; i += W::n) {
+      for (std::int64_t i = 0; i < cols; i += W::n) {
         const R sl = slope(W::load(pr + i), W::load(gr + i));
         if (orow != nullptr) W::store(orow + i, sl);
         W::store(gr + i, W::mul(sl, sv));
-      }
-      if (tail > 0) {
-        const R sl = slope(W::load_first(pr + body, tail), W::load_first(gr + body, tail));
-        if (orow != nullptr) W::store_first(orow + body, sl, tail);
-        W::store_first(gr + body, W::mul(sl, sv), tail);
       }
     }
   }

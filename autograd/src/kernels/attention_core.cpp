@@ -115,9 +115,10 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
 // finite and within kSharedShift of m: then each row's largest weight exp(m_i − m) stays a
 // normal float, and only entries below e^-71 of their row's largest lose precision (where a
 // row's own shift loses those below e^-87). Otherwise (NaN or +inf scores, spread-out rows),
-// and without a vector exponential, false: nothing done. One vector kernel for the block
-// (approx::softmax_rows_shared) instead of a call per row: at T = 32 the per-row calls cost
-// about three times their arithmetic.
+// and without a vector exponential, false: nothing done. One call for the block instead of one
+// per row: at T = 32 the per-row calls cost about three times their arithmetic. Rows of whole
+// vectors take one vector kernel for all of it (approx::softmax_rows_shared); other rows one
+// vector exponential over the block, their maxima and sums by Eigen.
 constexpr float kSharedShift = 16.f;
 
 template <class T>
@@ -125,7 +126,22 @@ bool softmax_rows_shared_shift(T* p, std::int64_t rows, std::int64_t cols) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    return rows >= 2 && cols >= 1 && approx::softmax_rows_shared(p, rows, cols, kSharedShift);
+    if (rows < 2 || cols < 1) return false;
+    const int width = approx::vector_width();
+    if (width > 0 && cols % width == 0) return approx::softmax_rows_shared(p, rows, cols, kSharedShift);
+    const ConstMatrixView<float> block(p, rows, cols);
+    float hi = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float m = block.row(i).maxCoeff();
+      hi = std::max(hi, m);
+      lo = std::min(lo, m);
+    }
+    if (!(hi - lo <= kSharedShift) || !(hi < std::numeric_limits<float>::infinity())) return false;  // NaN too
+    float total = 0.f;
+    if (!approx::exp_shifted(p, p, rows * cols, hi, total)) return false;
+    MatrixView<float> weights(p, rows, cols);
+    for (std::int64_t i = 0; i < rows; ++i) weights.row(i) *= 1.f / weights.row(i).sum();  // sum >= exp(lo - hi) > 0
+    return true;
   }
 }
 
