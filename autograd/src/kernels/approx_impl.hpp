@@ -5,7 +5,8 @@
 // R, n, set1, load, store, load_first / store_first (the first m lanes), add, sub, mul, div,
 // fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m (rounded once) for y in [1/2, 2]
 // and integral m in [-128, 128], zero_where_equal(a, b, x) (x, 0 in the lanes where a = b),
-// first_or(a, b, m) (a's first m lanes, then b's), nan_from(a, x) (a, with x's lanes where x is
+// first_or(a, b, m) (a's first m lanes, then b's), zero_where_below(a, b, x) (x, 0 in the lanes
+// where a < b; NaN lanes of a keep x), nan_from(a, x) (a, with x's lanes where x is
 // NaN), sum and hmax (across the lanes; hmax of NaN-free lanes), and sums and maxima (sum and
 // hmax of each of W::n vectors at once: out[i] of v[i], sums with the bits of sum).
 #include <cstdint>
@@ -61,12 +62,6 @@ inline __attribute__((always_inline)) typename W::R exp(typename W::R a) {
   return W::max(exp_clamped<W>(x), a);  // max(·, a): a = +inf gives inf, a NaN gives NaN
 }
 
-// exp(a) for a <= 0 (no NaN): exp's bits, without the steps that only large or NaN a need.
-template <class W>
-inline __attribute__((always_inline)) typename W::R exp_nonpositive(typename W::R a) {
-  return exp_clamped<W>(W::max(a, W::set1(-88.723f)));
-}
-
 constexpr float kSqrt1_2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
@@ -110,15 +105,19 @@ void gelu_backward_run(const float* dy, const float* x, float* dx, std::int64_t 
   }
 }
 
-// exp(v − shift), 0 in the lanes where v = −inf (neg_inf). Those lanes take exp(0) and are then
-// zeroed: exp(−inf), clamped to exp(−88.723) ≈ 3e−39, is subnormal, and on Intel cores every
-// subnormal result costs a microcode assist (about 70 % of a causal softmax's time on a Xeon
-// before this). The other lanes are computed as before.
+// Below this argument exp clamps (its value there, exp(-88.723) ≈ 2.9e-39, is not exp's).
+constexpr float kExpFloor = -88.723f;
+
+// exp(v − shift), exactly 0 in the lanes where v − shift < kExpFloor (v = −inf among them): exp
+// clamps its argument there, and a weight of 2.9e-39 in place of a far smaller one is up to 1e7
+// times too large once its row is normalised, and is multiplied into the gradients (q or k near
+// 1e38 made dK 28 times too large). Those lanes take exp(0) and are then zeroed, so none of them
+// forms a subnormal result: on Intel cores each costs a microcode assist (about 70 % of a causal
+// softmax's time on a Xeon, when the −inf lanes still went through exp). NaN lanes stay NaN.
 template <class W>
-inline __attribute__((always_inline)) typename W::R exp_unless_masked(typename W::R v, typename W::R shift,
-                                                                     typename W::R neg_inf) {
-  const typename W::R d = W::zero_where_equal(v, neg_inf, W::sub(v, shift));
-  return W::zero_where_equal(v, neg_inf, exp<W>(d));
+inline __attribute__((always_inline)) typename W::R exp_unless_masked(typename W::R v, typename W::R shift) {
+  const typename W::R d = W::sub(v, shift), floor = W::set1(kExpFloor);
+  return W::zero_where_below(d, floor, exp<W>(W::zero_where_below(d, floor, d)));
 }
 
 // y = exp(x − m) (0 where x = −inf), n elements; Σ y in W::n lanes, then W::sum across them.
@@ -128,7 +127,7 @@ float exp_shifted_run(const float* x, float* y, std::int64_t n, float m) {
   const R shift = W::set1(m), neg_inf = W::set1(-__builtin_inff());
   R acc = W::set1(0.f);
   auto one = [&](R v) {
-    const R e = exp_unless_masked<W>(v, shift, neg_inf);
+    const R e = exp_unless_masked<W>(v, shift);
     acc = W::add(acc, e);
     return e;
   };
@@ -147,8 +146,8 @@ float exp_shifted_run(const float* x, float* y, std::int64_t n, float m) {
 template <class W>
 void exp_slopes_run(float* p, float* g, std::int64_t n, float m, float c) {
   using R = typename W::R;
-  const R shift = W::set1(m), neg_inf = W::set1(-__builtin_inff()), cv = W::set1(c);
-  auto weight = [&](R v) { return exp_unless_masked<W>(v, shift, neg_inf); };
+  const R shift = W::set1(m), cv = W::set1(c);
+  auto weight = [&](R v) { return exp_unless_masked<W>(v, shift); };
   std::int64_t i = 0;
   for (; i + W::n <= n; i += W::n) {
     const R e = weight(W::load(p + i));
@@ -204,8 +203,13 @@ bool softmax_rows_shared_run(float* p, std::int64_t rows, std::int64_t cols, flo
   const float sum = W::sum(total);
   if (sum != sum || !(hi - lo <= spread) || !(hi < __builtin_inff())) return false;
   const R shift = W::set1(hi);
-  // exp(v − hi), v − hi <= 0 (hi is the largest entry), 0 where v = −inf (as exp_unless_masked)
-  auto weight = [&](R v) { return W::zero_where_equal(v, neg_inf, exp_nonpositive<W>(W::sub(v, shift))); };
+  // exp(v − hi), 0 where v − hi < kExpFloor (as exp_unless_masked); the other lanes lie in
+  // [kExpFloor, 0] (hi is the largest entry), where exp needs none of its clamps
+  const R floor = W::set1(kExpFloor);
+  auto weight = [&](R v) {
+    const R d = W::sub(v, shift);
+    return W::zero_where_below(d, floor, exp_clamped<W>(W::zero_where_below(d, floor, d)));
+  };
   for (std::int64_t r0 = 0; r0 < rows; r0 += W::n) {
     const int group = static_cast<int>(rows - r0 < W::n ? rows - r0 : W::n);
     for (int r = 0; r < group; ++r) {

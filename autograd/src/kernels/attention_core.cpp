@@ -113,8 +113,10 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
 // of them: softmax does not depend on the shift, so the rows share the largest of their maxima
 // m, where each row on its own would use its own maximum m_i. Taken only when every m_i is
 // finite and within kSharedShift of m: then each row's largest weight exp(m_i − m) stays a
-// normal float, and only entries below e^-71 of their row's largest lose precision (where a
-// row's own shift loses those below e^-87). Otherwise (NaN or +inf scores, spread-out rows),
+// normal float, and only entries below about e^-71 of their row's largest lose precision, those
+// below e^-72.7 becoming exactly 0 (where a row's own shift keeps them down to e^-87, as
+// denormals to e^-88.7): weights under 3e-32 of the row's largest, which matter only against
+// values near 1e32 and up in V. Otherwise (NaN or +inf scores, spread-out rows),
 // and without a vector exponential, false: nothing done. One call for the block instead of one
 // per row: at T = 32 the per-row calls cost about three times their arithmetic. Rows of whole
 // vectors take one vector kernel for all of it (approx::softmax_rows_shared); other rows one
