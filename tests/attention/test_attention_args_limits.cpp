@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <autograd/autograd.hpp>
 
@@ -66,4 +67,29 @@ BOOST_AUTO_TEST_CASE(a_finite_scale_that_overflows_the_scores_is_refused_on_ever
   // A NaN in the inputs is not an overflow: it propagates, as in PyTorch.
   const ag::Tensor nan_q = ag::full({1, 1, 2, 2}, std::numeric_limits<double>::quiet_NaN());
   BOOST_TEST(!test_support::all_finite(ag::scaled_dot_product_attention(nan_q, nan_q, nan_q).output));
+}
+
+BOOST_AUTO_TEST_CASE(scores_that_overflow_to_minus_inf_are_refused_on_every_core) {
+  // q·kᵀ = -200 per score; times 1e37 every score of every row is -inf: without a mask the row
+  // would see no key and come out as 0, silently. Refused as the +inf overflow is; with a mask
+  // that blocks every key of a row, such a row is 0 as documented (not refused).
+  for (const std::int64_t T : {2, 1024}) {
+    for (bool causal : {false, true}) {
+      const ag::Tensor q = ag::full({1, 1, T, 2}, 10.0), k = ag::full({1, 1, T, 2}, -10.0);
+      const ag::SdpaOptions options{.is_causal = causal, .scale = 1e37};
+      BOOST_TEST_CONTEXT("T " << T << ", causal " << causal) {
+        test_support::check_throws<std::invalid_argument>(
+            [&] { (void)ag::scaled_dot_product_attention(q, k, q, options); },
+            {"scaled_dot_product_attention", "overflowed Float32", "(scale = 1e+37)", "see no key"});
+        BOOST_TEST(test_support::all_finite(
+            ag::scaled_dot_product_attention(q, k, q, {.is_causal = causal, .scale = 1e30}).output));
+      }
+    }
+  }
+  // The negative control: a mask blocking every key of row 0 is no overflow.
+  std::vector<double> blocked(4, 0.0);
+  blocked[0] = blocked[1] = -std::numeric_limits<double>::infinity();
+  const ag::Tensor q = ag::full({1, 1, 2, 2}, 1.0);
+  const ag::SdpaResult r = ag::scaled_dot_product_attention(q, q, q, {.attn_mask = ag::tensor(blocked, {2, 2})});
+  BOOST_TEST(r.output.to_vector()[0] == 0.0);
 }

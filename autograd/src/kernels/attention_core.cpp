@@ -4,6 +4,7 @@
 #include "kernels/attention_core.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -79,15 +80,16 @@ void add_mask(const Dims& d, const T* mask, MaskStrides ms, std::int64_t b, std:
 // P = softmax(S) on one row of S entries, in place, over its first `seen` entries (the rest
 // become 0). A row with every key blocked (max = -inf) becomes all zero, where the textbook
 // formula would give 0/0 = NaN.
+// Returns whether the row had keys but no score above −inf (then all zero).
 template <class T>
-void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
+bool softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   ArrayView<T> prow(row_data, S);
   auto row = prow.head(seen);
   const T row_max = seen > 0 ? row.maxCoeff() : neg_inf;
   if (row_max == neg_inf) {
     prow.setZero();
-    return;
+    return seen > 0;
   }
   // Blocked keys get weight exactly 0 (Eigen's vectorised exp clamps its argument, so exp(-inf)
   // alone would give ~1e-308). Without a mask no key is blocked (causality is the `seen` bound),
@@ -97,7 +99,7 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
     if (approx::exp_shifted(row_data, row_data, seen, row_max, sum)) {  // exp(x - max), 0 where x = -inf
       row /= sum;
       if (seen < S) prow.tail(S - seen).setZero();
-      return;
+      return false;
     }
   }
   if (masked && (row == neg_inf).any()) {
@@ -107,6 +109,7 @@ void softmax_row(T* row_data, std::int64_t S, std::int64_t seen, bool masked) {
   }
   row /= row.sum();  // sum >= 1 (the max term is exp(0))
   if (seen < S) prow.tail(S - seen).setZero();
+  return false;
 }
 
 // float32 softmax of `rows` contiguous rows of `cols` entries with one exponential pass over all
@@ -174,7 +177,8 @@ MaskStrides mask_strides(const Shape& mask_shape) {
 // Causal slices go in blocks of query rows: block [r0, r1) multiplies only against keys
 // 0..r1-1, the ones its rows can see.
 template <class T>
-void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bool causal) {
+bool forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bool causal) {
+  std::atomic<bool> keyless{false};  // a row with no score above −inf
   const RowBlocks blocks = row_blocks(d, causal);
   const std::int64_t lq = d.q.sr, lk = d.k.sr, lv = d.v.sr, lo = d.out.sr, ls = std::max<std::int64_t>(d.S, 1);
   // S = Q·(scale·Kᵀ) and O = P·V of a block of rows seeing cols keys
@@ -213,7 +217,9 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
         // P = softmax(S) by rows (causal: row i sees keys 0..i)
         // (Without a mask only: a float mask equal to causality then gives the bits of is_causal.)
         if (causal || x.mask != nullptr || !softmax_rows_shared_shift(Pb, rows, d.S))
-          for (std::int64_t i = r0; i < r1; ++i) softmax_row(P + i * d.S, d.S, causal ? i + 1 : d.S, x.mask != nullptr);
+          for (std::int64_t i = r0; i < r1; ++i)
+            if (softmax_row(P + i * d.S, d.S, causal ? i + 1 : d.S, x.mask != nullptr))
+              keyless.store(true, std::memory_order_relaxed);
         // O = (P ⊙ Z)·V                                  [rows, cols] x [cols, d_v] -> [rows, d_v]
         if (Z != nullptr) {
           dropped_times<T>(d, Pb, Z + r0 * d.S, rows, cols, V, lv, T(0), O + r0 * lo, lo, dropped);
@@ -223,6 +229,7 @@ void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bo
       }
     }
   });
+  return keyless.load();
 }
 
 // ---- forward mode ----
@@ -461,8 +468,8 @@ void backward(const Dims& d, const BackwardData<T>& x, T scale, bool causal) {
   });
 }
 
-template void forward<float>(const Dims&, const ForwardData<float>&, MaskStrides, float, bool);
-template void forward<double>(const Dims&, const ForwardData<double>&, MaskStrides, double, bool);
+template bool forward<float>(const Dims&, const ForwardData<float>&, MaskStrides, float, bool);
+template bool forward<double>(const Dims&, const ForwardData<double>&, MaskStrides, double, bool);
 template void tangent<float>(const Dims&, const TangentData<float>&, MaskStrides, float, bool);
 template void tangent<double>(const Dims&, const TangentData<double>&, MaskStrides, double, bool);
 template void backward<float>(const Dims&, const BackwardData<float>&, float, bool);

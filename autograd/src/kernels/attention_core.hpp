@@ -101,9 +101,10 @@ struct TangentData {
 };
 
 // For each slice:  S = scale·Q·Kᵀ + M;  P = softmax_rows(S) (causal: columns 0..i of row i);
-//                  O = (P ⊙ Z)·V.
+//                  O = (P ⊙ Z)·V. Returns whether a row with keys had no score above −inf (its
+// weights and output then 0): blocked by the mask, or, without one, scores that overflowed to −inf.
 template <class T>
-void forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bool causal);
+bool forward(const Dims& d, const ForwardData<T>& x, MaskStrides ms, T scale, bool causal);
 
 // The forward's derivative along the tangents (forward mode), for each slice:
 //   Ṡ = scale·(Q̇·Kᵀ + Q·K̇ᵀ) + Ṁ;  Ṗ_ij = P_ij·(Ṡ_ij − Σ_k P_ik·Ṡ_ik);  Ȯ = (Ṗ ⊙ Z)·V + (P ⊙ Z)·V̇.

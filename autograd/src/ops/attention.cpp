@@ -161,12 +161,16 @@ bool all_finite(const Tensor& t) {
 // unless the scaled scores overflowed the dtype: a scale finite but too large for these inputs.
 // Refused, naming the scale, rather than returned as NaN. The output is one pass (T·d_v per
 // slice against the T·S·d of the call); the inputs are read only when it is not finite.
-void check_output_finite(std::string_view op, const Tensor& output, const Operands& in, double scale) {
-  if (all_finite(output)) return;
+// `keyless`: the kernel saw a row with no score above −inf. Without a mask only scores that
+// overflowed to −inf do that (the row would come out as 0, as if every key were blocked).
+void check_output_finite(std::string_view op, const Tensor& output, const Operands& in, double scale,
+                         bool keyless) {
+  if (all_finite(output) && !(keyless && !in.mask.defined())) return;
   for (const Tensor* t : {&in.q, &in.k, &in.v})
     if (t->defined() && !all_finite(*t)) return;  // NaN or inf in, NaN out, as in PyTorch
   fail(op, "the scaled scores overflowed {}: q, k and v are finite, but a score q·kᵀ·scale{} (scale = {}) is not, "
-       "so the softmax would be NaN; use smaller inputs or a smaller scale (the default is 1/sqrt(d_k))",
+       "so the softmax would be NaN or a row would see no key; use smaller inputs or a smaller scale (the default "
+       "is 1/sqrt(d_k))",
        dtype_name(output.dtype()), in.mask.defined() ? " + attn_mask" : "", scale);
 }
 
@@ -288,8 +292,9 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
   }
   const SdpaPath path = sdpa_path(d.T, d.S, options);
   if (path.core == SdpaCore::Tiled) {
-    SdpaResult r = sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale, stream);
-    check_output_finite(op, r.output, in, scale);
+    bool keyless = false;
+    SdpaResult r = sdpa::attend_tiled(op, d, out_shape, in, is_causal, scale, stream, keyless);
+    check_output_finite(op, r.output, in, scale, keyless);
     return r;
   }
   const Dtype dtype = in.q.dtype();
@@ -301,14 +306,15 @@ SdpaResult attend(std::string_view op, const sdpa::Dims& d, const Shape& out_sha
 
   Tensor output = Tensor::empty(out_shape, dtype, op);
   Tensor weights = Tensor::empty({d.B, d.H, d.T, d.S}, dtype, op);
+  bool keyless = false;
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     auto ptr = [](const Tensor& t) -> const T* { return t.defined() ? t.data<T>() : nullptr; };
     const sdpa::ForwardData<T> data{in.q.data<T>(),  k.data<T>(),       v.data<T>(),     ptr(in.mask),
                                     ptr(keep),       weights.data<T>(), output.data<T>()};
-    sdpa::forward<T>(d, data, ms, static_cast<T>(scale), is_causal);
+    keyless = sdpa::forward<T>(d, data, ms, static_cast<T>(scale), is_causal);
   });
-  check_output_finite(op, output, in, scale);
+  check_output_finite(op, output, in, scale, keyless);
 
   GradList inputs = node_inputs(in);
   const std::span<const Tensor> input_span(inputs.begin(), inputs.size());

@@ -2,6 +2,7 @@
 // runs attention_flash_backward.cpp; its second derivative is the backward op's rule
 // (attention_backward.cpp), which recomputes the weights from differentiable ops.
 #include <array>
+#include <limits>
 
 #include "kernels/attention_flash.hpp"
 #include "ops/attention_node.hpp"
@@ -46,7 +47,7 @@ struct FlashBackward {
 }  // namespace
 
 SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_shape, const Operands& in,
-                        bool is_causal, double scale, const philox::DropoutStream& dropout) {
+                        bool is_causal, double scale, const philox::DropoutStream& dropout, bool& keyless) {
   count_tiled_call();
   const Dtype dtype = in.q.dtype();
   const Tensor& k = in.packed() ? in.q : in.k;
@@ -61,6 +62,11 @@ SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_sha
                                    mask,           output.data<T>(), lse.data<T>(),
                                    dropout.active() ? &dropout : nullptr};
     flash_forward<T>(d, data, ms, static_cast<T>(scale), is_causal);
+    // a row with keys but no score above −inf has lse = +inf (its output 0)
+    const T* l = lse.data<T>();
+    keyless = false;
+    for (std::int64_t i = 0, rows = d.S > 0 ? d.slices() * d.T : 0; i < rows && !keyless; ++i)
+      keyless = l[2 * i] == std::numeric_limits<T>::infinity();
   });
   GradList inputs = node_inputs(in);
   const std::span<const Tensor> input_span(inputs.begin(), inputs.size());
