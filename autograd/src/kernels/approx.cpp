@@ -77,13 +77,22 @@ int vector_width() {
   }
 }
 
+namespace {
+// Rows of whole vectors of the variant in use (none for the generic one).
+bool whole_vectors(std::int64_t cols) {
+  const int width = vector_width();
+  return width > 0 && cols > 0 && cols % width == 0;
+}
+}  // namespace
+
 bool softmax_rows_shared(float* p, std::int64_t rows, std::int64_t cols, float spread) {
+  if (!whole_vectors(cols)) return false;
   switch (isa::active()) {
 #if HEADGRAD_ISA_AVX512
-    case isa::Isa::Avx512: return cols > 0 && cols % 16 == 0 && softmax_rows_shared_avx512(p, rows, cols, spread);
+    case isa::Isa::Avx512: return softmax_rows_shared_avx512(p, rows, cols, spread);
 #endif
 #if HEADGRAD_ISA_AVX2
-    case isa::Isa::Avx2: return cols > 0 && cols % 8 == 0 && softmax_rows_shared_avx2(p, rows, cols, spread);
+    case isa::Isa::Avx2: return softmax_rows_shared_avx2(p, rows, cols, spread);
 #endif
     default: return false;
   }
@@ -91,18 +100,13 @@ bool softmax_rows_shared(float* p, std::int64_t rows, std::int64_t cols, float s
 
 bool softmax_slopes_rows(const float* p, float* g, float* out, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                          float scale) {
+  if (!whole_vectors(cols)) return false;
   switch (isa::active()) {
 #if HEADGRAD_ISA_AVX512
-    case isa::Isa::Avx512:
-      if (cols <= 0 || cols % 16 != 0) return false;
-      softmax_slopes_rows_avx512(p, g, out, rows, cols, ld, scale);
-      return true;
+    case isa::Isa::Avx512: softmax_slopes_rows_avx512(p, g, out, rows, cols, ld, scale); return true;
 #endif
 #if HEADGRAD_ISA_AVX2
-    case isa::Isa::Avx2:
-      if (cols <= 0 || cols % 8 != 0) return false;
-      softmax_slopes_rows_avx2(p, g, out, rows, cols, ld, scale);
-      return true;
+    case isa::Isa::Avx2: softmax_slopes_rows_avx2(p, g, out, rows, cols, ld, scale); return true;
 #endif
     default: return false;
   }

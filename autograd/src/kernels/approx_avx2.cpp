@@ -27,7 +27,6 @@ struct F256 {
   static void store_first(float* p, R x, int m) { _mm256_maskstore_ps(p, first(m), x); }
   static R add(R a, R b) { return _mm256_add_ps(a, b); }
   static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
-  static R zero_where_equal(R a, R b, R x) { return _mm256_andnot_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ), x); }
   static R zero_where_below(R a, R b, R x) { return _mm256_and_ps(_mm256_cmp_ps(a, b, _CMP_NLT_UQ), x); }
   static R first_or(R a, R b, int m) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first(m))); }
   static float sum(R a) {

@@ -24,7 +24,6 @@ struct F512 {
   static void store_first(float* p, R x, int m) { _mm512_mask_storeu_ps(p, first(m), x); }
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
   static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
-  static R zero_where_equal(R a, R b, R x) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ), x); }
   static R zero_where_below(R a, R b, R x) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_NLT_UQ), x); }
   static R first_or(R a, R b, int m) { return _mm512_mask_mov_ps(b, first(m), a); }
   static float sum(R a) { return _mm512_reduce_add_ps(a); }

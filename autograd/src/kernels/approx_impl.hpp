@@ -4,9 +4,8 @@
 // so each of those files has its own copy compiled with its own flags (see isa.hpp). W provides
 // R, n, set1, load, store, load_first / store_first (the first m lanes), add, sub, mul, div,
 // fma(a, b, c) = a·b + c, min, max, floor, ldexp(y, m) = y·2^m (rounded once) for y in [1/2, 2]
-// and integral m in [-128, 128], zero_where_equal(a, b, x) (x, 0 in the lanes where a = b),
-// first_or(a, b, m) (a's first m lanes, then b's), zero_where_below(a, b, x) (x, 0 in the lanes
-// where a < b; NaN lanes of a keep x), nan_from(a, x) (a, with x's lanes where x is
+// and integral m in [-128, 128], first_or(a, b, m) (a's first m lanes, then b's),
+// zero_where_below(a, b, x) (x, 0 in the lanes where a < b; NaN lanes of a keep x), nan_from(a, x) (a, with x's lanes where x is
 // NaN), sum and hmax (across the lanes; hmax of NaN-free lanes), and sums and maxima (sum and
 // hmax of each of W::n vectors at once: out[i] of v[i], sums with the bits of sum).
 #include <cstdint>
@@ -36,9 +35,7 @@ inline __attribute__((always_inline)) typename W::R erf(typename W::R a) {
   return W::div(p, q);
 }
 
-// Eigen 3.4's pexp_float (Cephes): exp(x) = 2^m·exp(r), m = floor(x·log2(e) + 1/2), a degree-6
-// polynomial for exp(r); x clamped to ±88.723, +inf and NaN passed through.
-// exp_clamped(x) for x in [-88.723, 88.723]: the body of exp below.
+// The body of exp below, for x already in [-88.723, 88.723].
 template <class W>
 inline __attribute__((always_inline)) typename W::R exp_clamped(typename W::R x) {
   using R = typename W::R;
@@ -56,6 +53,8 @@ inline __attribute__((always_inline)) typename W::R exp_clamped(typename W::R x)
   return W::ldexp(y, m);
 }
 
+// Eigen 3.4's pexp_float (Cephes): exp(x) = 2^m·exp(r), m = floor(x·log2(e) + 1/2), a degree-6
+// polynomial for exp(r); x clamped to ±88.723, +inf and NaN passed through.
 template <class W>
 inline __attribute__((always_inline)) typename W::R exp(typename W::R a) {
   const typename W::R x = W::max(W::min(a, W::set1(88.723f)), W::set1(-88.723f));

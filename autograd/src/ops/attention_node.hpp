@@ -107,7 +107,7 @@ Tensor dropout_factors(const Dims& d, Dtype dtype, const philox::DropoutStream& 
 
 // The op on the tiled core (need_weights = false; arguments checked, scale resolved; dropout
 // from the call's stream, inactive for p = 0): the output, weights undefined, path Tiled;
-// `keyless` says whether a row had no score above −inf (sdpa::forward's result).
+// `keyless` says whether a row with keys had no score above −inf (as sdpa::forward returns).
 // attention_flash_node.cpp.
 SdpaResult attend_tiled(std::string_view op, const Dims& d, const Shape& out_shape, const Operands& in,
                         bool is_causal, double scale, const philox::DropoutStream& dropout, bool& keyless);
